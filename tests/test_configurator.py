@@ -1,0 +1,276 @@
+"""Tests for configurator.configure / settings_of."""
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from configurator import ConfigError, configure, settings_of  # noqa: E402
+
+DEFAULTS = {
+    'batch_size': 12,
+    'learning_rate': 6e-4,
+    'min_lr': 6e-5,
+    'compile': True,
+    'device': 'auto',
+    'init_from': 'scratch',
+    'start': '\n',
+    'n_kv_head': None,
+    'n_layer': 12,
+}
+
+
+def run(argv, defaults=DEFAULTS):
+    return configure(defaults, argv, prog='train.py')
+
+
+def expect_error(capsys, argv, *fragments):
+    """Run configure expecting a user error; return the single stderr line."""
+    with pytest.raises(SystemExit) as exc:
+        run(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert 'Traceback' not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith('error: ')
+    for fragment in fragments:
+        assert fragment in lines[0]
+    return lines[0]
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+# ---- overrides -----------------------------------------------------------------
+
+def test_empty_argv_returns_equal_new_dict():
+    out = run([])
+    assert out == DEFAULTS
+    assert out is not DEFAULTS
+
+
+def test_defaults_not_mutated(tmp_path):
+    before = dict(DEFAULTS)
+    cfg = write(tmp_path, 'c.py', 'n_layer = 3\n')
+    out = run([cfg, '--batch_size=4'])
+    assert DEFAULTS == before
+    assert out['batch_size'] == 4 and out['n_layer'] == 3
+
+
+def test_int_override():
+    out = run(['--batch_size=32'])
+    assert out['batch_size'] == 32 and type(out['batch_size']) is int
+
+
+def test_float_override():
+    assert run(['--learning_rate=1e-3'])['learning_rate'] == 1e-3
+
+
+def test_int_accepted_for_float_becomes_float():
+    out = run(['--learning_rate=1'])
+    assert out['learning_rate'] == 1.0 and type(out['learning_rate']) is float
+
+
+@pytest.mark.parametrize('text,expected', [
+    ('false', False), ('FALSE', False), ('False', False),
+    ('true', True), ('TRUE', True), ('True', True), ('tRuE', True),
+])
+def test_bool_override_any_case(text, expected):
+    out = run([f'--compile={text}'])
+    assert out['compile'] is expected
+
+
+def test_str_overrides_keep_raw_text():
+    out = run(['--device=cpu', '--init_from=gpt2', '--start=123'])
+    assert out['device'] == 'cpu'
+    assert out['init_from'] == 'gpt2'
+    assert out['start'] == '123' and type(out['start']) is str
+
+
+def test_str_quoted_literal_is_unquoted():
+    assert run(["--device='cuda:1'"])['device'] == 'cuda:1'
+
+
+def test_value_may_contain_equals():
+    assert run(['--start=a=b'])['start'] == 'a=b'
+
+
+def test_none_default_accepts_int_and_none():
+    assert run(['--n_kv_head=2'])['n_kv_head'] == 2
+    assert run(['--n_kv_head=2', '--n_kv_head=None'])['n_kv_head'] is None
+
+
+def test_later_argument_wins():
+    assert run(['--batch_size=1', '--batch_size=2'])['batch_size'] == 2
+
+
+# ---- config files --------------------------------------------------------------
+
+def test_config_file_then_cli_override_wins(tmp_path):
+    cfg = write(tmp_path, 'c.py', '# small model\nn_layer = 6\nbatch_size = 8\ndevice = "cpu"\n')
+    out = run([cfg, '--batch_size=64'])
+    assert out['n_layer'] == 6
+    assert out['device'] == 'cpu'
+    assert out['batch_size'] == 64
+
+
+def test_config_file_reads_earlier_value(tmp_path):
+    cfg = write(tmp_path, 'c.py', 'min_lr = learning_rate / 10\n')
+    out = run(['--learning_rate=1e-2', cfg])
+    assert out['min_lr'] == pytest.approx(1e-3)
+
+
+def test_config_file_with_import_and_helpers(tmp_path):
+    cfg = write(tmp_path, 'c.py', 'import math\n'
+                                  'def half(x):\n    return x / 2\n'
+                                  'learning_rate = half(math.sqrt(4) * 1e-3)\n'
+                                  '_scratch = 5\n')
+    out = run([cfg])
+    assert out['learning_rate'] == pytest.approx(1e-3)
+    assert set(out) == set(DEFAULTS)
+
+
+def test_config_file_int_for_float_and_none(tmp_path):
+    cfg = write(tmp_path, 'c.py', 'learning_rate = 1\nn_kv_head = 4\n')
+    out = run([cfg])
+    assert type(out['learning_rate']) is float and out['n_kv_head'] == 4
+
+
+# ---- errors --------------------------------------------------------------------
+
+def test_unknown_cli_key_suggests(capsys):
+    line = expect_error(capsys, ['--lerning_rate=1e-3'], "'lerning_rate'", 'did you mean')
+    assert "'learning_rate'" in line
+
+
+def test_unknown_key_without_close_match(capsys):
+    line = expect_error(capsys, ['--zzzzqqq=1'], "unknown setting 'zzzzqqq'")
+    assert 'did you mean' not in line
+
+
+def test_unknown_key_in_config_file(capsys, tmp_path):
+    cfg = write(tmp_path, 'c.py', 'n_layer = 4\nbatch_sise = 8\n')
+    expect_error(capsys, [cfg], cfg, "'batch_sise'", "did you mean 'batch_size'")
+
+
+@pytest.mark.parametrize('arg,setting', [
+    ('--batch_size=abc', 'batch_size'),
+    ('--batch_size=1.5', 'batch_size'),
+    ('--batch_size=True', 'batch_size'),
+    ('--learning_rate=fast', 'learning_rate'),
+    ('--learning_rate=False', 'learning_rate'),
+    ('--compile=1', 'compile'),
+    ('--compile=yes', 'compile'),
+    ('--n_kv_head=two', 'n_kv_head'),
+    ('--n_kv_head=2.5', 'n_kv_head'),
+])
+def test_wrong_type_names_setting(capsys, arg, setting):
+    expect_error(capsys, [arg], f"setting '{setting}' expects")
+
+
+def test_wrong_type_message_format(capsys):
+    line = expect_error(capsys, ['--batch_size=abc'])
+    assert line == "error: setting 'batch_size' expects int, got 'abc' (str)"
+
+
+def test_wrong_type_in_config_file(capsys, tmp_path):
+    cfg = write(tmp_path, 'c.py', 'device = 3\n')
+    expect_error(capsys, [cfg], cfg, "setting 'device' expects str")
+
+
+def test_config_path_is_a_directory(capsys, tmp_path):
+    expect_error(capsys, [str(tmp_path)], f"config file '{tmp_path}'")
+
+
+def test_missing_config_file(capsys, tmp_path):
+    missing = str(tmp_path / 'nope.py')
+    expect_error(capsys, [missing], f"config file '{missing}' not found")
+
+
+def test_syntax_error_in_config(capsys, tmp_path):
+    cfg = write(tmp_path, 'c.py', 'n_layer = 6\n\nbatch_size = = 3\n')
+    expect_error(capsys, [cfg], cfg, 'line 3')
+
+
+def test_exception_inside_config(capsys, tmp_path):
+    cfg = write(tmp_path, 'c.py', 'n_layer = 6\nbatch_size = undefined_name\n')
+    expect_error(capsys, [cfg], cfg, 'line 2', 'NameError')
+
+
+@pytest.mark.parametrize('arg', ['--batch_size', '-x', '--=3', '-b=3'])
+def test_malformed_argument(capsys, arg):
+    expect_error(capsys, [arg], f"malformed argument '{arg}'", 'expected --key=value')
+
+
+def test_config_error_is_value_error():
+    assert issubclass(ConfigError, ValueError)
+
+
+# ---- help ----------------------------------------------------------------------
+
+@pytest.mark.parametrize('flag', ['--help', '-h'])
+def test_help_lists_every_setting_and_exits_0(capsys, flag):
+    with pytest.raises(SystemExit) as exc:
+        configure(DEFAULTS, ['--batch_size=3', flag], prog='train.py', doc='Train a model.')
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert 'usage: python train.py [config_file.py ...] [--key=value ...]' in out
+    assert 'Train a model.' in out
+    for key, value in DEFAULTS.items():
+        shown = repr(value) if key == 'start' else value  # a bare newline would be invisible
+        assert f'--{key}={shown}' in out
+    # settings appear in the dict's order
+    positions = [out.index(f'--{key}=') for key in DEFAULTS]
+    assert positions == sorted(positions)
+    # one line per setting, the type hints in one aligned column
+    setting_lines = [line for line in out.splitlines() if line.startswith('  --')]
+    assert len(setting_lines) == len(DEFAULTS)
+    assert len({line.index('(') for line in setting_lines}) == 1
+
+
+# ---- settings_of ---------------------------------------------------------------
+
+def test_settings_of_filters_namespace():
+    class Model:
+        pass
+
+    namespace = {
+        'batch_size': 12, 'lr': 1e-3, 'compile': False, 'device': 'cpu', 'n_kv_head': None,
+        '_private': 1, '__doc__': 'doc', 'math': math, 'os': os,
+        'configure': configure, 'Model': Model, 'sizes': [1, 2],
+    }
+    assert settings_of(namespace) == {
+        'batch_size': 12, 'lr': 1e-3, 'compile': False, 'device': 'cpu', 'n_kv_head': None,
+    }
+
+
+# ---- as a real script ------------------------------------------------------------
+
+def test_script_with_bad_argument_exits_2_one_line(tmp_path):
+    script = write(tmp_path, 'script.py',
+                   'import sys\n'
+                   'batch_size = 12\n'
+                   'learning_rate = 6e-4\n'
+                   'from configurator import configure, settings_of\n'
+                   "globals().update(configure(settings_of(globals()), sys.argv[1:], prog='script.py'))\n"
+                   'print(batch_size)\n')
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(REPO_ROOT)] + ([os.environ['PYTHONPATH']] if os.environ.get('PYTHONPATH') else [])))
+    ok = subprocess.run([sys.executable, script, '--batch_size=7'],
+                        capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert ok.returncode == 0 and ok.stdout.strip() == '7'
+    bad = subprocess.run([sys.executable, script, '--batch_sise=7'],
+                         capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert bad.returncode == 2
+    assert 'Traceback' not in bad.stderr
+    assert len(bad.stderr.splitlines()) == 1
+    assert "did you mean 'batch_size'" in bad.stderr
