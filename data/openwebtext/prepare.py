@@ -1,0 +1,176 @@
+"""Prepare OpenWebText (or a local corpus) tokenized with the GPT-2 BPE (tiktoken).
+
+Usage:
+    python data/openwebtext/prepare.py                      # OpenWebText from the Hugging Face hub
+    python data/openwebtext/prepare.py --input PATH --out_dir DIR --num_proc 4 --test_size 0.1
+
+--input accepts:
+    a directory of .txt files          one document per file (searched recursively)
+    a directory made by save_to_disk   its 'text' column (a DatasetDict: its 'train' split)
+    a .jsonl / .json / .parquet file   its 'text' column, one document per row
+    any other file (e.g. a .txt)       documents separated by blank lines
+Each document is encoded with encode_ordinary and followed by the end-of-text token. A random
+--test_size fraction of the documents (at least 1, and never all) becomes the val split.
+Writes train.bin / val.bin (uint16 token ids, raw) and meta.json.
+Offline, point TIKTOKEN_CACHE_DIR at a directory holding tiktoken's cached GPT-2 files.
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import tiktoken
+from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+from tqdm import tqdm
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def fail(msg):
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def reason(e):
+    if isinstance(e, UnicodeDecodeError):
+        return f"not valid UTF-8 text (byte {e.start})"
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    lines = str(e).strip().splitlines()  # library errors can span many lines; keep the error to one
+    msg = lines[0] if lines else type(e).__name__
+    if e.__cause__ is not None:  # datasets wraps parser errors in a generic one; the cause says what is wrong
+        msg += f" ({reason(e.__cause__)})"
+    return msg
+
+
+def read_text(path, newline=""):
+    try:
+        with open(path, encoding="utf-8", newline=newline) as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        fail(f"cannot read input '{path}': {reason(e)}")
+
+
+def paragraphs(text):
+    docs, lines = [], []
+    for line in text.split("\n") + [""]:  # the sentinel blank line flushes the last document
+        if line.strip():
+            lines.append(line)
+        elif lines:
+            docs.append("\n".join(lines))
+            lines = []
+    return docs
+
+
+def load_local(src):
+    if not os.path.exists(src):
+        fail(f"cannot read input '{src}': No such file or directory")
+    if os.path.isdir(src):
+        try:
+            ds = load_from_disk(src)
+        except FileNotFoundError:  # not a saved dataset: treat it as a folder of text files
+            files = sorted(glob.glob(os.path.join(src, "**", "*.txt"), recursive=True))
+            if not files:
+                fail(f"cannot read input '{src}': no .txt files and not a saved dataset")
+            return Dataset.from_dict({"text": [read_text(f) for f in files]})
+        if isinstance(ds, DatasetDict):
+            if "train" not in ds:
+                fail(f"cannot read input '{src}': saved DatasetDict has no 'train' split")
+            ds = ds["train"]
+        return ds
+    ext = os.path.splitext(src)[1].lower()
+    if ext in (".jsonl", ".json"):
+        return load_dataset("json", data_files=src, split="train")
+    if ext == ".parquet":
+        return load_dataset("parquet", data_files=src, split="train")
+    # Universal newlines here: documents are re-joined with '\n' anyway.
+    return Dataset.from_dict({"text": paragraphs(read_text(src, newline=None))})
+
+
+def write_split(dset, path):
+    lens = dset.select_columns(["len"]).with_format("numpy")[:]["len"]
+    total = int(lens.sum(dtype=np.uint64))
+    out = np.memmap(path, dtype=np.uint16, mode="w+", shape=(total,))
+    pos = 0
+    with tqdm(total=total, unit="tok", unit_scale=True, desc=f"writing {os.path.basename(path)}") as bar:
+        # Batches keep memory bounded: the full OpenWebText train split is ~9B tokens.
+        for batch in dset.with_format("numpy").iter(batch_size=1024):
+            chunk = np.concatenate(batch["ids"]).astype(np.uint16)
+            out[pos : pos + len(chunk)] = chunk
+            pos += len(chunk)
+            bar.update(len(chunk))
+    out.flush()
+    return total
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--input", help="local corpus to use instead of the hub's openwebtext (see above)")
+    parser.add_argument("--out_dir", default=HERE, help="where to write train.bin, val.bin, meta.json")
+    parser.add_argument("--num_proc", type=int, default=8, help="worker processes (capped at the CPU count)")
+    parser.add_argument("--test_size", type=float, default=0.0005, help="fraction of documents for val")
+    args = parser.parse_args()
+    if args.num_proc < 1:
+        parser.error("--num_proc must be at least 1")
+    if not 0 < args.test_size < 1:
+        parser.error("--test_size must be between 0 and 1")
+    num_proc = min(args.num_proc, os.cpu_count() or 1)
+
+    try:
+        enc = tiktoken.get_encoding("gpt2")
+    except Exception as e:  # offline without a cache, tiktoken raises whatever its HTTP client raises
+        fail(f"cannot load the GPT-2 encoding ({type(e).__name__}); offline, set TIKTOKEN_CACHE_DIR to a tiktoken cache")
+
+    src = args.input if args.input is not None else "openwebtext"
+    try:
+        if args.input is None:
+            ds = load_dataset("openwebtext", split="train", num_proc=num_proc)
+        else:
+            ds = load_local(args.input)
+    except Exception as e:
+        where = "load 'openwebtext' from the Hugging Face hub" if args.input is None else f"read input '{src}'"
+        fail(f"cannot {where}: {reason(e)}")
+    if "text" not in ds.column_names:
+        fail(f"cannot read input '{src}': no 'text' column (columns: {', '.join(ds.column_names)})")
+    n = len(ds)
+    if n == 0:
+        fail(f"input '{src}' is empty (no documents)")
+    if n < 2:
+        fail(f"input '{src}' has only 1 document; need at least 2 (one for train, one for val)")
+
+    # An explicit count keeps tiny corpora from getting an empty split; for large ones it equals
+    # what datasets would compute from the fraction (ceil), so the shuffle picks the same documents.
+    n_val = min(max(1, math.ceil(args.test_size * n)), n - 1)
+    split = ds.train_test_split(test_size=n_val, seed=2357, shuffle=True)
+    split["val"] = split.pop("test")
+
+    def tokenize(example):
+        ids = enc.encode_ordinary(example["text"] or "")
+        ids.append(enc.eot_token)  # marks document boundaries so the model learns where texts end
+        return {"ids": ids, "len": len(ids)}
+
+    tokenized = {}
+    for name, d in split.items():
+        procs = min(num_proc, len(d))  # datasets warns when asked for more workers than rows
+        tokenized[name] = d.map(
+            tokenize, remove_columns=d.column_names, num_proc=procs if procs > 1 else None, desc=f"tokenizing {name}"
+        )
+
+    try:
+        os.makedirs(args.out_dir, exist_ok=True)
+        counts = {name: write_split(d, os.path.join(args.out_dir, f"{name}.bin")) for name, d in tokenized.items()}
+        with open(os.path.join(args.out_dir, "meta.json"), "w", encoding="utf-8") as f:
+            json.dump({"kind": "tiktoken", "encoding": "gpt2", "vocab_size": enc.n_vocab}, f)
+            f.write("\n")
+    except OSError as e:
+        fail(f"cannot write to '{args.out_dir}': {reason(e)}")
+
+    for name, d in tokenized.items():
+        print(f"{name} has {len(d):,} documents, {counts[name]:,} tokens")
+
+
+if __name__ == "__main__":
+    main()

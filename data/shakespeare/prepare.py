@@ -1,0 +1,103 @@
+"""Prepare tinyshakespeare tokenized with the GPT-2 BPE (tiktoken).
+
+Usage:
+    python data/shakespeare/prepare.py                   # downloads input.txt next to this script
+    python data/shakespeare/prepare.py --input my.txt --out_dir some/dir
+
+The first 90% of the characters go to train, the rest to val; each part is encoded
+separately with encode_ordinary (special tokens are treated as plain text).
+Writes train.bin / val.bin (uint16 token ids, raw) and meta.json.
+Offline, point TIKTOKEN_CACHE_DIR at a directory holding tiktoken's cached GPT-2 files.
+"""
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+
+import numpy as np
+import tiktoken
+
+URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def fail(msg):
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def reason(e):
+    if isinstance(e, UnicodeDecodeError):
+        return f"not valid UTF-8 text (byte {e.start})"
+    if isinstance(e, urllib.error.URLError):
+        return getattr(e.reason, "strerror", None) or str(e.reason)
+    return e.strerror or str(e)
+
+
+def download(path):
+    # Download to a temporary name first so an interrupted download never passes for input.txt.
+    tmp = path + ".part"
+    try:
+        urllib.request.urlretrieve(URL, tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        fail(f"cannot download '{URL}': {reason(e)}")
+
+
+def read_text(path):
+    try:
+        # newline='' keeps the file's line endings so the .bin files decode back to it exactly.
+        with open(path, encoding="utf-8", newline="") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        fail(f"cannot read input '{path}': {reason(e)}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--input", help="local text file to use instead of downloading tinyshakespeare")
+    parser.add_argument("--out_dir", default=HERE, help="where to write train.bin, val.bin, meta.json")
+    args = parser.parse_args()
+
+    path = args.input
+    if path is None:
+        path = os.path.join(HERE, "input.txt")
+        if not os.path.exists(path):
+            download(path)
+    text = read_text(path)
+    if not text:
+        fail(f"input '{path}' is empty")
+    n = len(text)
+    train_text, val_text = text[: int(n * 0.9)], text[int(n * 0.9):]
+    if not train_text or not val_text:
+        fail(f"input '{path}' is too short to split ({n} characters)")
+
+    try:
+        enc = tiktoken.get_encoding("gpt2")
+    except Exception as e:  # offline without a cache, tiktoken raises whatever its HTTP client raises
+        fail(f"cannot load the GPT-2 encoding ({type(e).__name__}); offline, set TIKTOKEN_CACHE_DIR to a tiktoken cache")
+    splits = {
+        "train": np.array(enc.encode_ordinary(train_text), dtype=np.uint16),
+        "val": np.array(enc.encode_ordinary(val_text), dtype=np.uint16),
+    }
+    meta = {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": enc.n_vocab}
+    try:
+        os.makedirs(args.out_dir, exist_ok=True)
+        for name, ids in splits.items():
+            ids.tofile(os.path.join(args.out_dir, f"{name}.bin"))
+        with open(os.path.join(args.out_dir, "meta.json"), "w", encoding="utf-8") as f:
+            json.dump(meta, f)
+            f.write("\n")
+    except OSError as e:
+        fail(f"cannot write to '{args.out_dir}': {reason(e)}")
+
+    print(f"train has {len(splits['train']):,} tokens")
+    print(f"val has {len(splits['val']):,} tokens")
+
+
+if __name__ == "__main__":
+    main()

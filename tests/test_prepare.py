@@ -1,0 +1,250 @@
+"""Tests for the data/*/prepare.py scripts, run as subprocesses on small self-made corpora."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data"
+TINY = SHARED / "tinyshakespeare" / "input.txt"
+CHAR = ROOT / "data" / "shakespeare_char" / "prepare.py"
+BPE = ROOT / "data" / "shakespeare" / "prepare.py"
+OWT = ROOT / "data" / "openwebtext" / "prepare.py"
+
+SAMPLE = (
+    "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
+    "All:\nSpeak, speak!  <|endoftext|> (not special) -- 'quotes' & \"double\"; 3+4=7?\n"
+    "\tTabs, café, naïve, 日本語, emoji 🙂 and a lone \\ backslash.\n"
+)
+
+
+def tiktoken_env():
+    """Env for subprocesses that need the GPT-2 BPE offline, or None if no cache is available."""
+    env = dict(os.environ)
+    if not env.get("TIKTOKEN_CACHE_DIR"):
+        cache = SHARED / "tiktoken_cache"
+        if not cache.is_dir():
+            return None
+        env["TIKTOKEN_CACHE_DIR"] = str(cache)
+    return env
+
+
+@pytest.fixture
+def bpe_env(tmp_path):
+    env = tiktoken_env()
+    if env is None:
+        pytest.skip("no tiktoken cache: set TIKTOKEN_CACHE_DIR to run the GPT-2 BPE tests offline")
+    env["HF_DATASETS_CACHE"] = str(tmp_path / "hf_cache")  # keep datasets' cache out of the home dir
+    return env
+
+
+@pytest.fixture
+def enc(bpe_env, monkeypatch):
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", bpe_env["TIKTOKEN_CACHE_DIR"])
+    import tiktoken
+
+    return tiktoken.get_encoding("gpt2")
+
+
+def run(script, *args, env=None):
+    cmd = [sys.executable, str(script), *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+
+
+def run_ok(script, *args, env=None):
+    r = run(script, *args, env=env)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def load_bins(out):
+    train = np.fromfile(out / "train.bin", dtype=np.uint16)
+    val = np.fromfile(out / "val.bin", dtype=np.uint16)
+    meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
+    return train, val, meta
+
+
+def write(path, text):
+    path.write_bytes(text.encode("utf-8"))  # bytes so no newline translation sneaks in
+    return path
+
+
+# --- shakespeare_char ---------------------------------------------------------------------------
+
+
+def test_char_roundtrip(tmp_path):
+    text = SAMPLE * 40 + "\r\nend"
+    src = write(tmp_path / "in.txt", text)
+    out = tmp_path / "out"
+    r = run_ok(CHAR, "--input", src, "--out_dir", out)
+    train, val, meta = load_bins(out)
+    n = len(text)
+    assert len(train) == int(n * 0.9) and len(val) == n - int(n * 0.9)
+    assert (out / "train.bin").stat().st_size == 2 * len(train)  # raw uint16, no header
+    chars = sorted(set(text))
+    assert meta == {"kind": "char", "vocab_size": len(chars), "chars": chars}
+    ids = np.concatenate([train, val])
+    assert ids.max() < meta["vocab_size"]
+    assert "".join(meta["chars"][i] for i in ids) == text
+    assert f"{len(chars)}" in r.stdout
+
+
+# --- shakespeare (GPT-2 BPE) --------------------------------------------------------------------
+
+
+def test_bpe_roundtrip(tmp_path, bpe_env, enc):
+    text = SAMPLE * 30
+    src = write(tmp_path / "in.txt", text)
+    out = tmp_path / "out"
+    run_ok(BPE, "--input", src, "--out_dir", out, env=bpe_env)
+    train, val, meta = load_bins(out)
+    assert meta == {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 50257}
+    cut = int(len(text) * 0.9)
+    assert train.tolist() == enc.encode_ordinary(text[:cut])
+    assert val.tolist() == enc.encode_ordinary(text[cut:])
+    assert enc.decode(train.tolist()) + enc.decode(val.tolist()) == text
+
+
+# --- openwebtext --------------------------------------------------------------------------------
+
+
+def owt_docs():
+    return [f"Doc {i}: " + SAMPLE[: 40 + 37 * i] + f" <|endoftext|> tail {i}" for i in range(20)]
+
+
+def check_owt(out, docs, enc):
+    train, val, meta = load_bins(out)
+    assert meta == {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 50257}
+    assert len(val) > 0 and len(train) > 0
+    ids = np.concatenate([train, val])
+    assert len(ids) == sum(len(enc.encode_ordinary(d)) + 1 for d in docs)
+    assert int((ids == enc.eot_token).sum()) == len(docs)  # literal '<|endoftext|>' text is not special
+    assert train[-1] == enc.eot_token and val[-1] == enc.eot_token
+    # Every document must come back whole, in one split or the other.
+    ends = np.flatnonzero(ids == enc.eot_token)
+    pieces = np.split(ids, ends + 1)[:-1]
+    assert sorted(enc.decode(p[:-1].tolist()) for p in pieces) == sorted(docs)
+    return train, val
+
+
+def test_owt_txt_dir(tmp_path, bpe_env, enc):
+    docs = owt_docs()
+    src = tmp_path / "docs"
+    src.mkdir()
+    for i, d in enumerate(docs):
+        write(src / f"{i:03d}.txt", d)
+    (src / "notes.md").write_text("ignored: not a .txt file")
+    out = tmp_path / "out"
+    r = run_ok(OWT, "--input", src, "--out_dir", out, "--num_proc", 1, "--test_size", 0.1, env=bpe_env)
+    train, val = check_owt(out, docs, enc)
+    assert int((val == enc.eot_token).sum()) == 2  # ceil(0.1 * 20) documents
+    assert "val has 2 documents" in r.stdout
+
+
+def test_owt_jsonl_default_test_size(tmp_path, bpe_env, enc):
+    docs = owt_docs()
+    src = tmp_path / "corpus.jsonl"
+    write(src, "".join(json.dumps({"text": d, "id": i}) + "\n" for i, d in enumerate(docs)))
+    out = tmp_path / "out"
+    run_ok(OWT, "--input", src, "--out_dir", out, "--num_proc", 1, env=bpe_env)
+    train, val = check_owt(out, docs, enc)
+    assert int((val == enc.eot_token).sum()) == 1  # the tiny default fraction still leaves one val doc
+
+
+def test_owt_single_txt_splits_on_blank_lines(tmp_path, bpe_env, enc):
+    docs = ["first doc\nline two", "second", "third\n  indented line"]
+    src = write(tmp_path / "corpus.txt", "\n\n".join(docs[:2]) + "\n \n\n" + docs[2] + "\n")
+    out = tmp_path / "out"
+    run_ok(OWT, "--input", src, "--out_dir", out, "--num_proc", 1, "--test_size", 0.5, env=bpe_env)
+    check_owt(out, docs, enc)
+
+
+def test_owt_saved_dataset(tmp_path, bpe_env, enc):
+    from datasets import Dataset
+
+    docs = owt_docs()[:6]
+    Dataset.from_dict({"text": docs}).save_to_disk(str(tmp_path / "saved"))
+    out = tmp_path / "out"
+    run_ok(OWT, "--input", tmp_path / "saved", "--out_dir", out, "--num_proc", 1, env=bpe_env)
+    check_owt(out, docs, enc)
+
+
+def test_owt_too_few_documents(tmp_path, bpe_env):
+    src = write(tmp_path / "one.txt", "just one document\n")
+    r = run(OWT, "--input", src, "--out_dir", tmp_path / "out", "--num_proc", 1, env=bpe_env)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("error:") and "at least 2" in r.stderr
+
+
+# --- real data ----------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not TINY.is_file(), reason="tinyshakespeare not available")
+def test_real_tinyshakespeare_char(tmp_path):
+    run_ok(CHAR, "--input", TINY, "--out_dir", tmp_path)
+    train, val, meta = load_bins(tmp_path)
+    assert meta["vocab_size"] == 65
+    assert (len(train), len(val)) == (1_003_854, 111_540)
+
+
+@pytest.mark.skipif(not TINY.is_file(), reason="tinyshakespeare not available")
+def test_real_tinyshakespeare_bpe(tmp_path, bpe_env):
+    run_ok(BPE, "--input", TINY, "--out_dir", tmp_path, env=bpe_env)
+    train, val, _ = load_bins(tmp_path)
+    assert (len(train), len(val)) == (301_966, 36_059)
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+SCRIPTS = [pytest.param(CHAR, id="shakespeare_char"), pytest.param(BPE, id="shakespeare"), pytest.param(OWT, id="openwebtext")]
+
+
+def env_for(script):
+    env = tiktoken_env() if script != CHAR else dict(os.environ)
+    if env is None:
+        pytest.skip("no tiktoken cache")
+    return env
+
+
+def assert_one_line_error(r, *fragments):
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, r.stderr
+    for frag in fragments:
+        assert frag in lines[0]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_missing_input(tmp_path, script):
+    missing = tmp_path / "x.txt"
+    r = run(script, "--input", missing, "--out_dir", tmp_path / "out", env=env_for(script))
+    assert_one_line_error(r, f"error: cannot read input '{missing}'", "No such file or directory")
+    assert r.stderr.strip().count("\n") == 0
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_empty_input(tmp_path, script):
+    src = write(tmp_path / "empty.txt", "")
+    r = run(script, "--input", src, "--out_dir", tmp_path / "out", env=env_for(script))
+    assert_one_line_error(r, "empty")
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_undecodable_input(tmp_path, script):
+    src = tmp_path / "bad.txt"
+    src.write_bytes(b"ok text\n\n\xff\xfe not utf-8\n")
+    r = run(script, "--input", src, "--out_dir", tmp_path / "out", env=env_for(script))
+    assert_one_line_error(r, f"cannot read input '{src}'", "UTF-8")
+
+
+def test_owt_dir_without_txt(tmp_path):
+    env = env_for(OWT)
+    (tmp_path / "src").mkdir()
+    r = run(OWT, "--input", tmp_path / "src", "--out_dir", tmp_path / "out", env=env)
+    assert_one_line_error(r, "no .txt files")
