@@ -1,0 +1,180 @@
+"""Helpers the scripts share: one-line errors, device and dtype choice, checkpoints, tokenizers, peak FLOP/s."""
+
+import json
+import os
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+
+import torch
+
+from model import GPT, GPTConfig
+
+CKPT_FORMAT = 'nanoswap-ckpt-1'
+DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
+
+
+def die(message, code=2):
+    """Report a user mistake as one line on stderr and exit: a traceback would only hide it."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+# ----------------------------------------------------------------------------- device and dtype
+
+def pick_device(device='auto'):
+    """'auto' picks cuda, then mps, then cpu; an explicit choice must exist on this machine."""
+    if device == 'auto':
+        if torch.cuda.is_available():
+            return 'cuda'
+        if getattr(torch.backends, 'mps', None) is not None and torch.backends.mps.is_available():
+            return 'mps'
+        return 'cpu'
+    kind = device.split(':')[0]
+    if kind not in ('cpu', 'cuda', 'mps'):
+        die(f"device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got {device!r}")
+    if kind == 'cuda' and not torch.cuda.is_available():
+        die(f"device={device!r} but CUDA is not available here (use --device=auto or --device=cpu)")
+    if kind == 'mps' and not (getattr(torch.backends, 'mps', None) and torch.backends.mps.is_available()):
+        die(f"device={device!r} but MPS is not available here (use --device=auto or --device=cpu)")
+    return device
+
+
+def pick_dtype(device, dtype='auto'):
+    """'auto': bf16 where the GPU supports it, else fp16 (with a GradScaler) on CUDA, fp32 elsewhere."""
+    if dtype == 'auto':
+        if device.startswith('cuda'):
+            return 'bfloat16' if torch.cuda.is_bf16_supported() else 'float16'
+        return 'float32'
+    if dtype not in DTYPES:
+        die(f"dtype must be 'auto', {', '.join(map(repr, DTYPES))}; got {dtype!r}")
+    return dtype
+
+
+def autocast(device, dtype):
+    """Mixed precision for forward passes; fp32 needs none."""
+    if dtype == 'float32':
+        return nullcontext()
+    return torch.autocast(device_type=device.split(':')[0], dtype=DTYPES[dtype])
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+def save_checkpoint(checkpoint, path):
+    """Write atomically: a crash mid-write leaves the previous checkpoint, never a broken file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f'.{os.path.basename(path)}.tmp{os.getpid()}')
+    try:
+        with open(tmp, 'wb') as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    fd = os.open(directory, os.O_RDONLY)  # make the rename itself durable
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def new_checkpoint(model, **fields):
+    """A checkpoint dict in our format; model is the raw (uncompiled, unwrapped) GPT."""
+    return {'format': CKPT_FORMAT, 'model': model.state_dict(), 'model_args': asdict(model.config), **fields}
+
+
+def load_checkpoint(path, hint="train one with: python train.py config/shakespeare_modern_cpu.py"):
+    """Load one of our checkpoints safely (weights_only) to the CPU, or exit with one clear line."""
+    if not os.path.exists(path):
+        die(f"no checkpoint at '{path}'; {hint}")
+    try:
+        checkpoint = torch.load(path, map_location='cpu', weights_only=True)
+    except Exception as e:  # truncated, not a torch file, or holding objects weights_only refuses
+        die(f"cannot read checkpoint '{path}': corrupt or not a nanoswap checkpoint "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})")
+    if not isinstance(checkpoint, dict) or checkpoint.get('format') != CKPT_FORMAT:
+        die(f"'{path}' is not a nanoswap checkpoint (no format '{CKPT_FORMAT}')")
+    return checkpoint
+
+
+def model_from_checkpoint(checkpoint, path='checkpoint'):
+    try:
+        model = GPT(GPTConfig(**checkpoint['model_args']))
+        model.load_state_dict(checkpoint['model'])
+    except (TypeError, ValueError, RuntimeError, KeyError) as e:
+        die(f"checkpoint '{path}' does not hold a model this code can build: {str(e).splitlines()[0]}")
+    return model
+
+
+def load_pretrained(name_or_path, override_args=None):
+    """GPT.from_pretrained with one-line errors (unknown name, no network, unsupported architecture)."""
+    try:
+        return GPT.from_pretrained(name_or_path, override_args)
+    except ImportError:
+        die("loading pretrained models needs transformers: pip install transformers")
+    except (OSError, ValueError) as e:
+        die(f"cannot load pretrained model '{name_or_path}': {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+
+
+# ----------------------------------------------------------------------------- tokenizers
+
+def load_tokenizer(meta_path=None):
+    """(encode, decode) from a dataset's meta.json (character level or tiktoken), else GPT-2's BPE."""
+    meta = {'kind': 'tiktoken', 'encoding': 'gpt2'}
+    if meta_path is not None and os.path.exists(meta_path):
+        try:
+            with open(meta_path) as f:
+                meta = json.load(f)
+        except (OSError, ValueError) as e:
+            die(f"cannot read '{meta_path}': {e}")
+    if meta.get('kind') == 'char':
+        chars = meta['chars']
+        stoi = {c: i for i, c in enumerate(chars)}
+
+        def encode(text):
+            unknown = sorted(set(text) - stoi.keys())
+            if unknown:
+                die(f"characters not in the vocabulary of '{meta_path}': "
+                    f"{' '.join(repr(c) for c in unknown)}")
+            return [stoi[c] for c in text]
+        return encode, lambda ids: ''.join(chars[i] for i in ids)
+    import tiktoken
+    try:
+        enc = tiktoken.get_encoding(meta.get('encoding', 'gpt2'))
+    except Exception as e:
+        die(f"cannot load tiktoken encoding {meta.get('encoding', 'gpt2')!r} ({type(e).__name__}); "
+            f"offline, point TIKTOKEN_CACHE_DIR at a cache holding it")
+    return (lambda text: enc.encode(text, allowed_special={'<|endoftext|>'})), enc.decode
+
+
+# ----------------------------------------------------------------------------- peak FLOP/s
+
+# dense bf16/fp16 tensor-core peaks from the vendors' datasheets, by a substring of the device name
+GPU_PEAK_FLOPS = [('H200', 989e12), ('H100', 989e12), ('A100', 312e12), ('L40S', 362e12), ('A10G', 70e12),
+                  ('L4', 121e12), ('4090', 165e12), ('3090', 71e12), ('V100', 125e12), ('T4', 65e12),
+                  ('A6000', 155e12)]
+
+
+def measure_matmul_flops(device, dtype=torch.float32, n=1024, seconds=0.3):
+    """FLOP/s of a square matmul on this device, the best of repeated runs: the CPU's practical peak."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    best, deadline = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline or best == 0.0:
+        t0 = time.perf_counter()
+        (a @ b).sum().item()
+        best = max(best, 2 * n ** 3 / (time.perf_counter() - t0))
+    return best
+
+
+def peak_flops(device, dtype='float32'):
+    """A known GPU's datasheet peak, else a measured matmul (CPU, MPS, unknown GPUs)."""
+    if device.startswith('cuda'):
+        name = torch.cuda.get_device_name(torch.device(device))
+        for key, flops in GPU_PEAK_FLOPS:
+            if key in name:
+                return flops
+    return measure_matmul_flops(device, DTYPES.get(dtype, torch.float32))

@@ -1,0 +1,10 @@
+# the GPT-2 (124M) recipe with LLaMA-style blocks:
+#   torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2_modern.py
+exec(open('config/train_gpt2.py').read())
+wandb_run_name = 'gpt2-124M-modern'
+out_dir = 'out-gpt2-modern'
+
+norm = 'rms'
+mlp = 'swiglu'  # 8/3 * 768 = 2048 hidden: the same parameter count as the 4x GELU MLP
+n_kv_head = 3  # 12 query heads share 3 K/V heads: a 4x smaller KV cache
+pos = 'rope'

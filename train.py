@@ -1,0 +1,335 @@
+"""
+Train a GPT with any mix of vanilla and modern swaps, on one CPU, one GPU, or many with DDP.
+
+    python train.py config/shakespeare_char_modern.py --batch_size=32 --n_kv_head=2
+    torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2_modern.py
+
+Settings are the globals below; a config file, then --key=value, override them (configurator.py).
+"""
+
+import json
+import math
+import os
+import sys
+import time
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+from torch.distributed import destroy_process_group, init_process_group
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from common import (autocast, die, load_checkpoint, load_pretrained, model_from_checkpoint, new_checkpoint,
+                    peak_flops as measure_peak_flops, pick_device, pick_dtype, save_checkpoint)
+from configurator import configure, settings_of
+from model import GPT, GPTConfig
+
+# ----------------------------------------------------------------------------- settings
+# I/O
+out_dir = 'out'
+eval_interval = 2000
+log_interval = 1
+eval_iters = 200
+eval_only = False  # evaluate once and exit
+always_save_checkpoint = True  # else save only when val loss improves
+init_from = 'scratch'  # 'scratch', 'resume', or a GPT-2 / Llama name or directory
+# wandb (works with WANDB_MODE=offline)
+wandb_log = False
+wandb_project = 'nanoswap'
+wandb_run_name = 'run'
+# data
+dataset = 'openwebtext'
+gradient_accumulation_steps = 5 * 8  # global: divided by the number of DDP processes
+batch_size = 12  # per process, per micro step
+block_size = 1024
+# model: the swaps (see model.py)
+n_layer = 12
+n_head = 12
+n_embd = 768
+dropout = 0.0
+bias = False
+norm = 'layernorm'
+norm_eps = 1e-5
+mlp = 'gelu'
+ffn_hidden = None
+multiple_of = 64
+n_kv_head = None
+pos = 'learned'
+rope_theta = 10000.0
+prenorm = True
+tie_embeddings = True
+# AdamW
+learning_rate = 6e-4
+max_iters = 600000
+weight_decay = 1e-1
+beta1 = 0.9
+beta2 = 0.95
+grad_clip = 1.0  # 0 disables
+# learning rate: linear warmup, then cosine decay to min_lr
+decay_lr = True
+warmup_iters = 2000
+lr_decay_iters = 600000
+min_lr = 6e-5
+# system
+backend = 'auto'  # DDP: 'nccl' on CUDA, 'gloo' on CPU
+device = 'auto'  # 'auto' (cuda, mps, cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
+dtype = 'auto'  # 'auto' (bf16, else fp16 on CUDA; fp32 elsewhere), 'float32', 'bfloat16', 'float16'
+compile = None  # None: on for CUDA only
+peak_flops = 0.0  # for MFU; 0: a known GPU's peak, else a matmul measured at start
+seed = 1337
+settings = configure(settings_of(globals()), sys.argv[1:], prog='train.py', doc=__doc__)
+globals().update(settings)
+MODEL_FLAGS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'dropout', 'norm', 'norm_eps', 'mlp',
+               'ffn_hidden', 'multiple_of', 'n_kv_head', 'pos', 'rope_theta', 'prenorm', 'tie_embeddings')
+EVAL_SEED = 20240101  # one fixed set of eval batches for every run, variant and seed
+# -----------------------------------------------------------------------------
+
+# DDP: torchrun sets RANK; one process per device
+ddp = int(os.environ.get('RANK', -1)) != -1
+if ddp:
+    rank, local_rank, world_size = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
+    if backend == 'auto':
+        backend = 'nccl' if torch.cuda.is_available() and device != 'cpu' else 'gloo'
+    init_process_group(backend=backend)
+    if device in ('auto', 'cuda') and torch.cuda.is_available():
+        device = f'cuda:{local_rank}'
+        torch.cuda.set_device(device)
+else:
+    rank, local_rank, world_size = 0, 0, 1
+master = rank == 0
+device = pick_device(device)
+device_type = device.split(':')[0]
+dtype = pick_dtype(device, dtype)
+if compile is None:
+    compile = device_type == 'cuda'
+if gradient_accumulation_steps % world_size != 0:
+    die(f"gradient_accumulation_steps ({gradient_accumulation_steps}) must be divisible by the number of "
+        f"processes ({world_size})")
+local_accum = gradient_accumulation_steps // world_size
+for name in ('batch_size', 'gradient_accumulation_steps', 'eval_interval', 'log_interval', 'eval_iters'):
+    if globals()[name] < 1:
+        die(f"{name} must be at least 1, got {globals()[name]}")
+if max_iters < 0:
+    die(f"max_iters must be >= 0, got {max_iters}")
+
+torch.manual_seed(seed)
+torch.backends.cuda.matmul.allow_tf32 = True
+torch.backends.cudnn.allow_tf32 = True
+ctx = autocast(device, dtype)
+
+# ----------------------------------------------------------------------------- data
+data_dir = os.path.join('data', dataset)
+for split in ('train', 'val'):
+    path = os.path.join(data_dir, f'{split}.bin')
+    if not os.path.exists(path):
+        die(f"dataset file '{path}' not found; create it with: python data/{dataset}/prepare.py")
+    if os.path.getsize(path) // 2 <= block_size:
+        die(f"'{path}' holds {os.path.getsize(path) // 2} tokens, too few for block_size {block_size}")
+
+
+def get_batch(split, generator):
+    # a fresh memmap per batch: numpy keeps a long-lived one's pages and memory grows
+    data = np.memmap(os.path.join(data_dir, f'{split}.bin'), dtype=np.uint16, mode='r')
+    ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator)
+    x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix.tolist()])
+    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix.tolist()])
+    if device_type == 'cuda':
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+def train_generator(it, micro):
+    """Batches depend only on (seed, iteration, global micro step): resume is exact, and N processes draw
+    exactly the batches one process would with the same global gradient_accumulation_steps."""
+    return torch.Generator().manual_seed(hash((seed, it, micro)) & (2 ** 63 - 1))
+
+
+meta_vocab_size = None
+meta_path = os.path.join(data_dir, 'meta.json')
+if os.path.exists(meta_path):
+    with open(meta_path) as f:
+        meta_vocab_size = json.load(f).get('vocab_size')
+
+# ----------------------------------------------------------------------------- model
+iter_num, best_val_loss, checkpoint = 0, float('inf'), None
+model_args = {k: settings[k] for k in MODEL_FLAGS}
+ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+if init_from == 'scratch':
+    model_args['vocab_size'] = meta_vocab_size or 50304
+    try:
+        model = GPT(GPTConfig(**model_args))
+    except ValueError as e:
+        die(str(e))
+elif init_from == 'resume':
+    checkpoint = load_checkpoint(ckpt_path, hint=f"train first with init_from='scratch' into out_dir '{out_dir}'")
+    model = model_from_checkpoint(checkpoint, ckpt_path)
+    changed = [k for k in MODEL_FLAGS if k != 'dropout' and checkpoint['model_args'][k] != model_args[k]]
+    if changed and master:
+        print(f"resuming with the checkpoint's model flags, not this run's: {', '.join(changed)}")
+    iter_num, best_val_loss = checkpoint['iter_num'], checkpoint['best_val_loss']
+else:
+    model = load_pretrained(init_from, {'dropout': dropout})
+    if block_size < model.config.block_size:
+        model.crop_block_size(block_size)
+    if block_size > model.config.block_size and model.config.pos == 'learned':
+        die(f"block_size {block_size} exceeds {init_from}'s {model.config.block_size} learned positions")
+for k in MODEL_FLAGS:  # what was really built is what gets logged and saved
+    settings[k] = getattr(model.config, k)
+block_size = model.config.block_size
+tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
+model.to(device)
+
+scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
+optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+if checkpoint is not None:
+    optimizer.load_state_dict(checkpoint['optimizer'])
+    scaler.load_state_dict(checkpoint['scaler'])
+    if master:  # other ranks keep their own dropout streams
+        torch.set_rng_state(checkpoint['rng']['torch'])
+        if device_type == 'cuda' and checkpoint['rng'].get('cuda'):
+            torch.cuda.set_rng_state(checkpoint['rng']['cuda'], device)
+    checkpoint = None  # free the memory
+if ddp:
+    torch.manual_seed(seed + rank + iter_num)  # dropout differs across ranks; weights come from rank 0
+raw_model = model
+if compile:
+    model = torch.compile(model)
+if ddp:
+    model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
+
+
+@torch.no_grad()
+def estimate_loss():
+    """Mean loss on eval_iters fixed batches per split, shared out across DDP processes."""
+    model.eval()
+    out = {}
+    for split in ('train', 'val'):
+        generator = torch.Generator().manual_seed(EVAL_SEED + (split == 'val'))
+        total = torch.zeros((), device=device)
+        for k in range(eval_iters):
+            x, y = get_batch(split, generator)
+            if k % world_size == rank:
+                with ctx:
+                    _, loss = model(x, y)
+                total += loss.float()
+        if ddp:
+            torch.distributed.all_reduce(total)
+        out[split] = total.item() / eval_iters
+    model.train()
+    return out
+
+
+def get_lr(it):
+    if not decay_lr:
+        return learning_rate
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it > lr_decay_iters:
+        return min_lr
+    ratio = (it - warmup_iters) / max(1, lr_decay_iters - warmup_iters)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
+
+
+def stop_non_finite(what, value):
+    if not math.isfinite(value):
+        if ddp:
+            destroy_process_group()
+        if not master:
+            sys.exit(1)
+        last = f"the last good checkpoint is '{ckpt_path}'" if os.path.exists(ckpt_path) else "no checkpoint was saved"
+        die(f"{what} is {value} at iter {iter_num}: training diverged (try a lower learning_rate or "
+            f"grad_clip); {last}", code=1)
+
+
+# ----------------------------------------------------------------------------- logging
+if master:
+    os.makedirs(out_dir, exist_ok=True)
+    print(f"device {device}, dtype {dtype}, compile {compile}, {world_size} process(es), "
+          f"{tokens_per_iter:,} tokens per iteration")
+    print(f"model: {raw_model.get_num_params() / 1e6:.2f}M parameters; norm={raw_model.config.norm} "
+          f"mlp={raw_model.config.mlp} n_kv_head={raw_model.config.kv_heads}/{raw_model.config.n_head} "
+          f"pos={raw_model.config.pos} prenorm={raw_model.config.prenorm}")
+    if peak_flops <= 0:
+        peak_flops = measure_peak_flops(device, dtype)
+    if wandb_log:
+        import wandb
+        wandb.init(project=wandb_project, name=wandb_run_name, config=settings, dir=out_dir)
+log_path = os.path.join(out_dir, 'log.jsonl')
+
+# ----------------------------------------------------------------------------- training loop
+t_start = time.time()
+train_time, train_steps = 0.0, 0  # since the last evaluation, for ms/iter in log.jsonl
+running_mfu, recent_dt = -1.0, []
+while True:
+    lr = get_lr(iter_num)
+    for group in optimizer.param_groups:
+        group['lr'] = lr
+
+    if iter_num % eval_interval == 0 or iter_num == max_iters or eval_only:
+        losses = estimate_loss()
+        stop_non_finite('train loss', losses['train'])
+        stop_non_finite('val loss', losses['val'])
+        if master:
+            print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+            record = {'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val'], 'lr': lr,
+                      'tokens': iter_num * tokens_per_iter, 'elapsed_s': round(time.time() - t_start, 3),
+                      'ms_per_iter': 1000 * train_time / train_steps if train_steps else None}
+            with open(log_path, 'a') as f:
+                f.write(json.dumps(record) + '\n')
+            if wandb_log:
+                wandb.log({'iter': iter_num, 'train/loss': losses['train'], 'val/loss': losses['val'], 'lr': lr,
+                           'mfu': running_mfu * 100})
+            improved = losses['val'] < best_val_loss
+            best_val_loss = min(best_val_loss, losses['val'])
+            if (improved or always_save_checkpoint) and iter_num > 0 and not eval_only:
+                rng = {'torch': torch.get_rng_state()}
+                if device_type == 'cuda':
+                    rng['cuda'] = torch.cuda.get_rng_state(device)
+                save_checkpoint(new_checkpoint(raw_model, optimizer=optimizer.state_dict(),
+                                               scaler=scaler.state_dict(), iter_num=iter_num,
+                                               best_val_loss=best_val_loss, config=settings, rng=rng), ckpt_path)
+                print(f"saved checkpoint to {ckpt_path}")
+        train_time, train_steps = 0.0, 0
+    if eval_only or iter_num >= max_iters:
+        break
+
+    t0 = time.time()
+    loss_sum = torch.zeros((), device=device)
+    for micro in range(local_accum):
+        x, y = get_batch('train', train_generator(iter_num, rank * local_accum + micro))
+        # gradients are all-reduced only after the last micro step
+        no_sync = model.no_sync() if ddp and micro < local_accum - 1 else nullcontext()
+        with no_sync, ctx:
+            _, loss = model(x, y)
+            loss_sum += loss.detach().float()
+            loss = loss / local_accum
+        scaler.scale(loss).backward()
+    if grad_clip > 0.0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    iter_num += 1
+
+    if iter_num % log_interval == 0 or iter_num == max_iters:
+        if ddp:
+            torch.distributed.all_reduce(loss_sum)
+        lossf = loss_sum.item() / gradient_accumulation_steps  # the mean over every micro step
+        dt = time.time() - t0
+        train_time, train_steps = train_time + dt, train_steps + 1
+        stop_non_finite('train loss', lossf)
+        if master:
+            recent_dt = (recent_dt + [dt])[-20:]
+            mean_dt = sum(recent_dt) / len(recent_dt)
+            if iter_num >= 5:  # the first iterations include warm-up and compilation
+                mfu = raw_model.estimate_mfu(batch_size * local_accum, dt, peak_flops)  # per device
+                running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
+            eta = time.strftime('%H:%M:%S', time.gmtime(mean_dt * (max_iters - iter_num)))
+            print(f"iter {iter_num}/{max_iters}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
+                  f"{tokens_per_iter / dt:,.0f} tok/s, mfu {max(running_mfu, 0) * 100:.2f}%, eta {eta}")
+    else:
+        train_time, train_steps = train_time + time.time() - t0, train_steps + 1
+
+if ddp:
+    destroy_process_group()
