@@ -516,7 +516,7 @@ def _gpt2_config_args(c):
                          f"('gelu_new') is supported")
     return dict(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, block_size=c.n_positions,
                 vocab_size=c.vocab_size, bias=True, norm_eps=c.layer_norm_epsilon,
-                ffn_hidden=getattr(c, 'n_inner', None), tie_embeddings=bool(getattr(c, 'tie_word_embeddings', True)))
+                ffn_hidden=None if getattr(c, 'n_inner', None) in (None, 4 * c.n_embd) else c.n_inner, tie_embeddings=bool(getattr(c, 'tie_word_embeddings', True)))
 
 
 def rope_theta_of(hf_config):
