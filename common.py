@@ -160,8 +160,10 @@ GPU_PEAK_FLOPS = [('H200', 989e12), ('H100', 989e12), ('A100', 312e12), ('L40S',
 
 def measure_matmul_flops(device, dtype=torch.float32, n=1024, seconds=0.3):
     """FLOP/s of a square matmul on this device, the best of repeated runs: the CPU's practical peak."""
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
+    # own generator: measuring must not move the global RNG a resumed run restores
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
+    b = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
     best, deadline = 0.0, time.perf_counter() + seconds
     while time.perf_counter() < deadline or best == 0.0:
         t0 = time.perf_counter()

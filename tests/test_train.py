@@ -1,0 +1,170 @@
+"""train.py end to end on a tiny self-made character dataset, run as a subprocess like a user would."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import common
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ['--dataset=tiny', '--device=cpu', '--compile=False', '--n_layer=2', '--n_head=2', '--n_embd=32',
+        '--block_size=16', '--batch_size=4', '--gradient_accumulation_steps=1', '--eval_iters=2',
+        '--log_interval=1', '--learning_rate=3e-3', '--warmup_iters=2', '--dropout=0.0']
+MODERN = ['--norm=rms', '--mlp=swiglu', '--n_kv_head=1', '--pos=rope']
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    """A working directory holding data/tiny: a repetitive text a small model learns within a few steps."""
+    text = ('the quick brown fox jumps over the lazy dog. ' * 200)
+    chars = sorted(set(text))
+    ids = np.array([chars.index(c) for c in text], dtype=np.uint16)
+    d = tmp_path / 'data' / 'tiny'
+    d.mkdir(parents=True)
+    n = int(len(ids) * 0.9)
+    ids[:n].tofile(d / 'train.bin')
+    ids[n:].tofile(d / 'val.bin')
+    (d / 'meta.json').write_text(json.dumps({'kind': 'char', 'vocab_size': len(chars), 'chars': chars}))
+    return tmp_path
+
+
+def train(cwd, *args, launcher=None, env=None, check=True):
+    cmd = (launcher or [sys.executable]) + [str(REPO / 'train.py'), *TINY, *args]
+    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, 'WANDB_MODE': 'offline', **(env or {})})
+    if check:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def log_records(out_dir):
+    return [json.loads(line) for line in (out_dir / 'log.jsonl').read_text().splitlines()]
+
+
+def iter_losses(stdout):
+    return {int(m.group(1)): m.group(2) for m in re.finditer(r'^iter (\d+)/\d+: loss (\S+),', stdout, re.M)}
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith('error:'), result.stderr
+    assert 'Traceback' not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+@pytest.mark.parametrize('flags', [[], MODERN], ids=['vanilla', 'modern'])
+def test_training_learns_saves_and_resumes(workdir, flags):
+    train(workdir, *flags, '--max_iters=30', '--eval_interval=15', '--out_dir=out')
+    records = log_records(workdir / 'out')
+    assert [r['iter'] for r in records] == [0, 15, 30]
+    assert records[-1]['val_loss'] < records[0]['val_loss'] - 0.5
+    assert records[-1]['tokens'] == 30 * 4 * 16
+    assert all(r['ms_per_iter'] > 0 for r in records[1:])
+    ckpt = common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
+    assert ckpt['iter_num'] == 30
+    assert ckpt['best_val_loss'] == min(r['val_loss'] for r in records)
+    assert not any(k.startswith('_orig_mod') for k in ckpt['model'])
+    expected = dict(norm='rms', mlp='swiglu', n_kv_head=1, pos='rope') if flags else dict(norm='layernorm', pos='learned')
+    for k, v in expected.items():
+        assert ckpt['model_args'][k] == v and ckpt['config'][k] == v
+    result = train(workdir, *flags, '--max_iters=35', '--eval_interval=15', '--out_dir=out', '--init_from=resume')
+    assert 'iter 35/35' in result.stdout
+    assert common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))['iter_num'] == 35
+
+
+def test_resume_is_exact(workdir):
+    """2N iterations straight equal N, resume, N more: losses identical, dropout included."""
+    common_args = ['--dropout=0.1', '--eval_interval=6', *MODERN]
+    straight = train(workdir, *common_args, '--max_iters=12', '--out_dir=a')
+    train(workdir, *common_args, '--max_iters=6', '--out_dir=b')
+    resumed = train(workdir, *common_args, '--max_iters=12', '--out_dir=b', '--init_from=resume')
+    a, b = iter_losses(straight.stdout), iter_losses(resumed.stdout)
+    assert sorted(b) == list(range(7, 13))
+    assert {k: a[k] for k in b} == b
+    assert log_records(workdir / 'a')[-1] == {**log_records(workdir / 'b')[-1],
+                                              'elapsed_s': log_records(workdir / 'a')[-1]['elapsed_s'],
+                                              'ms_per_iter': log_records(workdir / 'a')[-1]['ms_per_iter']}
+
+
+def test_ddp_two_processes_match_one(workdir):
+    """gradient_accumulation_steps is global: 2 gloo processes x 1 micro step == 1 process x 2."""
+    args = ['--gradient_accumulation_steps=2', '--max_iters=4', '--eval_interval=4', *MODERN]
+    single = train(workdir, *args, '--out_dir=single')
+    launcher = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
+    double = train(workdir, *args, '--out_dir=double', launcher=launcher, env={'OMP_NUM_THREADS': '1'})
+    a, b = iter_losses(single.stdout), iter_losses(double.stdout)
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
+    for k in a:
+        assert float(a[k]) == pytest.approx(float(b[k]), rel=1e-4)
+    ra, rb = log_records(workdir / 'single')[-1], log_records(workdir / 'double')[-1]
+    assert ra['val_loss'] == pytest.approx(rb['val_loss'], rel=1e-4)
+    assert (workdir / 'double' / 'ckpt.pt').exists()
+
+
+def test_interrupted_checkpoint_write_keeps_previous(tmp_path, monkeypatch):
+    path = str(tmp_path / 'ckpt.pt')
+    common.save_checkpoint({'format': common.CKPT_FORMAT, 'iter_num': 1}, path)
+
+    def crash_midway(obj, f):
+        f.write(b'half a checkpoint')
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, 'save', crash_midway)
+    with pytest.raises(KeyboardInterrupt):
+        common.save_checkpoint({'format': common.CKPT_FORMAT, 'iter_num': 2}, path)
+    monkeypatch.undo()
+    assert common.load_checkpoint(path)['iter_num'] == 1
+    assert os.listdir(tmp_path) == ['ckpt.pt']  # no temporary file left behind
+
+
+def test_diverging_run_stops_and_keeps_last_good_checkpoint(workdir):
+    train(workdir, '--max_iters=4', '--eval_interval=4', '--out_dir=out')
+    before = common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
+    result = train(workdir, '--max_iters=40', '--eval_interval=4', '--out_dir=out', '--init_from=resume',
+                   '--learning_rate=1e9', '--decay_lr=False', '--grad_clip=0', '--always_save_checkpoint=True',
+                   check=False)
+    assert_one_line_error(result, 'training diverged', 'ckpt.pt')
+    assert result.returncode == 1
+    after = common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
+    for k, v in after['model'].items():
+        assert torch.isfinite(v).all(), k
+    assert after['iter_num'] >= before['iter_num']
+
+
+def test_wandb_offline_writes_its_run(workdir):
+    train(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=out', '--wandb_log=True',
+          '--wandb_run_name=tiny')
+    runs = list((workdir / 'out' / 'wandb').glob('offline-run-*'))
+    assert len(runs) == 1 and any(runs[0].rglob('*.wandb'))
+
+
+def test_init_from_local_hf_gpt2(workdir):
+    transformers = pytest.importorskip('transformers')
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=32, vocab_size=40)
+    transformers.GPT2LMHeadModel(config).save_pretrained(workdir / 'hf')
+    train(workdir, f'--init_from={workdir / "hf"}', '--max_iters=2', '--eval_interval=2', '--out_dir=out',
+          env={'HF_HUB_OFFLINE': '1'})
+    ckpt = common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
+    assert ckpt['model_args']['block_size'] == 16  # cropped from 32 to the run's block_size
+    assert ckpt['model_args']['vocab_size'] == 40 and ckpt['model_args']['bias'] is True
+
+
+@pytest.mark.parametrize('args, fragments', [
+    (['--dataset=nope'], ["data/nope/train.bin", "python data/nope/prepare.py"]),
+    (['--n_kv_head=3', '--n_head=4', '--n_embd=32'], ['n_kv_head']),
+    (['--norm=batchnorm'], ['norm', "'rms'"]),
+    (['--lerning_rate=1'], ["did you mean 'learning_rate'"]),
+    (['--init_from=resume', '--out_dir=missing'], ['missing/ckpt.pt']),
+    (['--gradient_accumulation_steps=0'], ['gradient_accumulation_steps']),
+])
+def test_user_mistakes_are_one_line(workdir, args, fragments):
+    assert_one_line_error(train(workdir, '--max_iters=1', *args, check=False), *fragments)
