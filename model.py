@@ -341,6 +341,15 @@ class GPT(nn.Module):
         return n
 
     def forward(self, idx, targets=None, cache=None):
+        """Logits for every position (B, T, vocab), and the loss when targets are given."""
+        logits = self.lm_head(self.hidden_states(idx, cache))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1)
+        return logits, loss
+
+    def hidden_states(self, idx, cache=None):
+        """The final normalized hidden states (B, T, n_embd); with a cache, idx continues what it holds."""
         B, T = idx.size()
         start = cache.pos if cache is not None else 0
         if self.config.pos == 'learned' and start + T > self.config.block_size:
@@ -359,12 +368,7 @@ class GPT(nn.Module):
             x = block(x, rope, cache, i)
         if cache is not None:
             cache.pos += T
-        x = self.transformer.ln_f(x)
-        logits = self.lm_head(x)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1)
-        return logits, loss
+        return self.transformer.ln_f(x)
 
     def crop_block_size(self, block_size):
         """Shrink the context window, e.g. to fine-tune GPT-2 (1024) at 256."""
@@ -429,12 +433,13 @@ class GPT(nn.Module):
                             self._cache_dtype(), idx.device)
         for step in range(max_new_tokens):
             if cache is None:
-                logits, _ = self(window)
+                h = self.hidden_states(window)
             elif cache.pos == 0:
-                logits, _ = self(window, cache=cache)  # prefill
+                h = self.hidden_states(window, cache)  # prefill
             else:
-                logits, _ = self(window[:, -1:], cache=cache)
-            nxt = sample_next(logits[:, -1, :].float(), temperature, top_k, top_p)
+                h = self.hidden_states(window[:, -1:], cache)
+            logits = self.lm_head(h[:, -1, :])  # only the last position is sampled from
+            nxt = sample_next(logits.float(), temperature, top_k, top_p)
             yield nxt
             window = torch.cat((window, nxt), dim=1)
             if window.size(1) > block_size:
