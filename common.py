@@ -173,10 +173,10 @@ def measure_matmul_flops(device, dtype=torch.float32, n=1024, seconds=0.3):
 
 
 def peak_flops(device, dtype='float32'):
-    """A known GPU's datasheet peak, else a measured matmul (CPU, MPS, unknown GPUs)."""
+    """(FLOP/s, where it came from): a known GPU's datasheet peak, else a measured matmul (CPU, MPS, other GPUs)."""
     if device.startswith('cuda'):
         name = torch.cuda.get_device_name(torch.device(device))
         for key, flops in GPU_PEAK_FLOPS:
             if key in name:
-                return flops
-    return measure_matmul_flops(device, DTYPES.get(dtype, torch.float32))
+                return flops, f"datasheet of {name}"
+    return measure_matmul_flops(device, DTYPES.get(dtype, torch.float32)), f"measured {dtype} matmul"

@@ -122,7 +122,10 @@ def _print_help(defaults, prog, doc):
 def configure(defaults: dict, argv: list, prog: str = None, doc: str = None) -> dict:
     """Return a new dict of `defaults` updated by the config files and overrides in argv."""
     if '--help' in argv or '-h' in argv:
-        _print_help(defaults, prog, doc)
+        try:
+            _print_help(defaults, prog, doc)
+        except BrokenPipeError:  # `--help | head` closed the pipe: nothing left to tell
+            sys.stderr.close()
         sys.exit(0)
     settings = dict(defaults)
     try:

@@ -250,7 +250,8 @@ if master:
           f"mlp={raw_model.config.mlp} n_kv_head={raw_model.config.kv_heads}/{raw_model.config.n_head} "
           f"pos={raw_model.config.pos} prenorm={raw_model.config.prenorm}")
     if peak_flops <= 0:
-        peak_flops = measure_peak_flops(device, dtype)
+        peak_flops, how = measure_peak_flops(device, dtype)
+        print(f"peak {peak_flops / 1e12:.3g} TFLOP/s for MFU ({how})")
     if wandb_log:
         import wandb
         wandb.init(project=wandb_project, name=wandb_run_name, config=settings, dir=out_dir)

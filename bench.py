@@ -1,0 +1,228 @@
+"""
+Benchmark block variants side by side in one run, so their ratios are comparable: parameters, training
+ms/iter, tokens/s and MFU, decoding tokens/s with and without the KV cache, and KV cache bytes per token.
+
+    python bench.py --variants=vanilla,modern
+    python bench.py --variants=vanilla,rms,swiglu,gqa,rope,modern --json=bench.json
+    python bench.py --variants=vanilla --nanogpt_dir=../nanoGPT   # is vanilla as fast as nanoGPT's GPT?
+
+variants: '' benchmarks the one model the flags describe; else a comma-separated list, each applied on top
+of the flags: vanilla (the flags unchanged: with the defaults, GPT-2's block), rms (norm='rms'),
+swiglu (mlp='swiglu'), gqa (n_kv_head = n_head // 2, whatever --n_kv_head says: half the K/V heads, half
+the KV cache), rope (pos='rope'), modern (all four).
+nanogpt_dir: a checkout of karpathy/nanoGPT; its GPT, at the same sizes, is timed as an extra row.
+Training times full steps (forward, backward, AdamW) on random tokens; decoding samples decode_tokens new
+tokens (temperature 1) from a one-token prompt. peak_flops 0: a known GPU's datasheet, else a measured matmul.
+"""
+
+import contextlib
+import importlib.util
+import io
+import json as jsonlib  # `json` is a setting
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+from common import DTYPES, autocast, die, peak_flops as measure_peak_flops, pick_device, pick_dtype
+from configurator import configure, settings_of
+from model import GPT, GPTConfig
+
+# model: nanoGPT's shakespeare_char sizes (without dropout: it only adds noise to the timings)
+n_layer = 6
+n_head = 6
+n_embd = 384
+block_size = 256
+bias = False
+dropout = 0.0
+norm = 'layernorm'
+mlp = 'gelu'
+ffn_hidden = None
+multiple_of = 64
+n_kv_head = None
+pos = 'learned'
+rope_theta = 10000.0
+prenorm = True
+tie_embeddings = True
+vocab_size = 65  # shakespeare_char's
+# benchmark
+variants = ''  # '' or e.g. 'vanilla,modern' (see above)
+nanogpt_dir = ''
+batch_size = 12
+warmup_iters = 3  # untimed: compilation, allocator and cache warm-up
+train_iters = 10
+decode_tokens = 500
+decode_batch = 1
+device = 'auto'
+dtype = 'auto'
+compile = None  # None: on for CUDA only (training model only; decoding uses the raw model)
+peak_flops = 0.0
+seed = 1337
+json = ''  # path: also write the figures as JSON
+settings = configure(settings_of(globals()), sys.argv[1:], prog='bench.py', doc=__doc__)
+globals().update(settings)
+MODEL_FLAGS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'dropout', 'norm', 'mlp', 'ffn_hidden',
+               'multiple_of', 'n_kv_head', 'pos', 'rope_theta', 'prenorm', 'tie_embeddings', 'vocab_size')
+VARIANTS = {'vanilla': {}, 'rms': {'norm': 'rms'}, 'swiglu': {'mlp': 'swiglu'},
+            'gqa': {'n_kv_head': n_head // 2}, 'rope': {'pos': 'rope'}}
+VARIANTS['modern'] = {k: v for swap in VARIANTS.values() for k, v in swap.items()}
+
+# ----------------------------------------------------------------------------- checks first, then minutes of timing
+for name in ('batch_size', 'train_iters', 'decode_tokens', 'decode_batch'):
+    if settings[name] < 1:
+        die(f"{name} must be at least 1, got {settings[name]}")
+if warmup_iters < 0:
+    die(f"warmup_iters must be >= 0, got {warmup_iters}")
+names = [v.strip() for v in variants.split(',') if v.strip()]
+unknown = [v for v in names if v not in VARIANTS]
+if unknown:
+    die(f"unknown variant(s) {', '.join(map(repr, unknown))}; choose from {', '.join(VARIANTS)}")
+configs = []
+for name in names or ['']:
+    try:
+        cfg = GPTConfig(**{**{k: settings[k] for k in MODEL_FLAGS}, **VARIANTS.get(name, {})})
+    except ValueError as e:
+        die(f"variant {name!r}: {e}" if name else str(e))
+    configs.append((name or f"{cfg.norm}+{cfg.mlp}+kv{cfg.kv_heads}/{cfg.n_head}+{cfg.pos}", cfg))
+if json and not os.path.isdir(os.path.dirname(os.path.abspath(json))):
+    die(f"cannot write --json={json}: no directory '{os.path.dirname(os.path.abspath(json))}'")
+nanogpt = None
+if nanogpt_dir:
+    path = os.path.join(nanogpt_dir, 'model.py')
+    if not os.path.isfile(path):
+        die(f"nanogpt_dir '{nanogpt_dir}' has no model.py (expected a checkout of karpathy/nanoGPT)")
+    # a name of its own: plain 'model' is ours, already imported
+    spec = importlib.util.spec_from_file_location('nanogpt_model', path)
+    nanogpt = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = nanogpt  # dataclasses look their module up there
+    try:
+        spec.loader.exec_module(nanogpt)
+    except Exception as e:
+        die(f"cannot import nanoGPT's model from '{path}': {type(e).__name__}: {e}")
+    if not (hasattr(nanogpt, 'GPT') and hasattr(nanogpt, 'GPTConfig')):
+        die(f"'{path}' defines no GPT and GPTConfig: is it nanoGPT's model.py?")
+
+device = pick_device(device)
+device_type = device.split(':')[0]
+dtype = pick_dtype(device, dtype)
+if compile is None:
+    compile = device_type == 'cuda'
+settings.update(device=device, dtype=dtype, compile=compile)
+torch.backends.cuda.matmul.allow_tf32 = True  # as train.py: fp32 matmuls on tensor cores
+ctx = autocast(device, dtype)
+cache_dtype = DTYPES[dtype]  # generate keeps the cache in the autocast dtype
+
+gpu = torch.cuda.get_device_name(torch.device(device)) if device_type == 'cuda' else ''
+if peak_flops > 0:
+    peak, how = peak_flops, 'from --peak_flops'
+else:
+    peak, how = measure_peak_flops(device, dtype)
+hardware = gpu or platform.processor() or platform.machine()
+print(f"{device} ({hardware}), dtype {dtype}, compile {compile}, torch {torch.__version__}, "
+      f"{torch.get_num_threads()} threads, peak {peak / 1e12:.3g} TFLOP/s ({how}); batch {batch_size}x{block_size}, "
+      f"median of {train_iters} steps after {warmup_iters}, decode {decode_batch}x{decode_tokens} tokens", flush=True)
+
+
+# ----------------------------------------------------------------------------- timing
+def sync():
+    # CUDA and MPS queue kernels and return at once: wait for them before reading the clock
+    if device_type == 'cuda':
+        torch.cuda.synchronize(device)
+    elif device_type == 'mps':
+        torch.mps.synchronize()
+
+
+def train_step_seconds(model):
+    """Median seconds of a full training step, on one fixed batch of random tokens (the same for every row)."""
+    model.train()
+    with contextlib.redirect_stdout(io.StringIO()):  # nanoGPT's prints its parameter groups
+        optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type)
+    scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
+    tokens = torch.randint(vocab_size, (batch_size, block_size + 1), generator=torch.Generator().manual_seed(seed))
+    x, y = tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
+    times = []
+    for it in range(warmup_iters + train_iters):
+        sync()
+        t0 = time.perf_counter()
+        with ctx:
+            _, loss = model(x, y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        sync()
+        if it >= warmup_iters:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def decode_tokens_per_second(model, **use_cache):
+    model.eval()
+    idx = torch.zeros((decode_batch, 1), dtype=torch.long, device=device)
+    with ctx:
+        model.generate(idx, 2, **use_cache)  # first-call overheads stay out of the timing
+        torch.manual_seed(seed)
+        sync()
+        t0 = time.perf_counter()
+        model.generate(idx, decode_tokens, temperature=1.0, top_k=None, **use_cache)
+        sync()
+    return decode_batch * decode_tokens / (time.perf_counter() - t0)
+
+
+def bench(name, model, accounting, ours=True):
+    """One row. accounting: our GPT of the same shape, for MFU and cache size (nanoGPT has no KV cache)."""
+    print(f"benchmarking {name} ...", file=sys.stderr, flush=True)
+    model.to(device)
+    if compile:
+        torch._dynamo.reset()  # compile each row afresh: dynamo's per-function cache would fill and fall back
+    dt = train_step_seconds(torch.compile(model) if compile else model)
+    cached = decode_tokens_per_second(model, use_cache=True) if ours else None
+    uncached = decode_tokens_per_second(model, **({'use_cache': False} if ours else {}))
+    return {'variant': name, 'params': sum(p.numel() for p in model.parameters()),
+            'train_ms_per_iter': 1000 * dt, 'train_tokens_per_s': batch_size * block_size / dt,
+            'mfu': accounting.estimate_mfu(batch_size, dt, peak),
+            'decode_tokens_per_s_cached': cached, 'decode_tokens_per_s_uncached': uncached,
+            'cache_speedup': cached / uncached if ours else None,
+            'kv_bytes_per_token': accounting.kv_cache_bytes(1, block_size, cache_dtype) // block_size if ours else None}
+
+
+rows = []
+for name, cfg in configs:
+    torch.manual_seed(seed)  # every variant starts from the same random state
+    model = GPT(cfg)
+    rows.append(bench(name, model, model))
+    del model
+if nanogpt is not None:
+    torch.manual_seed(seed)
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints its parameter count
+        model = nanogpt.GPT(nanogpt.GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer,
+                                              n_head=n_head, n_embd=n_embd, dropout=dropout, bias=bias))
+    with torch.device('meta'):  # the same shape as ours, for the FLOP count only: no memory
+        accounting = GPT(GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
+                                   n_embd=n_embd, dropout=dropout, bias=bias))
+    rows.append(bench('nanoGPT', model, accounting, ours=False))
+
+# ----------------------------------------------------------------------------- report
+COLUMNS = [('variant', 'variant', '{}'), ('params (M)', 'params', '{:.2f}', 1e-6),
+           ('train ms/iter', 'train_ms_per_iter', '{:.1f}'), ('train tok/s', 'train_tokens_per_s', '{:,.0f}'),
+           ('MFU %', 'mfu', '{:.2f}', 100), ('decode tok/s cached', 'decode_tokens_per_s_cached', '{:,.0f}'),
+           ('decode tok/s uncached', 'decode_tokens_per_s_uncached', '{:,.0f}'),
+           ('speedup', 'cache_speedup', '{:.2f}x'), ('KV bytes/token', 'kv_bytes_per_token', '{:,}')]
+
+
+def cell(row, key, fmt, scale=None):
+    value = row[key]
+    return '-' if value is None else fmt.format(value * scale if scale else value)
+
+
+print('| ' + ' | '.join(c[0] for c in COLUMNS) + ' |')
+print('|' + '|'.join(['---'] + ['---:'] * (len(COLUMNS) - 1)) + '|')
+for row in rows:
+    print('| ' + ' | '.join(cell(row, *c[1:]) for c in COLUMNS) + ' |')
+if json:
+    with open(json, 'w') as f:
+        jsonlib.dump({'settings': settings, 'peak_flops': peak, 'peak_flops_source': how,
+                      'torch': torch.__version__, 'threads': torch.get_num_threads(), 'rows': rows}, f, indent=2)

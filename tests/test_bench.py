@@ -1,0 +1,128 @@
+"""bench.py end to end on a tiny CPU model, as a subprocess (it is a script of module-level settings)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from model import GPT, GPTConfig  # noqa: E402
+
+TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=65, bias=False)
+ARGS = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16', '--bias=False', '--batch_size=2',
+        '--train_iters=2', '--warmup_iters=1', '--decode_tokens=20', '--device=cpu', '--peak_flops=1e9']
+HEADER = ['variant', 'params (M)', 'train ms/iter', 'train tok/s', 'MFU %', 'decode tok/s cached',
+          'decode tok/s uncached', 'speedup', 'KV bytes/token']
+
+
+def bench(*args, cwd):
+    return subprocess.run([sys.executable, str(REPO_ROOT / 'bench.py'), *ARGS, *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def table(stdout):
+    """{variant: cells} of the Markdown table, after checking its header."""
+    lines = [line for line in stdout.splitlines() if line.startswith('|')]
+    assert [c.strip() for c in lines[0].strip('|').split('|')] == HEADER
+    assert set(lines[1]) <= set('|-: ')
+    rows = [[c.strip() for c in line.strip('|').split('|')] for line in lines[2:]]
+    assert all(len(r) == len(HEADER) for r in rows)
+    return {r[0]: r for r in rows}
+
+
+def expect_one_error(result, *fragments):
+    assert result.returncode != 0
+    assert 'Traceback' not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith('error: '), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+@pytest.fixture(scope='module')
+def run(tmp_path_factory):
+    """One run of three variants with --json, shared by the tests that read its table or its figures."""
+    out = tmp_path_factory.mktemp('bench')
+    result = bench('--variants=vanilla,gqa,modern', '--json=bench.json', cwd=out)
+    assert result.returncode == 0, result.stderr
+    return result, json.loads((out / 'bench.json').read_text())
+
+
+def test_table_has_the_columns_and_one_row_per_variant(run):
+    result, _ = run
+    first = result.stdout.splitlines()[0]
+    assert 'cpu' in first and 'float32' in first and 'threads' in first and 'TFLOP/s' in first
+    rows = table(result.stdout)
+    assert list(rows) == ['vanilla', 'gqa', 'modern']
+    assert rows['vanilla'][-1] == '256'  # 1 layer * (k, v) * 2 heads * 16 dims * 4 bytes
+
+
+def test_json_figures(run):
+    _, data = run
+    assert data['settings']['device'] == 'cpu' and data['peak_flops'] == 1e9
+    rows = {r['variant']: r for r in data['rows']}
+    for row in rows.values():
+        for key, value in row.items():
+            if key != 'variant':
+                assert value > 0, (row['variant'], key)
+    assert rows['gqa']['kv_bytes_per_token'] * 2 == rows['vanilla']['kv_bytes_per_token']
+    swaps = {'vanilla': {}, 'gqa': {'n_kv_head': 1},
+             'modern': {'norm': 'rms', 'mlp': 'swiglu', 'n_kv_head': 1, 'pos': 'rope'}}
+    for name, swap in swaps.items():
+        assert rows[name]['params'] == GPT(GPTConfig(**TINY, **swap)).get_num_params()
+
+
+def test_unknown_variant_is_one_error_line():
+    result = bench('--variants=vanilla,llama', cwd=REPO_ROOT)
+    expect_one_error(result, "'llama'", 'vanilla, rms, swiglu, gqa, rope, modern')
+
+
+FAKE_NANOGPT = f'''
+import sys
+from dataclasses import asdict, dataclass
+sys.path.insert(0, {str(REPO_ROOT)!r})
+import model as ours
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50304
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True
+
+
+class GPT(ours.GPT):
+    """nanoGPT's interface on our vanilla model: no use_cache, and a chatty constructor."""
+
+    def __init__(self, config):
+        super().__init__(ours.GPTConfig(**asdict(config)))
+        print("number of parameters: ...")
+
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        return super().generate(idx, max_new_tokens, temperature, top_k, use_cache=False)
+'''
+
+
+def test_nanogpt_dir_adds_a_row(tmp_path):
+    (tmp_path / 'model.py').write_text(FAKE_NANOGPT)
+    result = bench('--variants=vanilla', f'--nanogpt_dir={tmp_path}', '--json=bench.json', cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = table(result.stdout)
+    assert list(rows) == ['vanilla', 'nanoGPT']
+    assert rows['nanoGPT'][5] == '-' and rows['nanoGPT'][-1] == '-'  # no KV cache to time or size
+    assert 'number of parameters' not in result.stdout
+    data = {r['variant']: r for r in json.loads((tmp_path / 'bench.json').read_text())['rows']}
+    assert data['nanoGPT']['params'] == data['vanilla']['params']
+    assert data['nanoGPT']['mfu'] > 0 and data['nanoGPT']['decode_tokens_per_s_uncached'] > 0
+
+
+def test_missing_nanogpt_dir_is_one_error_line(tmp_path):
+    result = bench(f'--nanogpt_dir={tmp_path / "nope"}', cwd=REPO_ROOT)
+    expect_one_error(result, 'nope', 'model.py')
