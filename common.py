@@ -4,6 +4,7 @@ import json
 import os
 import sys
 import time
+from collections import namedtuple
 from contextlib import nullcontext
 from dataclasses import asdict
 
@@ -121,10 +122,14 @@ def load_pretrained(name_or_path, override_args=None):
 
 # ----------------------------------------------------------------------------- tokenizers
 
-def load_tokenizer(meta_path=None):
-    """(encode, decode) from a dataset's meta.json (character level or tiktoken), else GPT-2's BPE."""
+Tokenizer = namedtuple('Tokenizer', 'encode decode vocab_size')
+
+
+def load_tokenizer(meta_path=None, pretrained=None):
+    """A Tokenizer from a dataset's meta.json (character level or tiktoken), a pretrained model's own
+    Hugging Face tokenizer, or else GPT-2's BPE. vocab_size: ids 0..vocab_size-1 decode to text."""
     meta = {'kind': 'tiktoken', 'encoding': 'gpt2'}
-    if meta_path is not None and os.path.exists(meta_path):
+    if meta_path is not None:
         try:
             with open(meta_path) as f:
                 meta = json.load(f)
@@ -140,14 +145,21 @@ def load_tokenizer(meta_path=None):
                 die(f"characters not in the vocabulary of '{meta_path}': "
                     f"{' '.join(repr(c) for c in unknown)}")
             return [stoi[c] for c in text]
-        return encode, lambda ids: ''.join(chars[i] for i in ids)
+        return Tokenizer(encode, lambda ids: ''.join(chars[i] for i in ids), len(chars))
+    if pretrained is not None and not pretrained.startswith('gpt2'):
+        try:  # a Llama checkpoint brings its own tokenizer; a bare GPT-2 directory may bring none
+            from transformers import AutoTokenizer
+            tok = AutoTokenizer.from_pretrained(pretrained)
+            return Tokenizer(lambda text: tok.encode(text, add_special_tokens=False), tok.decode, len(tok))
+        except Exception:
+            print(f"note: no tokenizer found with '{pretrained}'; using GPT-2's BPE", file=sys.stderr)
     import tiktoken
     try:
         enc = tiktoken.get_encoding(meta.get('encoding', 'gpt2'))
     except Exception as e:
         die(f"cannot load tiktoken encoding {meta.get('encoding', 'gpt2')!r} ({type(e).__name__}); "
             f"offline, point TIKTOKEN_CACHE_DIR at a cache holding it")
-    return (lambda text: enc.encode(text, allowed_special={'<|endoftext|>'})), enc.decode
+    return Tokenizer(lambda text: enc.encode(text, allowed_special={'<|endoftext|>'}), enc.decode, enc.n_vocab)
 
 
 # ----------------------------------------------------------------------------- peak FLOP/s

@@ -141,20 +141,21 @@ class Rotary(nn.Module):
 
     def __init__(self, head_size, theta, length):
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_size, 2, dtype=torch.float32) / head_size))
-        self.register_buffer('inv_freq', inv_freq, persistent=False)
-        self._build(length)
+        self.head_size, self.theta = head_size, theta
+        self._build(length, device=None)
 
-    def _build(self, length):
-        t = torch.arange(length, dtype=torch.float32, device=self.inv_freq.device)
-        freqs = torch.outer(t, self.inv_freq)
+    def _build(self, length, device):
+        exponents = torch.arange(0, self.head_size, 2, dtype=torch.float32, device=device) / self.head_size
+        t = torch.arange(length, dtype=torch.float32, device=device)
+        freqs = torch.outer(t, 1.0 / (self.theta ** exponents))
         freqs = torch.cat((freqs, freqs), dim=-1)  # half-split layout: pairs are (i, i + head_size/2)
         self.register_buffer('cos', freqs.cos(), persistent=False)
         self.register_buffer('sin', freqs.sin(), persistent=False)
 
     def forward(self, start, length):
-        if start + length > self.cos.size(0):
-            self._build(2 * (start + length))
+        # rebuilt when too short, or when model.to(bf16) cast the tables: angles need fp32
+        if start + length > self.cos.size(0) or self.cos.dtype != torch.float32:
+            self._build(max(2 * (start + length), self.cos.size(0)), self.cos.device)
         return self.cos[start:start + length], self.sin[start:start + length]
 
 
@@ -414,8 +415,10 @@ class GPT(nn.Module):
     # ------------------------------------------------------------------------- generation
 
     @torch.no_grad()
-    def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True):
-        """Yield (B, 1) new tokens one step at a time.
+    def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True,
+                        vocab_limit=None):
+        """Yield (B, 1) new tokens one step at a time; vocab_limit: sample only ids below it (a vocabulary
+        padded past the tokenizer's, e.g. 50304 for GPT-2's 50257, has ids that decode to nothing).
 
         The context is a window of at most block_size tokens. When a new token would overflow it,
         the oldest half is dropped (as llama.cpp does) and, with the cache, the cache is rebuilt from
@@ -438,7 +441,7 @@ class GPT(nn.Module):
                 h = self.hidden_states(window, cache)  # prefill
             else:
                 h = self.hidden_states(window[:, -1:], cache)
-            logits = self.lm_head(h[:, -1, :])  # only the last position is sampled from
+            logits = self.lm_head(h[:, -1, :])[:, :vocab_limit]  # only the last position is sampled from
             nxt = sample_next(logits.float(), temperature, top_k, top_p)
             yield nxt
             window = torch.cat((window, nxt), dim=1)
@@ -448,9 +451,10 @@ class GPT(nn.Module):
                     cache.pos = 0
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True,
+                 vocab_limit=None):
         """Continue idx (B, T) by max_new_tokens; temperature 0 is greedy."""
-        new = list(self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p, use_cache))
+        new = list(self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p, use_cache, vocab_limit))
         return torch.cat([idx] + new, dim=1)
 
     def _cache_dtype(self):

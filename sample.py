@@ -1,0 +1,130 @@
+"""
+Sample from a model trained by train.py, or from a pretrained GPT-2 / Llama.
+
+    python sample.py --out_dir=out-shakespeare-modern
+    python sample.py --init_from=gpt2 --start=FILE:prompt.txt --num_samples=3 --max_new_tokens=100
+
+All samples are generated together as one batch; a single sample is streamed as it is generated.
+Settings are the globals below; a config file, then --key=value, override them (configurator.py).
+"""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from common import (DTYPES, autocast, die, load_checkpoint, load_pretrained, load_tokenizer, model_from_checkpoint,
+                    pick_device, pick_dtype)
+from configurator import configure, settings_of
+
+# ----------------------------------------------------------------------------- settings
+init_from = 'resume'  # 'resume' (out_dir/ckpt.pt), or a GPT-2 / Llama name or directory
+out_dir = 'out'
+start = '\n'  # the prompt, or 'FILE:path' to read it from a file
+num_samples = 10
+max_new_tokens = 500
+temperature = 0.8  # 0: greedy
+top_k = None  # keep only the k likeliest tokens; None: all
+top_p = 1.0  # keep the fewest likeliest tokens whose probabilities reach top_p
+seed = 1337
+device = 'auto'  # 'auto' (cuda, mps, cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
+dtype = 'auto'  # 'auto' (bf16, else fp16 on CUDA; fp32 elsewhere), 'float32', 'bfloat16', 'float16'
+compile = False
+use_cache = True  # False: recompute the whole context every step (the reference path)
+globals().update(configure(settings_of(globals()), sys.argv[1:], prog='sample.py', doc=__doc__))
+SEPARATOR = '---------------'
+# -----------------------------------------------------------------------------
+
+# settings first: a typo should not cost a model load
+if temperature < 0:
+    die(f"temperature must be >= 0 (0 is greedy), got {temperature}")
+if top_k is not None and top_k < 1:
+    die(f"top_k must be at least 1 (or None for no limit), got {top_k}")
+if not 0 < top_p <= 1:
+    die(f"top_p must be in (0, 1] (1 keeps every token), got {top_p}")
+if max_new_tokens < 0:
+    die(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+if num_samples < 1:
+    die(f"num_samples must be at least 1, got {num_samples}")
+device = pick_device(device)
+dtype = pick_dtype(device, dtype)
+if start.startswith('FILE:'):
+    prompt_path = start[len('FILE:'):]
+    try:
+        with open(prompt_path, encoding='utf-8') as f:
+            start = f.read()
+    except FileNotFoundError:
+        die(f"prompt file '{prompt_path}' not found")
+    except (OSError, UnicodeDecodeError) as e:
+        die(f"cannot read prompt file '{prompt_path}': {e}")
+
+# the checkpoint names its dataset, whose meta.json maps token ids to text; without one, GPT-2's BPE
+meta_path = None
+if init_from == 'resume':
+    # the config that trains into this out_dir, if there is one, is the best advice when it is empty
+    made_by = [str(p) for p in sorted(Path('config').glob('*.py'))
+               if f"out_dir = '{os.path.normpath(out_dir)}'" in p.read_text()]
+    hint = (f"create it with: python train.py {made_by[0]}" if made_by else
+            "train a model first, e.g. python train.py config/shakespeare_modern.py, then sample it with "
+            "--out_dir=out-shakespeare-modern")
+    if not os.path.isdir(out_dir):
+        die(f"out_dir '{out_dir}' does not exist; {hint}")
+    ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+    checkpoint = load_checkpoint(ckpt_path, hint=hint)
+    config = checkpoint.get('config')
+    dataset = config.get('dataset') if isinstance(config, dict) else None
+    if dataset:
+        meta_path = os.path.join('data', dataset, 'meta.json')
+        if not os.path.exists(meta_path):  # e.g. run from outside the repo: say why the text may be garbage
+            print(f"note: no '{meta_path}' here; decoding with GPT-2's BPE", file=sys.stderr)
+            meta_path = None
+encode, decode, tokenizer_vocab = load_tokenizer(meta_path, pretrained=None if init_from == 'resume' else init_from)
+prompt = encode(start)
+if not prompt:
+    die("the prompt must have at least one token to continue from; give a non-empty --start "
+        "(the default is a newline)")
+model = model_from_checkpoint(checkpoint, ckpt_path) if init_from == 'resume' else load_pretrained(init_from)
+if max(prompt) >= model.config.vocab_size:
+    die(f"the prompt encodes to token id {max(prompt)} but the model knows only {model.config.vocab_size} "
+        f"tokens: this is not its tokenizer")
+# a vocabulary padded past the tokenizer's (GPT-2's 50257 -> 50304) has ids that decode to nothing
+vocab_limit = min(tokenizer_vocab, model.config.vocab_size)
+model.eval()
+model.to(device)
+if compile:
+    model.compile()  # in place, so generate_stream's own calls to the model run the compiled forward
+idx = torch.tensor([prompt] * num_samples, dtype=torch.long, device=device)
+torch.manual_seed(seed)
+torch.cuda.manual_seed(seed)
+t0 = time.perf_counter()
+with torch.no_grad(), autocast(device, dtype):
+    if num_samples == 1:
+        print(decode(prompt), end='', flush=True)
+        new, text, shown = [], '', 0
+        for token in model.generate_stream(idx, max_new_tokens, temperature, top_k, top_p, use_cache, vocab_limit):
+            new.append(token.item())
+            # the prompt decodes to whole characters, so only the new tokens need decoding; a character split
+            # across tokens decodes to a trailing U+FFFD until its last byte arrives, so hold those back
+            text = decode(new)
+            stable = len(text.rstrip('\ufffd'))
+            if stable > shown:
+                sys.stdout.write(text[shown:stable])
+                sys.stdout.flush()
+                shown = stable
+        print(text[shown:])
+        print(SEPARATOR)
+    else:
+        out = model.generate(idx, max_new_tokens, temperature, top_k, top_p, use_cache, vocab_limit)
+        for row in out.tolist():
+            print(decode(row))
+            print(SEPARATOR)
+seconds = time.perf_counter() - t0
+tokens = num_samples * max_new_tokens
+cache = 'none (use_cache=False)'
+if use_cache:  # generate allocates none for 0 new tokens; its dtype is autocast's, else the fp32 weights'
+    n_bytes = model.kv_cache_bytes(num_samples, len(prompt) + max_new_tokens, DTYPES[dtype]) if max_new_tokens else 0
+    cache = f'{n_bytes} bytes'
+print(f"generated {tokens} tokens in {seconds:.2f} s, {tokens / max(seconds, 1e-9):.1f} tokens/s, KV cache {cache}",
+      file=sys.stderr)

@@ -1,0 +1,835 @@
+"""Tests for model.py: every flag combination, attention/RoPE/norm references, init, accounting,
+KV-cache generation, config validation and Hugging Face interop (tiny random models, no network)."""
+import itertools
+import math
+import os
+
+os.environ.setdefault('HF_HUB_OFFLINE', '1')
+os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import model as M  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+
+VOCAB = 64
+BLOCK = 16
+N_EMBD = 32
+N_HEAD = 4
+
+
+@pytest.fixture(scope='module', autouse=True)
+def single_thread():
+    """Tiny models run fastest on one thread, and intra-op threads spin badly when the CPUs are shared."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny_config(**overrides):
+    args = dict(block_size=BLOCK, vocab_size=VOCAB, n_layer=2, n_head=N_HEAD, n_embd=N_EMBD, dropout=0.0)
+    args.update(overrides)
+    return GPTConfig(**args)
+
+
+def build(seed=0, **overrides):
+    torch.manual_seed(seed)
+    model = GPT(tiny_config(**overrides))
+    model.eval()
+    return model
+
+
+def assert_close(actual, expected, atol):
+    torch.testing.assert_close(actual, expected, rtol=0.0, atol=atol)
+
+
+def reference_greedy(model, idx, max_new_tokens):
+    """Greedy decoding with full forwards only, following generate_stream's documented window policy:
+    at most block_size tokens; when a new token overflows the window, the oldest half is dropped."""
+    block_size = model.config.block_size
+    keep = max(1, block_size // 2)
+    out = idx
+    window = idx if idx.size(1) <= block_size else idx[:, -keep:]
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits, _ = model(window)
+            assert torch.isfinite(logits).all()
+            nxt = logits[:, -1, :].argmax(dim=-1, keepdim=True)
+            out = torch.cat((out, nxt), dim=1)
+            window = torch.cat((window, nxt), dim=1)
+            if window.size(1) > block_size:
+                window = window[:, -keep:]
+    return out
+
+
+# ----------------------------------------------------------------------------- 1 + 9: every flag combination
+
+COMBOS = list(itertools.product(('layernorm', 'rms'), ('gelu', 'relu', 'swiglu', 'geglu'), (None, 2, 1),
+                                ('learned', 'rope'), (True, False)))
+
+
+def combo_id(combo):
+    norm, mlp, n_kv, pos, prenorm = combo
+    return f"{norm}-{mlp}-kv{n_kv}-{pos}-{'pre' if prenorm else 'post'}"
+
+
+def check_backward(model):
+    model.train()
+    torch.manual_seed(1)
+    idx = torch.randint(0, VOCAB, (2, BLOCK))
+    targets = torch.randint(0, VOCAB, (2, BLOCK))
+    model.zero_grad(set_to_none=True)
+    logits, loss = model(idx, targets)
+    assert logits.shape == (2, BLOCK, VOCAB)
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, f"{name} got no gradient"
+        assert torch.isfinite(p.grad).all(), f"{name} has a non-finite gradient"
+        assert p.grad.abs().sum() > 0, f"{name} has an all-zero gradient"
+    model.zero_grad(set_to_none=True)
+    model.eval()
+
+
+@torch.no_grad()
+def check_causal(model):
+    torch.manual_seed(2)
+    idx = torch.randint(0, VOCAB, (2, BLOCK))
+    base, _ = model(idx)
+    for t in (0, 6, BLOCK - 1):
+        changed = idx.clone()
+        changed[:, t] = (changed[:, t] + 1 + torch.arange(2)) % VOCAB
+        logits, _ = model(changed)
+        assert_close(logits[:, :t], base[:, :t], atol=1e-6)
+        assert (logits[:, t] - base[:, t]).abs().amax(dim=-1).min() > 1e-5, f"token {t} does not affect its logits"
+
+
+@torch.no_grad()
+def check_cache_logits(model):
+    """Prefill, a multi-token chunk, then single tokens: each step's logits equal a full forward's."""
+    cfg = model.config
+    torch.manual_seed(3)
+    B = 2
+    seq = torch.randint(0, VOCAB, (B, BLOCK))
+    cache = M.KVCache(cfg, B, BLOCK, torch.float32, torch.device('cpu'))
+    logits, _ = model(seq[:, :5], cache=cache)
+    assert cache.pos == 5
+    assert_close(logits, model(seq[:, :5])[0], atol=1e-5)
+    logits, _ = model(seq[:, 5:9], cache=cache)  # chunk after a prefill: mask with past > 0
+    assert cache.pos == 9
+    assert_close(logits, model(seq[:, :9])[0][:, 5:9], atol=1e-5)
+    for i in range(9, BLOCK):
+        logits, _ = model(seq[:, i:i + 1], cache=cache)
+        assert logits.shape == (B, 1, VOCAB)
+        assert cache.pos == i + 1
+        assert_close(logits[:, -1], model(seq[:, :i + 1])[0][:, -1], atol=1e-5)
+
+
+@torch.no_grad()
+def check_generate_cache(model):
+    torch.manual_seed(4)
+    prompt = torch.randint(0, VOCAB, (2, 5))
+    for new in (8, 40):  # inside block_size, then far past it (several context shifts)
+        with_cache = model.generate(prompt, new, temperature=0.0, use_cache=True)
+        without = model.generate(prompt, new, temperature=0.0, use_cache=False)
+        assert with_cache.shape == (2, 5 + new)
+        assert torch.equal(with_cache[:, :5], prompt)
+        assert torch.equal(with_cache, without), f"cache changes greedy tokens ({new} new)"
+
+
+@pytest.mark.parametrize('norm,mlp,n_kv_head,pos,prenorm', COMBOS, ids=[combo_id(c) for c in COMBOS])
+def test_flag_combination(norm, mlp, n_kv_head, pos, prenorm):
+    model = build(norm=norm, mlp=mlp, n_kv_head=n_kv_head, pos=pos, prenorm=prenorm)
+    # the flags really select the parts
+    block = model.transformer.h[0]
+    assert isinstance(block.ln_1, M.RMSNorm if norm == 'rms' else M.LayerNorm)
+    assert isinstance(block.mlp, M.GatedMLP if mlp in ('swiglu', 'geglu') else M.MLP)
+    assert block.attn.c_attn.out_features == (N_HEAD + 2 * (n_kv_head or N_HEAD)) * (N_EMBD // N_HEAD)
+    assert (model.rotary is not None) == (pos == 'rope')
+    assert hasattr(model.transformer, 'wpe') == (pos == 'learned')
+    check_backward(model)
+    check_causal(model)
+    check_cache_logits(model)
+    check_generate_cache(model)
+
+
+@pytest.mark.parametrize('norm', ['layernorm', 'rms'])
+@pytest.mark.parametrize('prenorm', [True, False], ids=['pre', 'post'])
+def test_block_norm_placement(prenorm, norm):
+    cfg = tiny_config(prenorm=prenorm, norm=norm)
+    torch.manual_seed(31)
+    block = M.Block(cfg).eval()
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(torch.randn_like(p) * 0.2 + (1.0 if p.dim() == 1 else 0.0))
+        x = torch.randn(2, 7, N_EMBD) * 2
+        if prenorm:  # x + f(norm(x)): the residual stream itself is never normalized
+            h = x + block.attn(block.ln_1(x))
+            expected = h + block.mlp(block.ln_2(h))
+        else:  # norm(x + f(x)), as in the 2017 Transformer
+            h = block.ln_1(x + block.attn(x))
+            expected = block.ln_2(h + block.mlp(h))
+        assert_close(block(x), expected, atol=1e-5)
+    model = build(prenorm=prenorm, norm=norm)
+    assert isinstance(model.transformer.ln_f, nn.Identity) != prenorm  # post-norm blocks end in a norm
+
+
+@pytest.mark.parametrize('mlp', ['gelu', 'relu', 'swiglu', 'geglu'])
+def test_mlp_formulas(mlp):
+    cfg = tiny_config(mlp=mlp, ffn_hidden=24, bias=True)
+    torch.manual_seed(32)
+    module = M.make_mlp(cfg).eval()
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+        x = torch.randn(3, 5, N_EMBD)
+        fc, proj = module.c_fc, module.c_proj
+        h = x @ fc.weight.T + fc.bias
+        if mlp in ('swiglu', 'geglu'):
+            assert fc.out_features == 2 * 24
+            gate, up = h[..., :24], h[..., 24:]  # [gate | up] along the output
+            act = gate * torch.sigmoid(gate) if mlp == 'swiglu' else 0.5 * gate * (1 + torch.erf(gate / math.sqrt(2)))
+            h = act * up
+        elif mlp == 'relu':
+            h = h.clamp_min(0)
+        else:  # GPT-2's tanh approximation
+            h = 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3)))
+        expected = h @ proj.weight.T + proj.bias
+        assert_close(module(x), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize('overrides', [dict(bias=False), dict(bias=False, norm='rms', mlp='swiglu', n_kv_head=1,
+                                                               pos='rope', tie_embeddings=False)],
+                         ids=['vanilla-nobias', 'llama-nobias-untied'])
+def test_no_bias_and_untied_models(overrides):
+    model = build(**overrides)
+    assert not any(name.endswith('bias') for name, _ in model.named_parameters())
+    check_backward(model)
+    check_causal(model)
+    check_cache_logits(model)
+    check_generate_cache(model)
+
+
+# ----------------------------------------------------------------------------- 2: forward outputs
+
+@pytest.mark.parametrize('overrides', [dict(), dict(norm='rms', mlp='swiglu', n_kv_head=1, pos='rope'),
+                                       dict(prenorm=False, mlp='relu')], ids=['vanilla', 'llama', 'postnorm'])
+def test_forward_outputs_and_initial_loss(overrides):
+    model = build(**overrides)
+    torch.manual_seed(5)
+    idx = torch.randint(0, VOCAB, (3, 11))
+    targets = torch.randint(0, VOCAB, (3, 11))
+    with torch.no_grad():
+        out = model(idx)
+        assert isinstance(out, tuple) and len(out) == 2
+        logits, loss = out
+        assert loss is None
+        assert logits.shape == (3, 11, VOCAB)
+        logits2, loss = model(idx, targets)
+    assert_close(logits2, logits, atol=0.0)
+    assert loss.dim() == 0
+    assert loss.item() == pytest.approx(math.log(VOCAB), abs=0.05)
+    expected = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_loss_ignores_targets_of_minus_one():
+    model = build()
+    torch.manual_seed(6)
+    idx = torch.randint(0, VOCAB, (2, 8))
+    targets = torch.randint(0, VOCAB, (2, 8))
+    masked = targets.clone()
+    masked[:, 4:] = -1
+    with torch.no_grad():
+        logits, loss = model(idx, masked)
+    expected = F.cross_entropy(logits[:, :4].reshape(-1, VOCAB), targets[:, :4].reshape(-1))
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+# ----------------------------------------------------------------------------- 3: norms
+
+@pytest.mark.parametrize('eps', [1e-5, 0.5])
+def test_rmsnorm_matches_formula(eps):
+    torch.manual_seed(7)
+    norm = M.RMSNorm(N_EMBD, eps)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(N_EMBD) * 0.5 + 1.0)
+    x = torch.randn(3, 5, N_EMBD) * 0.3  # small enough that eps matters when it is 0.5
+    expected = x / torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * norm.weight
+    assert_close(norm(x), expected, atol=1e-5)
+    assert [name for name, _ in norm.named_parameters()] == ['weight']
+
+
+def test_make_norm_rms_uses_config_eps_and_has_no_bias():
+    norm = M.make_norm(tiny_config(norm='rms', norm_eps=0.25, bias=True))
+    assert isinstance(norm, M.RMSNorm)
+    assert [name for name, _ in norm.named_parameters()] == ['weight']
+    torch.manual_seed(8)
+    x = torch.randn(2, N_EMBD) * 0.2
+    expected = x / torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + 0.25)
+    assert_close(norm(x), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize('bias', [True, False])
+def test_layernorm_bias_flag_and_formula(bias):
+    norm = M.make_norm(tiny_config(bias=bias, norm_eps=1e-3))
+    assert isinstance(norm, M.LayerNorm)
+    names = sorted(name for name, _ in norm.named_parameters())
+    assert names == (['bias', 'weight'] if bias else ['weight'])
+    torch.manual_seed(9)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(N_EMBD))
+        if bias:
+            norm.bias.copy_(torch.randn(N_EMBD))
+    x = torch.randn(4, N_EMBD) * 3 + 1
+    mean = x.mean(dim=-1, keepdim=True)
+    var = x.var(dim=-1, unbiased=False, keepdim=True)
+    expected = (x - mean) / torch.sqrt(var + 1e-3) * norm.weight
+    if bias:
+        expected = expected + norm.bias
+    assert_close(norm(x), expected, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- 4: attention vs explicit reference
+
+def rope_reference(x, positions, theta):
+    """Rotate the pairs (i, i + hs/2) of x (..., T, hs) by position * theta**(-2i/hs), in float64."""
+    hs = x.size(-1)
+    half = hs // 2
+    inv = theta ** (-2.0 * torch.arange(half, dtype=torch.float64) / hs)
+    angle = positions.to(torch.float64)[:, None] * inv[None, :]
+    cos, sin = angle.cos(), angle.sin()
+    x1, x2 = x[..., :half].double(), x[..., half:].double()
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def attention_reference(attn, x, n_head, n_kv, rope_theta=None):
+    B, T, C = x.shape
+    hs = C // n_head
+    qkv = x @ attn.c_attn.weight.T
+    if attn.c_attn.bias is not None:
+        qkv = qkv + attn.c_attn.bias
+    q = qkv[..., :n_head * hs].reshape(B, T, n_head, hs).transpose(1, 2)
+    k = qkv[..., n_head * hs:(n_head + n_kv) * hs].reshape(B, T, n_kv, hs).transpose(1, 2)
+    v = qkv[..., (n_head + n_kv) * hs:].reshape(B, T, n_kv, hs).transpose(1, 2)
+    assert qkv.size(-1) == (n_head + 2 * n_kv) * hs
+    if rope_theta is not None:
+        q = rope_reference(q, torch.arange(T), rope_theta)
+        k = rope_reference(k, torch.arange(T), rope_theta)
+    k = k.repeat_interleave(n_head // n_kv, dim=1)
+    v = v.repeat_interleave(n_head // n_kv, dim=1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(hs)
+    future = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)
+    scores = scores.masked_fill(future, float('-inf'))
+    y = scores.softmax(dim=-1) @ v
+    y = y.transpose(1, 2).reshape(B, T, C)
+    return attn.c_proj(y)
+
+
+@pytest.mark.parametrize('sdpa_gqa', [True, False], ids=['sdpa-gqa', 'repeat-fallback'])
+@pytest.mark.parametrize('rope', [False, True], ids=['norope', 'rope'])
+@pytest.mark.parametrize('n_kv', [1, 2, 4])
+def test_attention_matches_explicit_reference(n_kv, rope, sdpa_gqa, monkeypatch):
+    monkeypatch.setattr(M, '_SDPA_HAS_GQA', sdpa_gqa)
+    theta = 10000.0
+    cfg = tiny_config(n_kv_head=n_kv, bias=True, pos='rope' if rope else 'learned', rope_theta=theta)
+    torch.manual_seed(10)
+    attn = M.CausalSelfAttention(cfg).eval()
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    x = torch.randn(2, 12, N_EMBD)
+    rope_tables = M.Rotary(cfg.head_size, theta, 12)(0, 12) if rope else None
+    with torch.no_grad():
+        got = attn(x, rope_tables)
+        expected = attention_reference(attn, x, N_HEAD, n_kv, theta if rope else None)
+    assert_close(got, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize('n_kv', [1, 2])
+def test_gqa_fallback_path_matches_sdpa_gqa_in_model_and_cache(n_kv, monkeypatch):
+    model = build(n_kv_head=n_kv, pos='rope', norm='rms', mlp='swiglu')
+    torch.manual_seed(11)
+    idx = torch.randint(0, VOCAB, (2, BLOCK))
+    prompt = idx[:, :5]
+    with torch.no_grad():
+        logits_native = model(idx)[0]
+        gen_native = model.generate(prompt, 30, temperature=0.0, use_cache=True)
+        monkeypatch.setattr(M, '_SDPA_HAS_GQA', False)
+        logits_fallback = model(idx)[0]
+        gen_fallback = model.generate(prompt, 30, temperature=0.0, use_cache=True)
+    assert_close(logits_fallback, logits_native, atol=1e-5)
+    assert torch.equal(gen_fallback, gen_native)
+    check_cache_logits(model)  # still under the fallback path
+
+
+# ----------------------------------------------------------------------------- 5: RoPE
+
+def rotate(rotary, vec, pos):
+    cos, sin = rotary(0, pos + 1)
+    return M.apply_rope(vec.view(1, 1, 1, -1), cos[pos:pos + 1], sin[pos:pos + 1]).view(-1)
+
+
+def test_rope_dot_product_depends_only_on_relative_position():
+    hs = 16
+    rotary = M.Rotary(hs, 10000.0, 64)
+    torch.manual_seed(12)
+    for _ in range(5):
+        q, k = torch.randn(hs), torch.randn(hs)
+        for m, n, s in ((3, 1, 7), (0, 10, 20), (12, 12, 30), (5, 9, 41)):
+            a = rotate(rotary, q, m) @ rotate(rotary, k, n)
+            b = rotate(rotary, q, m + s) @ rotate(rotary, k, n + s)
+            assert a.item() == pytest.approx(b.item(), abs=1e-4)
+        # and it does depend on the relative position (the rotation is not the identity)
+        d0 = rotate(rotary, q, 4) @ rotate(rotary, k, 4)
+        d3 = rotate(rotary, q, 7) @ rotate(rotary, k, 4)
+        assert abs(d0.item() - (q @ k).item()) < 1e-4
+        assert abs(d3.item() - d0.item()) > 1e-3
+
+
+def test_apply_rope_matches_pairwise_rotation_and_preserves_norm():
+    hs, T = 8, 20
+    rotary = M.Rotary(hs, 500.0, T)
+    cos, sin = rotary(0, T)
+    assert cos.shape == sin.shape == (T, hs)
+    assert cos.dtype == torch.float32
+    torch.manual_seed(13)
+    x = torch.randn(2, 3, T, hs)
+    y = M.apply_rope(x, cos, sin)
+    assert_close(y, rope_reference(x, torch.arange(T), 500.0), atol=1e-5)
+    assert_close(y.norm(dim=-1), x.norm(dim=-1), atol=1e-5)
+    assert_close(y[:, :, 0], x[:, :, 0], atol=0.0)  # position 0 is not rotated
+
+
+def test_rotary_table_grows_to_match_a_longer_table():
+    hs = 8
+    small = M.Rotary(hs, 10000.0, 16)
+    before_cos, before_sin = [t.clone() for t in small(0, 16)]
+    cos, sin = small(10, 30)  # needs positions up to 40 > 16
+    assert cos.shape == sin.shape == (30, hs)
+    big = M.Rotary(hs, 10000.0, 100)
+    big_cos, big_sin = big(10, 30)
+    assert_close(cos, big_cos, atol=1e-6)
+    assert_close(sin, big_sin, atol=1e-6)
+    assert_close(small(0, 16)[0], before_cos, atol=0.0)
+    assert_close(small(0, 16)[1], before_sin, atol=0.0)
+    assert_close(small(0, 100)[0], big(0, 100)[0], atol=1e-6)
+
+
+def test_rope_model_extrapolates_and_learned_model_refuses():
+    rope = build(pos='rope')
+    torch.manual_seed(14)
+    idx = torch.randint(0, VOCAB, (2, 3 * BLOCK))
+    with torch.no_grad():
+        logits, _ = rope(idx)
+        short, _ = rope(idx[:, :BLOCK])
+    assert logits.shape == (2, 3 * BLOCK, VOCAB)
+    assert torch.isfinite(logits).all()
+    assert_close(logits[:, :BLOCK], short, atol=1e-5)  # causal: the prefix is unchanged
+    learned = build(pos='learned')
+    with torch.no_grad():
+        learned(idx[:, :BLOCK])  # exactly block_size is fine
+        with pytest.raises(ValueError, match='block_size'):
+            learned(idx[:, :BLOCK + 1])
+
+
+# ----------------------------------------------------------------------------- 6: init and tying
+
+@pytest.mark.parametrize('mlp', ['gelu', 'relu', 'swiglu', 'geglu'])
+def test_init_statistics(mlp):
+    torch.manual_seed(15)
+    n_layer = 4
+    model = GPT(GPTConfig(block_size=32, vocab_size=128, n_layer=n_layer, n_head=4, n_embd=256, mlp=mlp, bias=True))
+    scaled = 0.02 / math.sqrt(2 * n_layer)
+    seen_proj = 0
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            expected = scaled if name.endswith('c_proj') else 0.02
+            seen_proj += name.endswith('c_proj')
+            std = module.weight.std().item()
+            assert abs(std - expected) < 0.1 * expected, f"{name}.weight std {std}, expected {expected}"
+            assert abs(module.weight.mean().item()) < 0.1 * expected
+            if module.bias is not None:
+                assert torch.count_nonzero(module.bias) == 0, f"{name}.bias is not zero"
+        elif isinstance(module, nn.Embedding):
+            std = module.weight.std().item()
+            assert abs(std - 0.02) < 0.1 * 0.02, f"{name}.weight std {std}"
+        elif isinstance(module, M.LayerNorm):
+            assert torch.equal(module.weight, torch.ones_like(module.weight))
+            assert torch.count_nonzero(module.bias) == 0
+    assert seen_proj == 2 * n_layer  # attention and MLP projections of every layer
+
+
+def test_tied_and_untied_embeddings():
+    tied = build(tie_embeddings=True)
+    untied = build(tie_embeddings=False)
+    assert tied.lm_head.weight is tied.transformer.wte.weight
+    assert untied.lm_head.weight is not untied.transformer.wte.weight
+    assert untied.lm_head.weight.data_ptr() != untied.transformer.wte.weight.data_ptr()
+    assert not torch.equal(untied.lm_head.weight, untied.transformer.wte.weight)
+    assert untied.get_num_params() - tied.get_num_params() == VOCAB * N_EMBD
+    with torch.no_grad():
+        tied.lm_head.weight[3, 0] = 7.0
+    assert tied.transformer.wte.weight[3, 0].item() == 7.0
+
+
+# ----------------------------------------------------------------------------- 7: optimizer groups
+
+@pytest.mark.parametrize('overrides', [dict(), dict(norm='rms', mlp='swiglu', pos='rope', n_kv_head=2,
+                                                    bias=False, tie_embeddings=False),
+                                       dict(prenorm=False)], ids=['vanilla', 'llama', 'postnorm'])
+def test_configure_optimizers_groups(overrides):
+    model = build(**overrides)
+    opt = model.configure_optimizers(weight_decay=0.1, learning_rate=3e-4, betas=(0.9, 0.95), device_type='cpu')
+    assert isinstance(opt, torch.optim.AdamW)
+    decay = [g for g in opt.param_groups if g['weight_decay'] == 0.1]
+    no_decay = [g for g in opt.param_groups if g['weight_decay'] == 0.0]
+    assert len(decay) == 1 and len(no_decay) == 1 and len(opt.param_groups) == 2
+    decay_ids = [id(p) for p in decay[0]['params']]
+    no_decay_ids = [id(p) for p in no_decay[0]['params']]
+    assert all(p.dim() == 2 for p in decay[0]['params'])
+    assert all(p.dim() == 1 for p in no_decay[0]['params'])
+    all_ids = decay_ids + no_decay_ids
+    model_ids = [id(p) for p in model.parameters()]
+    assert len(all_ids) == len(set(all_ids)), "a parameter is in the optimizer twice"
+    assert sorted(all_ids) == sorted(model_ids)
+    names = {id(p): name for name, p in model.named_parameters()}
+    for pid in no_decay_ids:
+        assert names[pid].endswith(('bias', 'ln_1.weight', 'ln_2.weight', 'ln_f.weight')), names[pid]
+    assert id(model.transformer.wte.weight) in decay_ids
+    assert id(model.lm_head.weight) in decay_ids
+    assert no_decay_ids, "norm weights must be in the no-decay group"
+    assert decay[0]['lr'] == 3e-4 and decay[0]['betas'] == (0.9, 0.95)
+    # and it steps
+    torch.manual_seed(16)
+    model.train()
+    _, loss = model(torch.randint(0, VOCAB, (2, 8)), torch.randint(0, VOCAB, (2, 8)))
+    loss.backward()
+    before = model.transformer.h[0].attn.c_attn.weight.clone()
+    opt.step()
+    assert not torch.equal(before, model.transformer.h[0].attn.c_attn.weight)
+
+
+# ----------------------------------------------------------------------------- 8: accounting
+
+def test_gpt2_124m_param_count():
+    with torch.device('meta'):
+        model = GPT(GPTConfig(vocab_size=50257))
+    assert model.get_num_params() == 124_439_808
+    assert model.get_num_params(non_embedding=True) == 124_439_808 - 1024 * 768
+
+
+def test_gated_mlp_hidden_sizes_and_param_counts():
+    def count(module):
+        return sum(p.numel() for p in module.parameters())
+
+    with torch.device('meta'):
+        gelu = M.make_mlp(GPTConfig(n_embd=768, bias=False))
+        swiglu = M.make_mlp(GPTConfig(n_embd=768, mlp='swiglu', bias=False))
+    assert GPTConfig(n_embd=768, mlp='swiglu').hidden_size == 2048
+    assert GPTConfig(n_embd=768).hidden_size == 3072
+    assert count(gelu) == count(swiglu) == 2 * 768 * 3072
+    assert GPTConfig(n_embd=128, n_head=4, mlp='swiglu').hidden_size == 384
+    assert GPTConfig(n_embd=128, n_head=4, mlp='geglu').hidden_size == 384
+    assert GPTConfig(n_embd=128, n_head=4, mlp='relu').hidden_size == 512
+    assert GPTConfig(n_embd=128, n_head=4, mlp='swiglu', ffn_hidden=100).hidden_size == 100
+    small = M.make_mlp(GPTConfig(n_embd=128, n_head=4, mlp='swiglu', bias=False))
+    assert count(small) == 3 * 128 * 384
+
+
+def test_flops_per_token_accounting():
+    L, C, hs = 2, N_EMBD, N_EMBD // N_HEAD
+    mha = build(bias=False)
+    for n_kv in (2, 1):
+        gqa = build(bias=False, n_kv_head=n_kv)
+        removed = L * 2 * (N_HEAD - n_kv) * hs * C  # K and V weights of every layer
+        assert mha.flops_per_token() - gqa.flops_per_token() == 6 * removed
+    gelu = build(mlp='gelu')
+    swiglu = build(mlp='swiglu', ffn_hidden=4 * C)  # same hidden, one more matrix
+    assert swiglu.flops_per_token() - gelu.flops_per_token() == 6 * L * C * 4 * C
+    # the attention term grows with the context: 12 * n_layer * n_head * head_size per position
+    assert mha.flops_per_token(seq_len=10) - mha.flops_per_token(seq_len=4) == 12 * L * C * 6
+    assert mha.flops_per_token() == mha.flops_per_token(seq_len=BLOCK)
+    linear_weights = sum(m.weight.numel() for m in mha.modules() if isinstance(m, nn.Linear))
+    assert mha.flops_per_token(seq_len=0) == 6 * linear_weights
+
+
+def test_estimate_mfu():
+    model = build()
+    fwdbwd, dt, peak = 5, 0.25, 1e12
+    expected = model.flops_per_token() * BLOCK * fwdbwd / dt / peak
+    assert model.estimate_mfu(fwdbwd, dt, peak) == pytest.approx(expected, rel=1e-12)
+    assert model.estimate_mfu(fwdbwd, 2 * dt, peak) == pytest.approx(expected / 2, rel=1e-12)
+
+
+# ----------------------------------------------------------------------------- 9: generation
+
+@pytest.mark.parametrize('overrides', [dict(), dict(norm='rms', mlp='swiglu', pos='rope', n_kv_head=2)],
+                         ids=['vanilla', 'llama'])
+def test_greedy_generation_matches_reference_and_batches(overrides):
+    model = build(**overrides)
+    torch.manual_seed(17)
+    prompt = torch.randint(0, VOCAB, (3, 5))
+    for new in (8, 40):
+        expected = reference_greedy(model, prompt, new)
+        for use_cache in (True, False):
+            got = model.generate(prompt, new, temperature=0.0, use_cache=use_cache)
+            assert torch.equal(got, expected), f"use_cache={use_cache}, {new} new tokens"
+        # every row of the batch is what it would be alone
+        got = model.generate(prompt, new, temperature=0.0)
+        for b in range(3):
+            assert torch.equal(model.generate(prompt[b:b + 1], new, temperature=0.0), got[b:b + 1])
+    # a prompt longer than block_size
+    long_prompt = torch.randint(0, VOCAB, (3, BLOCK + 4))
+    expected = reference_greedy(model, long_prompt, 20)
+    assert torch.equal(model.generate(long_prompt, 20, temperature=0.0, use_cache=True), expected)
+    assert torch.equal(model.generate(long_prompt, 20, temperature=0.0, use_cache=False), expected)
+
+
+def test_generate_stream_yields_tokens_one_step_at_a_time():
+    model = build()
+    torch.manual_seed(18)
+    prompt = torch.randint(0, VOCAB, (2, 4))
+    steps = list(model.generate_stream(prompt, 6, temperature=0.0))
+    assert len(steps) == 6 and all(s.shape == (2, 1) for s in steps)
+    assert torch.equal(torch.cat([prompt] + steps, dim=1), model.generate(prompt, 6, temperature=0.0))
+    assert list(model.generate_stream(prompt, 0)) == []
+    assert torch.equal(model.generate(prompt, 0), prompt)
+
+
+@pytest.mark.parametrize('overrides', [dict(), dict(norm='rms', mlp='geglu', pos='rope', n_kv_head=1)],
+                         ids=['vanilla', 'rope-mqa'])
+def test_top_k_1_and_tiny_top_p_are_greedy(overrides):
+    model = build(**overrides)
+    torch.manual_seed(19)
+    prompt = torch.randint(0, VOCAB, (3, 5))
+    greedy = model.generate(prompt, 30, temperature=0.0, use_cache=False)
+    for use_cache in (True, False):
+        torch.manual_seed(20)
+        assert torch.equal(model.generate(prompt, 30, temperature=1.0, top_k=1, use_cache=use_cache), greedy)
+        torch.manual_seed(21)
+        assert torch.equal(model.generate(prompt, 30, temperature=1.0, top_p=1e-6, use_cache=use_cache), greedy)
+
+
+@pytest.mark.parametrize('overrides', [dict(), dict(norm='rms', mlp='swiglu', pos='rope', n_kv_head=2)],
+                         ids=['vanilla', 'llama'])
+def test_sampling_same_seed_same_tokens_with_and_without_cache(overrides):
+    model = build(**overrides)
+    torch.manual_seed(22)
+    prompt = torch.randint(0, VOCAB, (3, 5))
+    runs = {}
+    for use_cache in (True, False):
+        torch.manual_seed(123)
+        runs[use_cache] = model.generate(prompt, 40, temperature=1.0, use_cache=use_cache)
+    assert torch.equal(runs[True], runs[False])
+    assert runs[True].min() >= 0 and runs[True].max() < VOCAB
+    torch.manual_seed(124)
+    other = model.generate(prompt, 40, temperature=1.0)
+    assert not torch.equal(other, runs[True]), "sampling ignores the seed"
+    greedy = model.generate(prompt, 40, temperature=0.0)
+    assert not torch.equal(runs[True], greedy), "temperature 1.0 behaves greedily"
+
+
+def test_sample_next_filters():
+    torch.manual_seed(23)
+    logits = torch.randn(4, VOCAB) * 3
+    assert torch.equal(M.sample_next(logits, temperature=0.0), logits.argmax(dim=-1, keepdim=True))
+    top5 = logits.topk(5, dim=-1).indices
+    probs = logits.softmax(dim=-1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    # the smallest prefix of the sorted tokens whose mass reaches 0.5
+    n_nucleus = (sorted_probs.cumsum(dim=-1) < 0.5).sum(dim=-1) + 1
+    seen_k = torch.zeros(4, VOCAB, dtype=torch.bool)
+    for _ in range(300):
+        tok = M.sample_next(logits, temperature=1.0, top_k=5)
+        assert tok.shape == (4, 1)
+        assert (top5 == tok).any(dim=-1).all(), "top_k sampled outside the top k"
+        seen_k.scatter_(1, tok, True)
+        tok = M.sample_next(logits, temperature=0.7, top_p=0.5)
+        for b in range(4):
+            assert tok[b, 0] in order[b, :n_nucleus[b]], "top_p sampled outside the nucleus"
+    assert seen_k.sum(dim=-1).min() >= 2  # it samples, it does not just take the argmax
+
+
+# ----------------------------------------------------------------------------- 10: KV-cache size
+
+class RecordingCache(M.KVCache):
+    made = []
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        RecordingCache.made.append(self)
+
+
+@pytest.mark.parametrize('n_kv', [None, 1])
+def test_kv_cache_bytes_matches_the_cache_generate_builds(n_kv, monkeypatch):
+    model = build(n_kv_head=n_kv, pos='rope')
+    monkeypatch.setattr(M, 'KVCache', RecordingCache)
+    RecordingCache.made = []
+    torch.manual_seed(24)
+    prompt = torch.randint(0, VOCAB, (3, 5))
+    for new in (7, 40):
+        RecordingCache.made.clear()
+        model.generate(prompt, new, temperature=0.0, use_cache=True)
+        assert len(RecordingCache.made) == 1
+        cache = RecordingCache.made[0]
+        total = 5 + new
+        assert cache.length == min(total, BLOCK)
+        assert model.kv_cache_bytes(3, total) == cache.data.nbytes
+        kv = n_kv or N_HEAD
+        assert cache.data.nbytes == 2 * 2 * 3 * kv * min(total, BLOCK) * (N_EMBD // N_HEAD) * 4
+    direct = M.KVCache(model.config, 2, 9, torch.float32, torch.device('cpu'))
+    assert model.kv_cache_bytes(2, 9) == direct.data.nbytes
+
+
+def test_kv_cache_bytes_gqa_and_dtype_ratios():
+    cfg = dict(n_head=8, n_embd=64)
+    mha = build(**cfg)
+    gqa = build(n_kv_head=2, **cfg)
+    for seq_len in (10, BLOCK, 100):
+        assert gqa.kv_cache_bytes(4, seq_len) * 4 == mha.kv_cache_bytes(4, seq_len)
+        assert mha.kv_cache_bytes(4, seq_len, torch.bfloat16) * 2 == mha.kv_cache_bytes(4, seq_len, torch.float32)
+    assert mha.kv_cache_bytes(4, 100) == mha.kv_cache_bytes(4, BLOCK)  # capped at block_size
+    bf16 = M.KVCache(mha.config, 4, 10, torch.bfloat16, torch.device('cpu'))
+    assert mha.kv_cache_bytes(4, 10, torch.bfloat16) == bf16.data.nbytes
+
+
+def test_forward_rejects_overfilling_a_cache():
+    model = build(pos='rope')
+    cache = M.KVCache(model.config, 1, 6, torch.float32, torch.device('cpu'))
+    with torch.no_grad():
+        model(torch.zeros(1, 5, dtype=torch.long), cache=cache)
+        with pytest.raises(ValueError, match='cache'):
+            model(torch.zeros(1, 2, dtype=torch.long), cache=cache)
+
+
+# ----------------------------------------------------------------------------- 11: config validation
+
+@pytest.mark.parametrize('overrides,field', [
+    (dict(norm='batchnorm'), 'norm'),
+    (dict(mlp='tanh'), 'mlp'),
+    (dict(pos='alibi'), 'pos'),
+    (dict(n_embd=30), 'n_embd'),
+    (dict(n_kv_head=3), 'n_kv_head'),
+    (dict(n_kv_head=0), 'n_kv_head'),
+    (dict(n_kv_head=8), 'n_kv_head'),
+    (dict(n_embd=12, pos='rope'), 'rope'),
+    (dict(dropout=1.0), 'dropout'),
+    (dict(dropout=-0.1), 'dropout'),
+    (dict(n_layer=0), 'n_layer'),
+    (dict(block_size=-1), 'block_size'),
+    (dict(vocab_size=0), 'vocab_size'),
+    (dict(n_head=0), 'n_head'),
+], ids=lambda v: str(v) if not isinstance(v, dict) else '-'.join(f'{k}={x}' for k, x in v.items()))
+def test_invalid_configs_raise_value_error_naming_the_field(overrides, field):
+    with pytest.raises(ValueError, match=field):
+        tiny_config(**overrides)
+
+
+def test_valid_edge_configs():
+    assert tiny_config(n_kv_head=N_HEAD).kv_heads == N_HEAD
+    assert tiny_config(n_kv_head=None).kv_heads == N_HEAD
+    assert tiny_config(dropout=0.0).dropout == 0.0
+    assert tiny_config(n_embd=12, pos='learned').head_size == 3  # odd head size is fine without rope
+
+
+# ----------------------------------------------------------------------------- 12: Hugging Face interop
+
+def perturb_1d_params(hf_model, seed):
+    """Norm gains away from 1 and biases away from 0, so a wrong mapping of either shows."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in hf_model.named_parameters():
+            if p.dim() == 1:
+                noise = torch.randn(p.shape, generator=g)
+                if name.endswith('bias'):
+                    p.copy_(0.1 * noise)
+                else:
+                    p.copy_(1.0 + 0.3 * noise)
+
+
+@pytest.fixture(scope='module')
+def hf_gpt2_dir(tmp_path_factory):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(25)
+    hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=32, n_positions=32, vocab_size=100,
+                                    bos_token_id=0, eos_token_id=0))
+    perturb_1d_params(hf, 26)
+    hf.eval()
+    path = tmp_path_factory.mktemp('hf_gpt2')
+    hf.save_pretrained(path)
+    return path, hf
+
+
+def test_from_pretrained_gpt2_parity(hf_gpt2_dir):
+    path, hf = hf_gpt2_dir
+    ours = GPT.from_pretrained(str(path))
+    ours.eval()
+    cfg = ours.config
+    assert (cfg.norm, cfg.mlp, cfg.pos, cfg.n_kv_head, cfg.prenorm) == ('layernorm', 'gelu', 'learned', None, True)
+    assert (cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size) == (2, 4, 32, 32, 100)
+    assert cfg.bias and cfg.tie_embeddings
+    assert ours.lm_head.weight is ours.transformer.wte.weight
+    torch.manual_seed(27)
+    idx = torch.randint(0, 100, (2, 20))
+    with torch.no_grad():
+        expected = hf(idx).logits
+        got, _ = ours(idx)
+    assert_close(got, expected, atol=1e-4)
+
+
+def test_from_pretrained_override_args(hf_gpt2_dir):
+    path, _ = hf_gpt2_dir
+    model = GPT.from_pretrained(str(path), override_args={'dropout': 0.1})
+    assert model.config.dropout == 0.1
+    assert model.transformer.drop.p == 0.1
+    assert model.transformer.h[0].attn.dropout == 0.1
+    with pytest.raises(ValueError, match='override_args'):
+        GPT.from_pretrained(str(path), override_args={'n_layer': 3})
+    with pytest.raises(ValueError, match='override_args'):
+        GPT.from_pretrained(str(path), override_args={'dropout': 0.1, 'bias': False})
+
+
+@pytest.mark.parametrize('tie,bias', [(False, False), (True, False), (False, True)],
+                         ids=['untied', 'tied', 'untied-bias'])
+def test_from_pretrained_llama_parity(tie, bias, tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    hf_cfg = LlamaConfig(hidden_size=32, intermediate_size=80, num_attention_heads=4, num_key_value_heads=2,
+                         num_hidden_layers=2, vocab_size=100, max_position_embeddings=64, rms_norm_eps=1e-6,
+                         rope_parameters={'rope_type': 'default', 'rope_theta': 500000.0},
+                         tie_word_embeddings=tie, attention_bias=bias, mlp_bias=bias,
+                         bos_token_id=0, eos_token_id=0, pad_token_id=None)
+    torch.manual_seed(28)
+    hf = LlamaForCausalLM(hf_cfg)
+    perturb_1d_params(hf, 29)
+    hf.eval()
+    hf.save_pretrained(tmp_path)
+    ours = GPT.from_pretrained(str(tmp_path))
+    ours.eval()
+    cfg = ours.config
+    assert (cfg.norm, cfg.mlp, cfg.pos, cfg.n_kv_head, cfg.ffn_hidden) == ('rms', 'swiglu', 'rope', 2, 80)
+    assert cfg.norm_eps == 1e-6 and cfg.rope_theta == 500000.0
+    assert cfg.tie_embeddings is tie and cfg.bias is bias
+    assert (cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size) == (2, 4, 32, 64, 100)
+    assert (ours.lm_head.weight is ours.transformer.wte.weight) == tie
+    assert torch.equal(ours.transformer.h[1].ln_2.weight, hf.model.layers[1].post_attention_layernorm.weight)
+    torch.manual_seed(30)
+    idx = torch.randint(0, 100, (2, 20))
+    with torch.no_grad():
+        expected = hf(idx).logits
+        got, _ = ours(idx)
+    assert_close(got, expected, atol=1e-4)
+
+
+def test_rope_tables_stay_fp32_when_the_model_is_cast():
+    model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=4, n_embd=32, pos='rope'))
+    model = model.to(torch.bfloat16)
+    cos, sin = model.rotary(0, 40)  # grows past block_size after the cast
+    fresh = M.Rotary(8, 10000.0, 80)
+    assert cos.dtype == torch.float32 and sin.dtype == torch.float32
+    torch.testing.assert_close(cos, fresh.cos[:40], atol=1e-6, rtol=0)
+    torch.testing.assert_close(sin, fresh.sin[:40], atol=1e-6, rtol=0)

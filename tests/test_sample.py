@@ -1,0 +1,294 @@
+"""Tests for sample.py on tiny self-made checkpoints.
+
+sample.py is a flat script; most tests run it in this process (runpy, argv and cwd patched), since a fresh
+Python spends seconds importing torch. A few run it as a real subprocess, where exit codes and the absence of
+tracebacks on stderr are what a user sees.
+"""
+import json
+import os
+import re
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from common import new_checkpoint, save_checkpoint
+from model import GPT, GPTConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / 'sample.py'
+TIKTOKEN_CACHE = ROOT.parent / 'shared' / 'data' / 'tiktoken_cache'
+SEP = '---------------'
+CHARS = sorted(set("\n !',.:;?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"))
+VARIANTS = {'vanilla': {}, 'modern': dict(norm='rms', mlp='swiglu', n_kv_head=2, pos='rope', bias=False)}
+REPORT = re.compile(r'generated (\d+) tokens in ([\d.]+) s, ([\d.]+) tokens/s, KV cache (.*)')
+
+
+def write_meta(root, dataset, chars=CHARS):
+    (root / 'data' / dataset).mkdir(parents=True, exist_ok=True)
+    meta = {'kind': 'char', 'vocab_size': len(chars), 'chars': chars}
+    (root / 'data' / dataset / 'meta.json').write_text(json.dumps(meta))
+
+
+def save_model(model, root, dataset, out='out', **fields):
+    (root / out).mkdir(parents=True, exist_ok=True)
+    checkpoint = new_checkpoint(model, config={'dataset': dataset}, iter_num=0, best_val_loss=0.0,
+                                optimizer={}, scaler={}, rng={})
+    checkpoint.update(fields)
+    save_checkpoint(checkpoint, str(root / out / 'ckpt.pt'))
+
+
+def char_checkpoint(root, variant='vanilla', dataset='chars'):
+    """A randomly initialised character-level model in root/out, its meta.json in root/data/<dataset>."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, vocab_size=len(CHARS), n_layer=2, n_head=4, n_embd=32,
+                          **VARIANTS[variant]))
+    save_model(model, root, dataset)
+    write_meta(root, dataset)
+    return model
+
+
+def parse_samples(out):
+    """The samples printed on stdout: each is followed by a newline and the separator line."""
+    parts = out.split(f'\n{SEP}\n')
+    assert parts[-1] == '', f"stdout must end with the separator line: {out[-80:]!r}"
+    return parts[:-1]
+
+
+def parse_report(err):
+    lines = [m for m in map(REPORT.fullmatch, err.strip().splitlines()) if m]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.fixture
+def sample(tmp_path, monkeypatch, capsys):
+    """Run sample.py in this process with cwd tmp_path; return (stdout, stderr), or (code, stderr) on exit."""
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args, expect_exit=False):
+        monkeypatch.setattr(sys, 'argv', ['sample.py', '--device=cpu', *args])
+        if expect_exit:
+            with pytest.raises(SystemExit) as e:
+                runpy.run_path(str(SAMPLE), run_name='__main__')
+            return e.value.code, capsys.readouterr().err
+        runpy.run_path(str(SAMPLE), run_name='__main__')
+        return capsys.readouterr()
+    return run
+
+
+def run_cli(cwd, *args):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONIOENCODING='utf-8')
+    return subprocess.run([sys.executable, str(SAMPLE), '--device=cpu', *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, encoding='utf-8', timeout=120)
+
+
+def assert_one_line_error(code, err, *fragments):
+    assert code not in (0, None), err
+    assert len(err.strip().splitlines()) == 1 and err.startswith('error:'), err
+    assert 'Traceback' not in err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+# ----------------------------------------------------------------------------- sampling
+
+@pytest.mark.parametrize('variant', VARIANTS)
+def test_samples_are_vocabulary_text_continuing_the_prompt(tmp_path, sample, variant):
+    char_checkpoint(tmp_path, variant)
+    out, _ = sample('--start=To be', '--num_samples=3', '--max_new_tokens=20', '--top_k=10', '--top_p=0.9')
+    samples = parse_samples(out)
+    assert len(samples) == 3
+    for text in samples:
+        assert text.startswith('To be') and len(text) == len('To be') + 20  # one character per token
+        assert set(text) <= set(CHARS), text
+    assert len(set(samples)) > 1  # sampled, not one sequence three times
+
+
+@pytest.mark.parametrize('variant', VARIANTS)
+@pytest.mark.parametrize('temperature', [1.0, 0.0])
+def test_cache_and_no_cache_give_the_same_text_past_block_size(tmp_path, sample, variant, temperature):
+    char_checkpoint(tmp_path, variant)
+    args = ('--start=Hello', '--num_samples=3', '--max_new_tokens=80', f'--temperature={temperature}', '--seed=7')
+    cached, err_cached = sample(*args)
+    uncached, err_uncached = sample(*args, '--use_cache=False')
+    assert cached == uncached
+    samples = parse_samples(cached)
+    assert len(samples) == 3 and all(len(s) == len('Hello') + 80 for s in samples)  # 85 > block_size 32
+    assert parse_report(err_cached).group(4).endswith(' bytes')
+    assert parse_report(err_uncached).group(4).startswith('none')
+
+
+def test_same_seed_same_text_other_seed_other_text(tmp_path, sample):
+    char_checkpoint(tmp_path)
+    first, second, other = (sample('--num_samples=2', '--max_new_tokens=30', f'--seed={s}')[0] for s in (1, 1, 2))
+    assert first == second != other
+
+
+@pytest.mark.parametrize('variant', VARIANTS)
+@pytest.mark.parametrize('num_samples,max_new_tokens', [(3, 10), (2, 50), (1, 0)])
+def test_report_gives_tokens_per_second_and_cache_bytes(tmp_path, sample, variant, num_samples, max_new_tokens):
+    model = char_checkpoint(tmp_path, variant)
+    _, err = sample('--start=abc', f'--num_samples={num_samples}', f'--max_new_tokens={max_new_tokens}')
+    report = parse_report(err)
+    assert int(report.group(1)) == num_samples * max_new_tokens
+    assert float(report.group(3)) >= 0
+    expected = model.kv_cache_bytes(num_samples, 3 + max_new_tokens, torch.float32) if max_new_tokens else 0
+    assert report.group(4) == f'{expected} bytes'
+
+
+def test_one_sample_is_streamed_and_matches_the_batch(tmp_path, sample):
+    char_checkpoint(tmp_path, 'modern')
+    out, _ = sample('--start=ROMEO:', '--num_samples=1', '--max_new_tokens=100', '--temperature=0')
+    assert len(parse_samples(out)) == 1
+    batch, _ = sample('--start=ROMEO:', '--num_samples=2', '--max_new_tokens=100', '--temperature=0')
+    assert parse_samples(batch) == parse_samples(out) * 2  # greedy: every row is the same text
+
+
+def test_prompt_from_file(tmp_path, sample):
+    char_checkpoint(tmp_path)
+    (tmp_path / 'prompt.txt').write_text('KING:\nWhat say you?\n')
+    out, _ = sample('--start=FILE:prompt.txt', '--num_samples=1', '--max_new_tokens=5')
+    (text,) = parse_samples(out)
+    assert text.startswith('KING:\nWhat say you?\n') and len(text) == 20 + 5
+
+
+def test_checkpoint_written_by_train_py(tmp_path, sample):
+    data = tmp_path / 'data' / 'tiny'
+    write_meta(tmp_path, 'tiny')
+    text = "First Citizen:\nBefore we proceed any further, hear me speak.\nAll:\nSpeak, speak.\n" * 20
+    ids = np.array([CHARS.index(c) for c in text], dtype=np.uint16)
+    ids[:1500].tofile(data / 'train.bin')
+    ids[1500:].tofile(data / 'val.bin')
+    train = subprocess.run([sys.executable, str(ROOT / 'train.py'), '--dataset=tiny', '--device=cpu', '--compile=False',
+                            '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=4',
+                            '--gradient_accumulation_steps=1', '--max_iters=5', '--eval_interval=5',
+                            '--eval_iters=2', '--out_dir=out'],
+                           cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT), WANDB_MODE='offline'),
+                           capture_output=True, text=True, timeout=120)
+    assert train.returncode == 0, train.stderr
+    out, _ = sample('--start=First', '--num_samples=2', '--max_new_tokens=40')
+    samples = parse_samples(out)
+    assert len(samples) == 2
+    assert all(s.startswith('First') and len(s) == 45 and set(s) <= set(CHARS) for s in samples)
+
+
+def test_cli_streams_and_reports(tmp_path):
+    char_checkpoint(tmp_path)
+    result = run_cli(tmp_path, '--start=Sing', '--num_samples=1', '--max_new_tokens=50')
+    assert result.returncode == 0, result.stderr
+    (text,) = parse_samples(result.stdout)
+    assert text.startswith('Sing') and len(text) == 54 and set(text) <= set(CHARS)
+    assert 'tokens/s' in parse_report(result.stderr).group(0)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+BAD_SETTINGS = {  # id: (arguments, what the error line must name)
+    'temperature': (['--temperature=-0.5'], ['temperature']),
+    'top_k': (['--top_k=0'], ['top_k']),
+    'top_p_zero': (['--top_p=0'], ['top_p']),
+    'top_p_above_one': (['--top_p=1.5'], ['top_p']),
+    'max_new_tokens': (['--max_new_tokens=-1'], ['max_new_tokens']),
+    'num_samples': (['--num_samples=0'], ['num_samples']),
+    'missing_out_dir': (['--out_dir=missing'], ["'missing'", 'train.py']),
+    'missing_checkpoint': (['--out_dir=empty'], ['empty', 'train.py']),
+    'missing_prompt_file': (['--start=FILE:nope.txt'], ["'nope.txt'"]),
+    'chars_outside_vocab': (['--start=naïve 日本'], ["'ï'", "'日'", "'本'"]),
+    'empty_prompt': (['--start='], ['at least one token']),
+}
+
+
+@pytest.mark.parametrize('case', BAD_SETTINGS)
+def test_bad_input_is_one_error_line(tmp_path, sample, case):
+    args, fragments = BAD_SETTINGS[case]
+    char_checkpoint(tmp_path)
+    (tmp_path / 'empty').mkdir()
+    code, err = sample(*args, expect_exit=True)
+    assert_one_line_error(code, err, *fragments)
+
+
+def test_settings_are_checked_before_the_model_is_loaded(tmp_path, sample):
+    code, err = sample('--out_dir=missing', '--temperature=-1', expect_exit=True)
+    assert_one_line_error(code, err, 'temperature')
+
+
+def test_not_our_checkpoint_is_one_error_line(tmp_path, sample):
+    (tmp_path / 'out').mkdir()
+    torch.save({'a': 1}, tmp_path / 'out' / 'ckpt.pt')
+    code, err = sample(expect_exit=True)
+    assert_one_line_error(code, err, 'not a nanoswap checkpoint')
+
+
+def test_unbuildable_checkpoint_is_one_error_line(tmp_path, sample):
+    model = char_checkpoint(tmp_path)
+    save_model(model, tmp_path, 'chars', model_args={**vars(model.config), 'n_head': 5})
+    code, err = sample(expect_exit=True)
+    assert_one_line_error(code, err, 'ckpt.pt')
+
+
+def test_cli_corrupt_checkpoint_is_one_error_line(tmp_path):
+    (tmp_path / 'out').mkdir()
+    (tmp_path / 'out' / 'ckpt.pt').write_bytes(np.random.default_rng(0).bytes(4096))
+    result = run_cli(tmp_path)
+    assert_one_line_error(result.returncode, result.stderr, 'ckpt.pt', 'corrupt')
+
+
+# ----------------------------------------------------------------------------- GPT-2 BPE
+
+@pytest.fixture
+def bpe(monkeypatch):
+    """GPT-2's BPE offline, from TIKTOKEN_CACHE_DIR or the shared cache; skip when neither is there."""
+    cache = os.environ.get('TIKTOKEN_CACHE_DIR') or (str(TIKTOKEN_CACHE) if TIKTOKEN_CACHE.is_dir() else None)
+    if cache is None:
+        pytest.skip("no tiktoken cache: set TIKTOKEN_CACHE_DIR to test GPT-2 BPE sampling offline")
+    monkeypatch.setenv('TIKTOKEN_CACHE_DIR', cache)
+    import tiktoken
+    return tiktoken.get_encoding('gpt2')
+
+
+def test_bpe_sampling_without_meta(tmp_path, sample, bpe):
+    torch.manual_seed(0)
+    save_model(GPT(GPTConfig(block_size=32, vocab_size=50257, n_layer=1, n_head=2, n_embd=16)), tmp_path,
+               dataset='webtext_not_prepared_here')
+    out, err = sample('--start=Hello, 世界', '--num_samples=2', '--max_new_tokens=10')
+    samples = parse_samples(out)
+    assert len(samples) == 2 and all(s.startswith('Hello, 世界') for s in samples)
+    assert 'GPT-2' in err  # says why it decodes with BPE: no data/<dataset>/meta.json here
+
+
+def cycle_model(cycle, vocab_size=50304):
+    """A model whose greedy choice after cycle[j] is cycle[j+1] (wrapping), every block a no-op; its padded
+    ids (>= 50257, which GPT-2's BPE cannot decode) outscore that unless sample.py masks them."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=vocab_size, n_layer=1, n_head=2, n_embd=32, bias=False,
+                          pos='rope', tie_embeddings=False))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith('c_proj.weight'):
+                p.zero_()  # attention and MLP add nothing: the logits depend on the last token alone
+        model.transformer.wte.weight.zero_()
+        model.lm_head.weight.zero_()
+        for j, token in enumerate(cycle):
+            model.transformer.wte.weight[token, j] = 10.0
+            model.lm_head.weight[cycle[(j + 1) % len(cycle)], j] = 10.0
+        model.lm_head.weight[50257:, :len(cycle)] = 20.0
+    return model
+
+
+def test_bpe_stream_holds_back_split_characters_and_never_samples_padding(tmp_path, sample, bpe):
+    text = 'Hi 日本語 café 🙂!'
+    cycle = bpe.encode(text)  # 日, 本 and 語 are split across tokens; every token differs
+    assert len(set(cycle)) == len(cycle) and '\ufffd' in bpe.decode(cycle[1:2])
+    save_model(cycle_model(cycle), tmp_path, dataset='no_meta')
+    n = 2 * len(cycle)  # twice round, past block_size 16, and back to 'Hi'
+    expected = bpe.decode(cycle * 2 + cycle[:1])
+    out, _ = sample('--start=Hi', '--num_samples=1', f'--max_new_tokens={n}', '--temperature=0')
+    assert parse_samples(out) == [expected]  # a streamed U+FFFD would show here
+    out, _ = sample('--start=Hi', '--num_samples=2', f'--max_new_tokens={n}', '--temperature=0', '--use_cache=False')
+    assert parse_samples(out) == [expected] * 2
+
