@@ -191,17 +191,19 @@ if checkpoint is not None:
     checkpoint = None  # free the memory
 if ddp:
     torch.manual_seed(seed + rank + iter_num)  # dropout differs across ranks; weights come from rank 0
-raw_model = model
+raw_model = model  # what gets saved: no compile prefix, no DDP wrapper
 if compile:
     model = torch.compile(model)
+eval_model = model  # evaluation runs outside DDP: ranks share out its batches unevenly
 if ddp:
-    model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
+    # the only buffers are rope tables every rank builds alike: no need to broadcast them each step
+    model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None, broadcast_buffers=False)
 
 
 @torch.no_grad()
 def estimate_loss():
     """Mean loss on eval_iters fixed batches per split, shared out across DDP processes."""
-    model.eval()
+    eval_model.eval()
     out = {}
     for split in ('train', 'val'):
         generator = torch.Generator().manual_seed(EVAL_SEED + (split == 'val'))
@@ -210,12 +212,12 @@ def estimate_loss():
             x, y = get_batch(split, generator)
             if k % world_size == rank:
                 with ctx:
-                    _, loss = model(x, y)
+                    _, loss = eval_model(x, y)
                 total += loss.float()
         if ddp:
             torch.distributed.all_reduce(total)
         out[split] = total.item() / eval_iters
-    model.train()
+    eval_model.train()
     return out
 
 

@@ -97,7 +97,7 @@ def test_resume_is_exact(workdir):
 
 def test_ddp_two_processes_match_one(workdir):
     """gradient_accumulation_steps is global: 2 gloo processes x 1 micro step == 1 process x 2."""
-    args = ['--gradient_accumulation_steps=2', '--max_iters=4', '--eval_interval=4', *MODERN]
+    args = ['--gradient_accumulation_steps=2', '--max_iters=4', '--eval_interval=4', '--eval_iters=3', *MODERN]
     single = train(workdir, *args, '--out_dir=single')
     launcher = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
     double = train(workdir, *args, '--out_dir=double', launcher=launcher, env={'OMP_NUM_THREADS': '1'})
