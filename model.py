@@ -346,7 +346,7 @@ class GPT(nn.Module):
         logits = self.lm_head(self.hidden_states(idx, cache))
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
     def hidden_states(self, idx, cache=None):

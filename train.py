@@ -173,24 +173,26 @@ else:
         model.crop_block_size(block_size)
     if block_size > model.config.block_size and model.config.pos == 'learned':
         die(f"block_size {block_size} exceeds {init_from}'s {model.config.block_size} learned positions")
+if meta_vocab_size and meta_vocab_size > model.config.vocab_size:
+    die(f"dataset '{dataset}' has {meta_vocab_size} token ids but the model only {model.config.vocab_size}")
 for k in MODEL_FLAGS:  # what was really built is what gets logged and saved
     settings[k] = getattr(model.config, k)
 block_size = model.config.block_size
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 model.to(device)
 
+if ddp:  # every rank starts from rank 0's weights (DDP broadcasts them); dropout should differ per rank
+    torch.manual_seed(seed + rank + iter_num)
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 if checkpoint is not None:
     optimizer.load_state_dict(checkpoint['optimizer'])
     scaler.load_state_dict(checkpoint['scaler'])
-    if master:  # other ranks keep their own dropout streams
+    if master:  # other ranks keep the dropout streams seeded above
         torch.set_rng_state(checkpoint['rng']['torch'])
         if device_type == 'cuda' and checkpoint['rng'].get('cuda'):
             torch.cuda.set_rng_state(checkpoint['rng']['cuda'], device)
     checkpoint = None  # free the memory
-if ddp:
-    torch.manual_seed(seed + rank + iter_num)  # dropout differs across ranks; weights come from rank 0
 raw_model = model  # what gets saved: no compile prefix, no DDP wrapper
 if compile:
     model = torch.compile(model)

@@ -1,0 +1,18 @@
+# Ablation of the four swaps on character-level Shakespeare with nanoGPT's CPU recipe
+# (4 layers, 4 heads, 128 wide, block 64, batch 12, 2000 iters, dropout 0, eval_iters 20):
+#   python data/shakespeare_char/prepare.py     # once
+#   python ablate.py config/ablate_shakespeare_char.py
+# The default grid is 6 variants (vanilla, vanilla+rms, +swiglu, +gqa, +rope, modern), one seed each:
+# about 90 s a run, 10-20 minutes on a 2-core CPU. Finished runs are kept, so more can be added later and
+# only the new runs train, e.g.
+#   python ablate.py config/ablate_shakespeare_char.py --seeds=3                   # seeds 1338 and 1339 too
+#   python ablate.py config/ablate_shakespeare_char.py --grid=default,leave_one_out,mlp
+#   python ablate.py config/ablate_shakespeare_char.py --grid=default,kv --n_kv_heads=1,2,4
+#   python ablate.py config/ablate_shakespeare_char.py --grid=default,custom \
+#       --custom="{'rope_theta500': {'pos': 'rope', 'rope_theta': 500.0}}"
+# A quick smoke test of the whole pipeline: --train_args='--max_iters=20 --eval_interval=10' --out_dir=out-smoke
+out_dir = 'out-ablate-shakespeare-char'
+train_config = 'config/shakespeare_vanilla_cpu.py'
+grid = 'default'
+seeds = 1
+gqa_kv_heads = 2  # n_head/2 of the CPU recipe's 4 heads
