@@ -1,6 +1,26 @@
+import json
 import sys
 from pathlib import Path
+
+import numpy as np
 
 REPO_ROOT = str(Path(__file__).resolve().parents[1])
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
+
+TINY_TEXT = 'the quick brown fox jumps over the lazy dog. ' * 200
+
+
+def make_char_dataset(root, name='tiny', text=TINY_TEXT, chars=None):
+    """root/data/<name>/{train,val}.bin and meta.json, as data/shakespeare_char/prepare.py writes them:
+    what train.py reads from its working directory. The default text is repetitive, so a tiny model
+    learns it within a few steps."""
+    chars = sorted(set(text)) if chars is None else chars
+    ids = np.array([chars.index(c) for c in text], dtype=np.uint16)
+    d = Path(root) / 'data' / name
+    d.mkdir(parents=True, exist_ok=True)
+    n = int(len(ids) * 0.9)
+    ids[:n].tofile(d / 'train.bin')
+    ids[n:].tofile(d / 'val.bin')
+    (d / 'meta.json').write_text(json.dumps({'kind': 'char', 'vocab_size': len(chars), 'chars': chars}))
+    return d

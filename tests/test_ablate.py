@@ -7,8 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
+
+from conftest import make_char_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_CONFIG = """\
@@ -31,15 +32,7 @@ TWO_VARIANTS = "{'vanilla': {}, 'rope': {'pos': 'rope'}}"
 
 def make_workdir(path):
     """data/tiny (a repetitive text) and a tiny train config: what train.py reads from its working directory."""
-    text = 'the quick brown fox jumps over the lazy dog. ' * 200
-    chars = sorted(set(text))
-    ids = np.array([chars.index(c) for c in text], dtype=np.uint16)
-    d = path / 'data' / 'tiny'
-    d.mkdir(parents=True)
-    n = int(len(ids) * 0.9)
-    ids[:n].tofile(d / 'train.bin')
-    ids[n:].tofile(d / 'val.bin')  # 900 tokens: room for 4x block_size in the extrapolation eval
-    (d / 'meta.json').write_text(json.dumps({'kind': 'char', 'vocab_size': len(chars), 'chars': chars}))
+    make_char_dataset(path)  # val: 900 tokens, room for 4x block_size in the extrapolation eval
     (path / 'tiny.py').write_text(TINY_CONFIG)
     return path
 

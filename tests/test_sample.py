@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from common import new_checkpoint, save_checkpoint
+from conftest import make_char_dataset
 from model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,12 +159,8 @@ def test_prompt_from_file(tmp_path, sample):
 
 
 def test_checkpoint_written_by_train_py(tmp_path, sample):
-    data = tmp_path / 'data' / 'tiny'
-    write_meta(tmp_path, 'tiny')
     text = "First Citizen:\nBefore we proceed any further, hear me speak.\nAll:\nSpeak, speak.\n" * 20
-    ids = np.array([CHARS.index(c) for c in text], dtype=np.uint16)
-    ids[:1500].tofile(data / 'train.bin')
-    ids[1500:].tofile(data / 'val.bin')
+    make_char_dataset(tmp_path, 'tiny', text, CHARS)
     train = subprocess.run([sys.executable, str(ROOT / 'train.py'), '--dataset=tiny', '--device=cpu', '--compile=False',
                             '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=4',
                             '--gradient_accumulation_steps=1', '--max_iters=5', '--eval_interval=5',

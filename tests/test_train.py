@@ -7,11 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 import common
+from conftest import make_char_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ['--dataset=tiny', '--device=cpu', '--compile=False', '--n_layer=2', '--n_head=2', '--n_embd=32',
@@ -22,16 +22,7 @@ MODERN = ['--norm=rms', '--mlp=swiglu', '--n_kv_head=1', '--pos=rope']
 
 @pytest.fixture
 def workdir(tmp_path):
-    """A working directory holding data/tiny: a repetitive text a small model learns within a few steps."""
-    text = ('the quick brown fox jumps over the lazy dog. ' * 200)
-    chars = sorted(set(text))
-    ids = np.array([chars.index(c) for c in text], dtype=np.uint16)
-    d = tmp_path / 'data' / 'tiny'
-    d.mkdir(parents=True)
-    n = int(len(ids) * 0.9)
-    ids[:n].tofile(d / 'train.bin')
-    ids[n:].tofile(d / 'val.bin')
-    (d / 'meta.json').write_text(json.dumps({'kind': 'char', 'vocab_size': len(chars), 'chars': chars}))
+    make_char_dataset(tmp_path)
     return tmp_path
 
 
