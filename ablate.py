@@ -88,21 +88,25 @@ def build_grid():
     swaps = {'rms': {'norm': 'rms'}, 'swiglu': {'mlp': 'swiglu'}, 'gqa': {'n_kv_head': gqa_kv_heads},
              'rope': {'pos': 'rope'}}
     modern = {k: v for swap in swaps.values() for k, v in swap.items()}
-    groups = {
-        'default': lambda: [('vanilla', {})] + [(f'vanilla+{s}', f) for s, f in swaps.items()] + [('modern', modern)],
-        'leave_one_out': lambda: [('modern', modern)] + [(f'modern-{s}', {**modern, k: GPT2_VALUES[k]})
-                                                         for s, f in swaps.items() for k in f],
-        'norm_position': lambda: [('vanilla', {}), ('vanilla+postnorm', {'prenorm': False}),
-                                  ('modern', modern), ('modern+postnorm', {**modern, 'prenorm': False})],
-        'mlp': lambda: [(f'mlp={m}', {'mlp': m}) for m in ('relu', 'gelu', 'swiglu', 'geglu')],
-        'kv': lambda: [(f'kv={k}', {**modern, 'n_kv_head': k}) for k in kv_head_counts()],
-        'custom': lambda: list(parse_custom(custom).items()),
-    }
     variants, names_by_key = {}, {}
     for group in [g.strip() for g in grid.split(',') if g.strip()] or die("grid is empty"):
-        if group not in groups:
-            die(f"unknown grid group {group!r}; groups are {', '.join(groups)}")
-        for name, flags in groups[group]():
+        if group == 'default':
+            members = [('vanilla', {})] + [(f'vanilla+{s}', f) for s, f in swaps.items()] + [('modern', modern)]
+        elif group == 'leave_one_out':
+            members = [('modern', modern)] + [(f'modern-{s}', {**modern, k: GPT2_VALUES[k]})
+                                              for s, f in swaps.items() for k in f]
+        elif group == 'norm_position':
+            members = [('vanilla', {}), ('vanilla+postnorm', {'prenorm': False}),
+                       ('modern', modern), ('modern+postnorm', {**modern, 'prenorm': False})]
+        elif group == 'mlp':
+            members = [(f'mlp={m}', {'mlp': m}) for m in ('relu', 'gelu', 'swiglu', 'geglu')]
+        elif group == 'kv':
+            members = [(f'kv={k}', {**modern, 'n_kv_head': k}) for k in kv_head_counts()]
+        elif group == 'custom':
+            members = list(parse_custom(custom).items())
+        else:
+            die(f"unknown grid group {group!r}; groups are default, leave_one_out, norm_position, mlp, kv, custom")
+        for name, flags in members:
             name = re.sub(r'[^A-Za-z0-9._+=-]', '_', name).strip('.') or '_'  # a directory name
             # a flag at its GPT-2 value changes nothing on the vanilla base recipe
             key = repr(sorted((k, v) for k, v in flags.items() if GPT2_VALUES.get(k, ...) != v))
@@ -234,6 +238,10 @@ def plot(variants, x_index, xlabel, path):
         ax.plot([c[x_index] for c in agg['curve']], [c[1] for c in agg['curve']], marker='.', label=name)
     ax.set(xlabel=xlabel, ylabel='val loss (mean over seeds)', title=f'val loss vs {xlabel}: {train_config}')
     ax.grid(alpha=0.3)
+    # the loss at iteration 0 (ln vocab) would squash the differences that matter: start the axis below it
+    later = [c[1] for agg in variants.values() for c in agg['curve'][1:]]
+    if later:
+        ax.set_ylim(min(later) - 0.05, max(later) + 0.05)
     ax.legend(fontsize='small')
     fig.tight_layout()
     fig.savefig(path, dpi=120)

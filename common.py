@@ -150,7 +150,9 @@ def load_tokenizer(meta_path=None, pretrained=None):
         try:  # a Llama checkpoint brings its own tokenizer; a bare GPT-2 directory may bring none
             from transformers import AutoTokenizer
             tok = AutoTokenizer.from_pretrained(pretrained)
-            return Tokenizer(lambda text: tok.encode(text, add_special_tokens=False), tok.decode, len(tok))
+            # special tokens on: a Llama prompt starts with its BOS token, as the model was trained
+            return Tokenizer(lambda text: tok.encode(text), lambda ids: tok.decode(ids, skip_special_tokens=True),
+                             len(tok))
         except Exception:
             print(f"note: no tokenizer found with '{pretrained}'; using GPT-2's BPE", file=sys.stderr)
     import tiktoken
@@ -165,7 +167,7 @@ def load_tokenizer(meta_path=None, pretrained=None):
 # ----------------------------------------------------------------------------- peak FLOP/s
 
 # dense bf16/fp16 tensor-core peaks from the vendors' datasheets, by a substring of the device name
-GPU_PEAK_FLOPS = [('H200', 989e12), ('H100', 989e12), ('A100', 312e12), ('L40S', 362e12), ('A10G', 70e12),
+GPU_PEAK_FLOPS = [('H200', 989e12), ('H100 PCIe', 756e12), ('H100', 989e12), ('A100', 312e12), ('L40S', 362e12), ('A10G', 70e12),
                   ('L4', 121e12), ('4090', 165e12), ('3090', 71e12), ('V100', 125e12), ('T4', 65e12),
                   ('A6000', 155e12)]
 

@@ -34,7 +34,7 @@ def settings_of(namespace: dict) -> dict:
 
 def _type_name(default):
     # a None default marks an optional int (e.g. n_kv_head: None means "same as n_head")
-    return 'int or None' if default is None else type(default).__name__
+    return 'int, bool or None' if default is None else type(default).__name__
 
 
 def _check(defaults, key, value, raw=None):
@@ -61,6 +61,8 @@ def _check(defaults, key, value, raw=None):
             return raw
     elif value is None or isinstance(value, int):
         return value
+    elif isinstance(value, str) and value.lower() in ('true', 'false'):  # --compile=false: None means auto
+        return value.lower() == 'true'
     raise ConfigError(f"setting '{key}' expects {_type_name(default)}, "
                       f"got {value!r} ({type(value).__name__})")
 

@@ -123,5 +123,8 @@ if __name__ == '__main__':
         die(f"cannot export '{ckpt_path}': {e}")
     except ImportError:
         die("export needs transformers: pip install transformers")
-    hf.save_pretrained(cfg['hf_dir'])
+    try:
+        hf.save_pretrained(cfg['hf_dir'])
+    except OSError as e:
+        die(f"cannot write hf_dir '{cfg['hf_dir']}': {e.strerror or e}")
     print(f"wrote {type(hf).__name__} ({model.get_num_params() / 1e6:.2f}M parameters) to {cfg['hf_dir']}")

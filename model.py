@@ -227,7 +227,8 @@ class CausalSelfAttention(nn.Module):
             causal = False
         gqa = {}
         if self.n_kv_head != self.n_head:
-            if _SDPA_HAS_GQA:
+            # CUDA's fused kernels take enable_gqa only in half precision (flash); fp32 would fall back to math
+            if _SDPA_HAS_GQA and (q.device.type == 'cpu' or q.dtype in (torch.float16, torch.bfloat16)):
                 gqa = {'enable_gqa': True}
             else:  # consecutive query heads share one K/V head
                 k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)

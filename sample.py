@@ -93,8 +93,9 @@ if max(prompt) >= model.config.vocab_size:
 vocab_limit = min(tokenizer_vocab, model.config.vocab_size)
 model.eval()
 model.to(device)
-if compile:
-    model.compile()  # in place, so generate_stream's own calls to the model run the compiled forward
+if compile:  # the blocks, in place: generate_stream calls them directly; the cache makes lengths vary
+    for block in model.transformer.h:
+        block.compile(dynamic=True)
 idx = torch.tensor([prompt] * num_samples, dtype=torch.long, device=device)
 torch.manual_seed(seed)
 torch.cuda.manual_seed(seed)

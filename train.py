@@ -1,7 +1,7 @@
 """
 Train a GPT with any mix of vanilla and modern swaps, on one CPU, one GPU, or many with DDP.
 
-    python train.py config/shakespeare_char_modern.py --batch_size=32 --n_kv_head=2
+    python train.py config/shakespeare_modern.py --batch_size=32 --n_kv_head=3
     torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2_modern.py
 
 Settings are the globals below; a config file, then --key=value, override them (configurator.py).
@@ -91,7 +91,7 @@ if ddp:
     if backend == 'auto':
         backend = 'nccl' if torch.cuda.is_available() and device != 'cpu' else 'gloo'
     init_process_group(backend=backend)
-    if device in ('auto', 'cuda') and torch.cuda.is_available():
+    if device != 'cpu' and torch.cuda.is_available():  # one GPU per process, whatever --device named
         device = f'cuda:{local_rank}'
         torch.cuda.set_device(device)
 else:
@@ -148,10 +148,13 @@ meta_vocab_size = None
 meta_path = os.path.join(data_dir, 'meta.json')
 if os.path.exists(meta_path):
     with open(meta_path) as f:
-        meta_vocab_size = json.load(f).get('vocab_size')
+        meta = json.load(f)
+    meta_vocab_size = meta.get('vocab_size')
+    if meta.get('kind') == 'tiktoken':  # GPT-2's 50257 padded to 50304: a multiple of 64 runs faster on GPUs
+        meta_vocab_size = 64 * math.ceil(meta_vocab_size / 64)
 
 # ----------------------------------------------------------------------------- model
-iter_num, best_val_loss, checkpoint = 0, float('inf'), None
+iter_num, best_val_loss, checkpoint, elapsed_before = 0, float('inf'), None, 0.0
 model_args = {k: settings[k] for k in MODEL_FLAGS}
 ckpt_path = os.path.join(out_dir, 'ckpt.pt')
 if init_from == 'scratch':
@@ -162,11 +165,14 @@ if init_from == 'scratch':
         die(str(e))
 elif init_from == 'resume':
     checkpoint = load_checkpoint(ckpt_path, hint=f"train first with init_from='scratch' into out_dir '{out_dir}'")
+    # the architecture is the checkpoint's; dropout is a training choice, so this run's
+    checkpoint['model_args']['dropout'] = dropout
     model = model_from_checkpoint(checkpoint, ckpt_path)
-    changed = [k for k in MODEL_FLAGS if k != 'dropout' and checkpoint['model_args'][k] != model_args[k]]
+    changed = [k for k in MODEL_FLAGS if checkpoint['model_args'].get(k) != model_args[k]]
     if changed and master:
         print(f"resuming with the checkpoint's model flags, not this run's: {', '.join(changed)}")
     iter_num, best_val_loss = checkpoint['iter_num'], checkpoint['best_val_loss']
+    elapsed_before = checkpoint.get('elapsed_s', 0.0)
 else:
     model = load_pretrained(init_from, {'dropout': dropout})
     if block_size < model.config.block_size:
@@ -187,7 +193,8 @@ scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 if checkpoint is not None:
     optimizer.load_state_dict(checkpoint['optimizer'])
-    scaler.load_state_dict(checkpoint['scaler'])
+    if scaler.is_enabled() and checkpoint['scaler']:  # empty when saved without fp16 (CPU, bf16)
+        scaler.load_state_dict(checkpoint['scaler'])
     if master:  # other ranks keep the dropout streams seeded above
         torch.set_rng_state(checkpoint['rng']['torch'])
         if device_type == 'cuda' and checkpoint['rng'].get('cuda'):
@@ -250,19 +257,25 @@ if master:
     os.makedirs(out_dir, exist_ok=True)
     print(f"device {device}, dtype {dtype}, compile {compile}, {world_size} process(es), "
           f"{tokens_per_iter:,} tokens per iteration")
-    print(f"model: {raw_model.get_num_params() / 1e6:.2f}M parameters; norm={raw_model.config.norm} "
-          f"mlp={raw_model.config.mlp} n_kv_head={raw_model.config.kv_heads}/{raw_model.config.n_head} "
-          f"pos={raw_model.config.pos} prenorm={raw_model.config.prenorm}")
+    print(f"model: {raw_model.get_num_params() / 1e6:.2f}M parameters; "
+          + ' '.join(f"{k}={getattr(raw_model.config, k)}" for k in MODEL_FLAGS))
     if peak_flops <= 0:
         peak_flops, how = measure_peak_flops(device, dtype)
         print(f"peak {peak_flops / 1e12:.3g} TFLOP/s for MFU ({how})")
     if wandb_log:
-        import wandb
-        wandb.init(project=wandb_project, name=wandb_run_name, config=settings, dir=out_dir)
+        try:
+            import wandb
+            wandb.init(project=wandb_project, name=wandb_run_name, config=settings, dir=out_dir)
+        except ImportError:
+            die("wandb_log=True needs wandb: pip install wandb")
+        except Exception as e:  # no login, no network: say so in one line (WANDB_MODE=offline works without)
+            die(f"wandb could not start ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                f"try WANDB_MODE=offline")
 log_path = os.path.join(out_dir, 'log.jsonl')
 
 # ----------------------------------------------------------------------------- training loop
-t_start = time.time()
+t_start = time.time() - elapsed_before  # elapsed_s continues across resumes
+resumed_at = iter_num if init_from == 'resume' else None
 train_time, train_steps = 0.0, 0  # since the last evaluation, for ms/iter in log.jsonl
 running_mfu, recent_dt = -1.0, []
 while True:
@@ -270,7 +283,8 @@ while True:
     for group in optimizer.param_groups:
         group['lr'] = lr
 
-    if iter_num % eval_interval == 0 or iter_num == max_iters or eval_only:
+    # a resumed run's first iteration was evaluated, logged and saved before it stopped
+    if ((iter_num % eval_interval == 0 or iter_num == max_iters) and iter_num != resumed_at) or eval_only:
         losses = estimate_loss()
         stop_non_finite('train loss', losses['train'])
         stop_non_finite('val loss', losses['val'])
@@ -282,8 +296,7 @@ while True:
             with open(log_path, 'a') as f:
                 f.write(json.dumps(record) + '\n')
             if wandb_log:
-                wandb.log({'iter': iter_num, 'train/loss': losses['train'], 'val/loss': losses['val'], 'lr': lr,
-                           'mfu': running_mfu * 100})
+                wandb.log({**record, 'mfu': running_mfu * 100})
             improved = losses['val'] < best_val_loss
             best_val_loss = min(best_val_loss, losses['val'])
             if (improved or always_save_checkpoint) and iter_num > 0 and not eval_only:
@@ -292,7 +305,8 @@ while True:
                     rng['cuda'] = torch.cuda.get_rng_state(device)
                 save_checkpoint(new_checkpoint(raw_model, optimizer=optimizer.state_dict(),
                                                scaler=scaler.state_dict(), iter_num=iter_num,
-                                               best_val_loss=best_val_loss, config=settings, rng=rng), ckpt_path)
+                                               best_val_loss=best_val_loss, config=settings, rng=rng,
+                                               elapsed_s=record['elapsed_s']), ckpt_path)
                 print(f"saved checkpoint to {ckpt_path}")
         train_time, train_steps = 0.0, 0
     if eval_only or iter_num >= max_iters:

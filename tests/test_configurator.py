@@ -109,6 +109,13 @@ def test_none_default_accepts_int_and_none():
     assert run(['--n_kv_head=2', '--n_kv_head=None'])['n_kv_head'] is None
 
 
+def test_none_default_takes_true_false_in_any_case():
+    # compile = None means "auto": --compile=false must switch it off like any bool
+    assert run(['--n_kv_head=false'])['n_kv_head'] is False
+    assert run(['--n_kv_head=TRUE'])['n_kv_head'] is True
+    assert run(['--n_kv_head=False'])['n_kv_head'] is False
+
+
 def test_later_argument_wins():
     assert run(['--batch_size=1', '--batch_size=2'])['batch_size'] == 2
 

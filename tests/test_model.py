@@ -129,16 +129,32 @@ def check_cache_logits(model):
         assert_close(logits[:, -1], model(seq[:, :i + 1])[0][:, -1], atol=1e-5)
 
 
+def generate_recording_logits(model, prompt, new, use_cache):
+    """Greedy generate, plus the logits every step sampled from (B, steps, vocab)."""
+    seen, original = [], M.sample_next
+
+    def recording(logits, *args):
+        seen.append(logits.clone())
+        return original(logits, *args)
+    M.sample_next = recording
+    try:
+        tokens = model.generate(prompt, new, temperature=0.0, use_cache=use_cache)
+    finally:
+        M.sample_next = original
+    return tokens, torch.stack(seen, dim=1)
+
+
 @torch.no_grad()
 def check_generate_cache(model):
     torch.manual_seed(4)
     prompt = torch.randint(0, VOCAB, (2, 5))
     for new in (8, 40):  # inside block_size, then far past it (several context shifts)
-        with_cache = model.generate(prompt, new, temperature=0.0, use_cache=True)
-        without = model.generate(prompt, new, temperature=0.0, use_cache=False)
-        assert with_cache.shape == (2, 5 + new)
+        with_cache, logits_cache = generate_recording_logits(model, prompt, new, use_cache=True)
+        without, logits_plain = generate_recording_logits(model, prompt, new, use_cache=False)
+        assert with_cache.shape == (2, 5 + new) and logits_cache.shape == (2, new, VOCAB)
         assert torch.equal(with_cache[:, :5], prompt)
         assert torch.equal(with_cache, without), f"cache changes greedy tokens ({new} new)"
+        assert_close(logits_cache, logits_plain, atol=1e-5)
 
 
 @pytest.mark.parametrize('norm,mlp,n_kv_head,pos,prenorm', COMBOS, ids=[combo_id(c) for c in COMBOS])
