@@ -61,8 +61,10 @@ dtype = 'auto'
 compile = None  # None: on for CUDA only (training model only; decoding uses the raw model)
 peak_flops = 0.0
 seed = 1337
-json = ''  # path: also write the figures as JSON
-settings = configure(settings_of(globals()), sys.argv[1:], prog='bench.py', doc=__doc__)
+json = ''  # path: also write the figures as JSON (a bare --json: bench.json)
+# a bare --json means the default file
+argv = ['--json=bench.json' if arg == '--json' else arg for arg in sys.argv[1:]]
+settings = configure(settings_of(globals()), argv, prog='bench.py', doc=__doc__)
 globals().update(settings)
 MODEL_FLAGS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'dropout', 'norm', 'mlp', 'ffn_hidden',
                'multiple_of', 'n_kv_head', 'pos', 'rope_theta', 'prenorm', 'tie_embeddings', 'vocab_size')

@@ -46,7 +46,7 @@ def expect_one_error(result, *fragments):
 def run(tmp_path_factory):
     """One run of three variants with --json, shared by the tests that read its table or its figures."""
     out = tmp_path_factory.mktemp('bench')
-    result = bench('--variants=vanilla,gqa,modern', '--json=bench.json', cwd=out)
+    result = bench('--variants=vanilla,gqa,modern', '--json', cwd=out)
     assert result.returncode == 0, result.stderr
     return result, json.loads((out / 'bench.json').read_text())
 
