@@ -24,6 +24,7 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import fields
 
 import torch
 
@@ -66,8 +67,7 @@ json = ''  # path: also write the figures as JSON (a bare --json: bench.json)
 argv = ['--json=bench.json' if arg == '--json' else arg for arg in sys.argv[1:]]
 settings = configure(settings_of(globals()), argv, prog='bench.py', doc=__doc__)
 globals().update(settings)
-MODEL_FLAGS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'dropout', 'norm', 'mlp', 'ffn_hidden',
-               'multiple_of', 'n_kv_head', 'pos', 'rope_theta', 'prenorm', 'tie_embeddings', 'vocab_size')
+MODEL_FLAGS = tuple(f.name for f in fields(GPTConfig) if f.name in settings)  # all but norm_eps
 VARIANTS = {'vanilla': {}, 'rms': {'norm': 'rms'}, 'swiglu': {'mlp': 'swiglu'},
             'gqa': {'n_kv_head': n_head // 2}, 'rope': {'pos': 'rope'}}
 VARIANTS['modern'] = {k: v for swap in VARIANTS.values() for k, v in swap.items()}

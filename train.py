@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import fields
 
 import numpy as np
 import torch
@@ -79,8 +80,7 @@ peak_flops = 0.0  # for MFU; 0: a known GPU's peak, else a matmul measured at st
 seed = 1337
 settings = configure(settings_of(globals()), sys.argv[1:], prog='train.py', doc=__doc__)
 globals().update(settings)
-MODEL_FLAGS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'dropout', 'norm', 'norm_eps', 'mlp',
-               'ffn_hidden', 'multiple_of', 'n_kv_head', 'pos', 'rope_theta', 'prenorm', 'tie_embeddings')
+MODEL_FLAGS = tuple(f.name for f in fields(GPTConfig) if f.name != 'vocab_size')  # the dataset sets vocab_size
 EVAL_SEED = 20240101  # one fixed set of eval batches for every run, variant and seed
 # -----------------------------------------------------------------------------
 

@@ -1,7 +1,3 @@
 # evaluate the pretrained gpt2-medium on OpenWebText: python train.py config/eval_gpt2_medium.py
-batch_size = 8
-eval_iters = 500  # more batches for a steadier estimate
-eval_only = True
-wandb_log = False
+exec(open('config/eval_gpt2.py').read())
 init_from = 'gpt2-medium'
-dataset = 'openwebtext'
