@@ -116,9 +116,9 @@ def test_ddp_two_processes_match_one(workdir):
     launcher = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
     double = train(workdir, *args, '--out_dir=double', launcher=launcher, env={'OMP_NUM_THREADS': '1'})
     a, b = iter_losses(single.stdout), iter_losses(double.stdout)
-    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4], (single.stdout[-2000:], double.stdout[-2000:], double.stderr[-2000:])
     for k in a:
-        assert float(a[k]) == pytest.approx(float(b[k]), rel=1e-4)
+        assert float(a[k]) == pytest.approx(float(b[k]), rel=1e-4), (k, single.stdout[-2000:], double.stdout[-2000:])
     ra, rb = log_records(workdir / 'single')[-1], log_records(workdir / 'double')[-1]
     assert ra['val_loss'] == pytest.approx(rb['val_loss'], rel=1e-4)
     assert (workdir / 'double' / 'ckpt.pt').exists()
