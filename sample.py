@@ -103,18 +103,16 @@ t0 = time.perf_counter()
 with torch.no_grad(), autocast(device, dtype):
     if num_samples == 1:
         print(decode(prompt), end='', flush=True)
-        new, text, shown = [], '', 0
+        pending = []  # tokens not yet printed: decoding only these keeps each step's work constant
         for token in model.generate_stream(idx, max_new_tokens, temperature, top_k, top_p, use_cache, vocab_limit):
-            new.append(token.item())
-            # the prompt decodes to whole characters, so only the new tokens need decoding; a character split
-            # across tokens decodes to a trailing U+FFFD until its last byte arrives, so hold those back
-            text = decode(new)
-            stable = len(text.rstrip('\ufffd'))
-            if stable > shown:
-                sys.stdout.write(text[shown:stable])
+            pending.append(token.item())
+            text = decode(pending)
+            # a character split across tokens decodes to a trailing U+FFFD until its last byte arrives
+            if not text.endswith('\ufffd'):
+                sys.stdout.write(text)
                 sys.stdout.flush()
-                shown = stable
-        print(text[shown:])
+                pending = []
+        print(decode(pending))
         print(SEPARATOR)
     else:
         out = model.generate(idx, max_new_tokens, temperature, top_k, top_p, use_cache, vocab_limit)

@@ -331,12 +331,14 @@ while True:
     optimizer.zero_grad(set_to_none=True)
     iter_num += 1
 
-    if iter_num % log_interval == 0 or iter_num == max_iters:
+    logging = iter_num % log_interval == 0 or iter_num == max_iters
+    if logging:  # reading the loss waits for the device, so only on logging iterations
         if ddp:
             torch.distributed.all_reduce(loss_sum)
         lossf = loss_sum.item() / gradient_accumulation_steps  # the mean over every micro step
-        dt = time.time() - t0
-        train_time, train_steps = train_time + dt, train_steps + 1
+    dt = time.time() - t0
+    train_time, train_steps = train_time + dt, train_steps + 1
+    if logging:
         stop_non_finite('train loss', lossf)
         if master:
             recent_dt = (recent_dt + [dt])[-20:]
@@ -347,8 +349,6 @@ while True:
             eta = time.strftime('%H:%M:%S', time.gmtime(mean_dt * (max_iters - iter_num)))
             print(f"iter {iter_num}/{max_iters}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
                   f"{tokens_per_iter / dt:,.0f} tok/s, mfu {max(running_mfu, 0) * 100:.2f}%, eta {eta}")
-    else:
-        train_time, train_steps = train_time + time.time() - t0, train_steps + 1
 
 if ddp:
     destroy_process_group()
