@@ -28,18 +28,12 @@ import sys
 import time
 from dataclasses import fields
 
-import numpy as np
-import torch
-
-from common import die, load_checkpoint, model_from_checkpoint, pick_device
-from configurator import configure, settings_of
-from model import GPTConfig
+from configurator import configure, script_defaults, settings_of
 
 out_dir = 'out-ablate'
 train_config = 'config/shakespeare_vanilla_cpu.py'  # the base recipe of every run
 seeds = 1
 grid = 'default'
-gqa_kv_heads = 2  # n_head/2 of the CPU recipe
 n_kv_heads = ''  # for the kv group, e.g. '1,2,4'
 custom = ''  # e.g. "{'tiny_rope': {'pos': 'rope', 'rope_theta': 500.0}}"
 train_args = ''  # passed to every train.py run, e.g. '--max_iters=20 --eval_interval=10'
@@ -50,10 +44,16 @@ run_dir = ''
 settings = configure(settings_of(globals()), sys.argv[1:], prog='ablate.py', doc=__doc__)
 globals().update(settings)
 
+# the heavy imports only now: --help and a mistyped setting answer before torch loads
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from common import die, load_checkpoint, model_from_checkpoint, pick_device  # noqa: E402
+from model import SWAPS, GPTConfig, swap_flags  # noqa: E402
+
 REPO = os.path.dirname(os.path.abspath(__file__))
 TRAIN_PY = os.path.join(REPO, 'train.py')
 MODEL_FLAGS = [f.name for f in fields(GPTConfig) if f.name != 'vocab_size']  # the dataset decides vocab_size
-GPT2_VALUES = {'norm': 'layernorm', 'mlp': 'gelu', 'n_kv_head': None, 'pos': 'learned', 'prenorm': True}
 EXTRAPOLATION_SEED = 4242  # one set of batches per length, the same for every variant
 MULTIPLES = (1, 2, 4)
 
@@ -83,18 +83,32 @@ def kv_head_counts():
     return [int(v) for v in n_kv_heads.split(',')]
 
 
-def build_grid():
-    """{name: flags} in grid order; a flag set already present (e.g. mlp=gelu is vanilla) runs once."""
-    swaps = {'rms': {'norm': 'rms'}, 'swiglu': {'mlp': 'swiglu'}, 'gqa': {'n_kv_head': gqa_kv_heads},
-             'rope': {'pos': 'rope'}}
-    modern = {k: v for swap in swaps.values() for k, v in swap.items()}
+def base_recipe(cwd):
+    """train.py's settings for train_config and train_args, read as train.py would in run_dir."""
+    try:
+        argv = [train_config] + shlex.split(train_args)
+    except ValueError as e:
+        die(f"train_args {train_args!r}: {e}")
+    here = os.getcwd()
+    os.chdir(cwd)  # recipes exec() the files they build on by relative path
+    try:
+        return configure(script_defaults(TRAIN_PY), argv, prog='train.py')
+    finally:
+        os.chdir(here)
+
+
+def build_grid(base):
+    """{name: flags} in grid order, swaps as model.SWAPS makes them for the base recipe; a flag set
+    already present (e.g. mlp=gelu is vanilla) runs once."""
+    swaps = {name: swap_flags([name], base) for name in SWAPS}
+    modern = swap_flags('modern', base)
     variants, names_by_key = {}, {}
     for group in [g.strip() for g in grid.split(',') if g.strip()] or die("grid is empty"):
         if group == 'default':
             members = [('vanilla', {})] + [(f'vanilla+{s}', f) for s, f in swaps.items()] + [('modern', modern)]
         elif group == 'leave_one_out':
-            members = [('modern', modern)] + [(f'modern-{s}', {**modern, k: GPT2_VALUES[k]})
-                                              for s, f in swaps.items() for k in f]
+            members = [('modern', modern)] + [(f'modern-{s}', {**modern, **swap_flags([s], base, modern=False)})
+                                              for s in swaps]
         elif group == 'norm_position':
             members = [('vanilla', {}), ('vanilla+postnorm', {'prenorm': False}),
                        ('modern', modern), ('modern+postnorm', {**modern, 'prenorm': False})]
@@ -108,8 +122,8 @@ def build_grid():
             die(f"unknown grid group {group!r}; groups are default, leave_one_out, norm_position, mlp, kv, custom")
         for name, flags in members:
             name = re.sub(r'[^A-Za-z0-9._+=-]', '_', name).strip('.') or '_'  # a directory name
-            # a flag at its GPT-2 value changes nothing on the vanilla base recipe
-            key = repr(sorted((k, v) for k, v in flags.items() if GPT2_VALUES.get(k, ...) != v))
+            # a flag at the base recipe's value changes nothing
+            key = repr(sorted((k, v) for k, v in flags.items() if base.get(k, ...) != v))
             if key in names_by_key:
                 if names_by_key[key] != name:
                     print(f"{name} has the flags of {names_by_key[key]}: it runs once, as {names_by_key[key]}")
@@ -301,11 +315,7 @@ def main():
     cwd = os.path.abspath(run_dir or REPO)
     if not os.path.isfile(os.path.join(cwd, train_config)):
         die(f"train_config '{train_config}' not found in run_dir '{cwd}'")
-    try:
-        shlex.split(train_args)
-    except ValueError as e:
-        die(f"train_args {train_args!r}: {e}")
-    variants, out = build_grid(), os.path.abspath(out_dir)
+    variants, out = build_grid(base_recipe(cwd)), os.path.abspath(out_dir)
     jobs = [(name, flags, 1337 + s, os.path.join(out, 'runs', name, f'seed{1337 + s}'))
             for name, flags in variants.items() for s in range(seeds)]
     todo = sum(not os.path.exists(os.path.join(path, 'done.json')) for *_, path in jobs)

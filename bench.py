@@ -7,9 +7,8 @@ ms/iter, tokens/s and MFU, decoding tokens/s with and without the KV cache, and 
     python bench.py --variants=vanilla --nanogpt_dir=../nanoGPT   # is vanilla as fast as nanoGPT's GPT?
 
 variants: '' benchmarks the one model the flags describe; else a comma-separated list, each applied on top
-of the flags: vanilla (the flags unchanged: with the defaults, GPT-2's block), rms (norm='rms'),
-swiglu (mlp='swiglu'), gqa (n_kv_head = n_head // 2, whatever --n_kv_head says: half the K/V heads, half
-the KV cache), rope (pos='rope'), modern (all four).
+of the flags: vanilla (the flags unchanged: with the defaults, GPT-2's block), each swap of model.SWAPS
+(rms, swiglu, gqa: n_kv_head = n_head // 2, rope) and modern (all of them).
 nanogpt_dir: a checkout of karpathy/nanoGPT; its GPT, at the same sizes, is timed as an extra row.
 Training times full steps (forward, backward, AdamW) on random tokens; decoding samples decode_tokens new
 tokens (temperature 1) from a one-token prompt. peak_flops 0: a known GPU's datasheet, else a measured matmul.
@@ -26,28 +25,16 @@ import sys
 import time
 from dataclasses import fields
 
-import torch
+from configurator import configure, model_flags, settings_of
 
-from common import DTYPES, autocast, die, peak_flops as measure_peak_flops, pick_device, pick_dtype
-from configurator import configure, settings_of
-from model import GPT, GPTConfig
-
-# model: nanoGPT's shakespeare_char sizes (without dropout: it only adds noise to the timings)
+# model: every field of GPTConfig (model.py) is a setting, with its default there; the sizes of nanoGPT's
+# shakespeare_char recipe (without dropout: it only adds noise to the timings)
+globals().update(model_flags())
 n_layer = 6
 n_head = 6
 n_embd = 384
 block_size = 256
 bias = False
-dropout = 0.0
-norm = 'layernorm'
-mlp = 'gelu'
-ffn_hidden = None
-multiple_of = 64
-n_kv_head = None
-pos = 'learned'
-rope_theta = 10000.0
-prenorm = True
-tie_embeddings = True
 vocab_size = 65  # shakespeare_char's
 # benchmark
 variants = ''  # '' or e.g. 'vanilla,modern' (see above)
@@ -67,10 +54,18 @@ json = ''  # path: also write the figures as JSON (a bare --json: bench.json)
 argv = ['--json=bench.json' if arg == '--json' else arg for arg in sys.argv[1:]]
 settings = configure(settings_of(globals()), argv, prog='bench.py', doc=__doc__)
 globals().update(settings)
-MODEL_FLAGS = tuple(f.name for f in fields(GPTConfig) if f.name in settings)  # all but norm_eps
-VARIANTS = {'vanilla': {}, 'rms': {'norm': 'rms'}, 'swiglu': {'mlp': 'swiglu'},
-            'gqa': {'n_kv_head': n_head // 2}, 'rope': {'pos': 'rope'}}
-VARIANTS['modern'] = {k: v for swap in VARIANTS.values() for k, v in swap.items()}
+
+# the heavy imports only now: --help and a mistyped setting answer before torch loads
+import torch  # noqa: E402
+
+from common import DTYPES, autocast, die, peak_flops as measure_peak_flops, pick_device, pick_dtype  # noqa: E402
+from model import GPT, SWAPS, GPTConfig, swap_flags  # noqa: E402
+
+MODEL_FLAGS = tuple(f.name for f in fields(GPTConfig))
+model_args = {k: settings[k] for k in MODEL_FLAGS}
+# the vanilla block as the flags give it, each swap of model.SWAPS on top of it, and all of them
+VARIANTS = {'vanilla': {}, **{name: swap_flags([name], model_args) for name in SWAPS},
+            'modern': swap_flags('modern', model_args)}
 
 # ----------------------------------------------------------------------------- checks first, then minutes of timing
 for name in ('batch_size', 'train_iters', 'decode_tokens', 'decode_batch'):
@@ -85,7 +80,7 @@ if unknown:
 configs = []
 for name in names or ['']:
     try:
-        cfg = GPTConfig(**{**{k: settings[k] for k in MODEL_FLAGS}, **VARIANTS.get(name, {})})
+        cfg = GPTConfig(**{**model_args, **VARIANTS.get(name, {})})
     except ValueError as e:
         die(f"variant {name!r}: {e}" if name else str(e))
     configs.append((name or f"{cfg.norm}+{cfg.mlp}+kv{cfg.kv_heads}/{cfg.n_head}+{cfg.pos}", cfg))

@@ -9,15 +9,24 @@ Scripts keep settings as plain module globals and let the command line replace t
 argv is processed left to right, later elements win:
   config/foo.py   Python assignments (`n_layer = 6`) that may read the current settings
   --key=value     value read with ast.literal_eval, falling back to the raw text
-  --help / -h     list every setting with its default, exit 0
-Values must fit the type of their default; any user mistake prints one `error: ...`
-line to stderr and exits with code 2.
+  --help / -h     list every setting with its default and the comment beside it, exit 0
+Values must fit the type of their default (a None default takes any literal); any user mistake prints
+one `error: ...` line to stderr and exits with code 2.
+
+Scripts that build a model take every field of GPTConfig as a setting: model_flags() reads them from
+model.py's source, so settings are checked (and --help answers) before torch is imported.
 """
 import ast
 import difflib
+import io
+import os
 import sys
+import tokenize
 import traceback
 import types
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODEL_PY = os.path.join(HERE, 'model.py')
 
 SETTING_TYPES = (bool, int, float, str, type(None))
 
@@ -33,8 +42,65 @@ def settings_of(namespace: dict) -> dict:
 
 
 def _type_name(default):
-    # a None default marks an optional int (e.g. n_kv_head: None means "same as n_head")
-    return 'int, bool or None' if default is None else type(default).__name__
+    # a None default marks an optional value (n_kv_head: None means "same as n_head"; rope_scaling: off)
+    return 'any literal' if default is None else type(default).__name__
+
+
+def _assignments(path, class_name=None):
+    """[(name, value node, comment)] of the top-level assignments in a Python file, or of the class
+    body of class_name; comment: the text of a `# ...` on the assignment's last line, else ''."""
+    with open(path, encoding='utf-8') as f:
+        source = f.read()
+    comments = {tok.start[0]: tok.string.lstrip('#').strip()
+                for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT}
+    body = ast.parse(source).body
+    if class_name is not None:
+        body = next(node.body for node in body if isinstance(node, ast.ClassDef) and node.name == class_name)
+    out = []
+    for node in body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else \
+            getattr(node, 'target', None) if isinstance(node, ast.AnnAssign) else None
+        if isinstance(target, ast.Name) and node.value is not None:
+            out.append((target.id, node.value, comments.get(node.end_lineno, '')))
+    return out
+
+
+def model_flags(exclude=()):
+    """GPTConfig's fields, {name: default}, read from model.py's source: the model flags every script
+    that builds a model takes as settings (defaults must be literals there)."""
+    return {name: ast.literal_eval(value) for name, value, _ in _assignments(MODEL_PY, 'GPTConfig')
+            if name not in exclude}
+
+
+def script_defaults(path):
+    """The settings a flat script starts from, read without running it: its top-level assignments of
+    constant expressions (`gradient_accumulation_steps = 5 * 8`), and the model flags at the place it
+    takes them (`globals().update(model_flags())`)."""
+    with open(path, encoding='utf-8') as f:
+        tree = ast.parse(f.read())
+    defaults = {}
+    for node in tree.body:
+        if isinstance(node, ast.Expr) and 'model_flags(' in ast.unparse(node):
+            defaults.update(model_flags())
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                value = eval(compile(ast.Expression(node.value), path, 'eval'), {'__builtins__': {}})
+            except Exception:  # an expression of other names: not a setting
+                continue
+            if not node.targets[0].id.startswith('_') and isinstance(value, SETTING_TYPES):
+                defaults[node.targets[0].id] = value
+    return defaults
+
+
+def _descriptions(prog):
+    """{setting: its comment} from the script's own globals and GPTConfig's fields."""
+    out = {}
+    for path, class_name in ((MODEL_PY, 'GPTConfig'), (os.path.join(HERE, prog or ''), None)):
+        try:
+            out.update({name: comment for name, _, comment in _assignments(path, class_name) if comment})
+        except (OSError, SyntaxError, StopIteration, UnicodeDecodeError):
+            pass  # help without descriptions beats no help
+    return out
 
 
 def _check(defaults, key, value, raw=None):
@@ -59,10 +125,10 @@ def _check(defaults, key, value, raw=None):
             return value
         if raw is not None:  # CLI text stays text: --start=123 gives '123', not 123
             return raw
-    elif value is None or isinstance(value, int):
-        return value
     elif isinstance(value, str) and value.lower() in ('true', 'false'):  # --compile=false: None means auto
         return value.lower() == 'true'
+    elif isinstance(value, SETTING_TYPES):  # a None default: any literal, e.g. --rope_scaling=yarn
+        return value
     raise ConfigError(f"setting '{key}' expects {_type_name(default)}, "
                       f"got {value!r} ({type(value).__name__})")
 
@@ -115,10 +181,12 @@ def _print_help(defaults, prog, doc):
     print(f"usage: python {prog or sys.argv[0]} [config_file.py ...] [--key=value ...]")
     if doc:
         print('\n' + doc.strip() + '\n')
-    items = [(f'--{k}={_shown(v)}', _type_name(v)) for k, v in defaults.items()]
-    width = max((len(a) for a, _ in items), default=0)
-    for arg, type_name in items:
-        print(f'  {arg:<{width}}  ({type_name})')
+    descriptions = _descriptions(prog)
+    items = [(f'--{k}={_shown(v)}', f'({_type_name(v)})', descriptions.get(k, '')) for k, v in defaults.items()]
+    width = max((len(a) for a, _, _ in items), default=0)
+    type_width = max((len(t) for _, t, _ in items), default=0)
+    for arg, type_name, description in items:
+        print(f'  {arg:<{width}}  {type_name:<{type_width}}  {description}'.rstrip())
 
 
 def configure(defaults: dict, argv: list, prog: str = None, doc: str = None) -> dict:

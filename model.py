@@ -1,15 +1,18 @@
 """
-The whole model in one file: a GPT whose config switches, one flag at a time, the four swaps
-that turn a GPT-2 block into a LLaMA/Qwen-style block.
+The whole model in one file: a GPT whose config switches, one flag at a time, each swap that turns a
+GPT-2 block into a LLaMA/Qwen-style block.
 
-    norm      'layernorm' -> 'rms'       LayerNorm / RMSNorm                (make_norm)
-    mlp       'gelu'      -> 'swiglu'    MLP / GatedMLP ('relu', 'geglu' too) (make_mlp)
-    n_kv_head None        -> n_head/4    CausalSelfAttention's K/V head count
-    pos       'learned'   -> 'rope'      wpe table / Rotary
-    prenorm   True        -> False       Block.forward (post-norm as in 2017/BERT)
+    flag      vanilla        modern        classes (one dict per kind of part)
+    norm      'layernorm' -> 'rms'         NORMS: LayerNorm, RMSNorm
+    mlp       'gelu'      -> 'swiglu'      MLPS: MLP, GatedMLP
+    n_kv_head None        -> n_head/2      CausalSelfAttention's K/V head count (ATTENTIONS)
+    pos       'learned'   -> 'rope'        POSITIONS: LearnedPositions, Rotary
+    prenorm   True        -> False         Block.forward (post-norm as in 2017/BERT)
 
-With every default it is nanoGPT's GPT-2, parameter names included, so GPT-2 weights load.
-Hugging Face's transformers is imported lazily, only by from_pretrained.
+GPTConfig is the one list of model flags: the scripts read it (each field is a setting, its comment the
+help text), and SWAPS says which values make the vanilla and the modern block. With every default the
+model is nanoGPT's GPT-2, parameter names included, so GPT-2 weights load. transformers is imported
+lazily, only to load or export Hugging Face checkpoints (the tables at the end of this file).
 """
 
 import inspect
@@ -21,60 +24,49 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-NORMS = ('layernorm', 'rms')
-MLPS = ('gelu', 'relu', 'swiglu', 'geglu')
-POSITIONS = ('learned', 'rope')
-
 
 @dataclass
 class GPTConfig:
-    block_size: int = 1024
+    block_size: int = 1024  # context length the model trains at
     vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for speed
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
+    n_layer: int = 12  # number of blocks
+    n_head: int = 12  # query heads per attention
+    n_embd: int = 768  # width of the residual stream
+    dropout: float = 0.0  # on embeddings, attention weights and residual branches
     bias: bool = True  # biases in Linears and LayerNorms, as GPT-2
-    norm: str = 'layernorm'
-    norm_eps: float = 1e-5
-    mlp: str = 'gelu'
-    ffn_hidden: Optional[int] = None  # None: 4*n_embd, or 8/3*n_embd rounded up to multiple_of for gated MLPs
-    multiple_of: int = 64
-    n_kv_head: Optional[int] = None  # None: n_head (MHA); 1: MQA
-    pos: str = 'learned'
-    rope_theta: float = 10000.0
-    prenorm: bool = True
-    tie_embeddings: bool = True
+    norm: str = 'layernorm'  # a key of NORMS: 'layernorm' (GPT-2) or 'rms' (RMSNorm)
+    norm_eps: float = 1e-5  # epsilon inside every norm
+    mlp: str = 'gelu'  # a key of MLPS: 'gelu' (GPT-2), 'relu', 'swiglu' or 'geglu'
+    ffn_hidden: Optional[int] = None  # MLP width; None: 4*n_embd, gated MLPs 8/3*n_embd rounded up to multiple_of
+    multiple_of: int = 64  # gated MLP widths are rounded up to a multiple of this
+    attn: str = 'mha'  # a key of ATTENTIONS: 'mha' (multi-head, with n_kv_head also GQA and MQA)
+    n_kv_head: Optional[int] = None  # K/V heads; None: n_head (MHA), fewer: GQA, 1: MQA
+    pos: str = 'learned'  # a key of POSITIONS: 'learned' (GPT-2's table) or 'rope' (rotary)
+    rope_theta: float = 10000.0  # RoPE base: the slowest rotation's wavelength is about 2*pi*theta
+    prenorm: bool = True  # False: the 2017/BERT post-norm x = norm(x + f(x))
+    tie_embeddings: bool = True  # lm_head shares the token embedding matrix
 
     def __post_init__(self):
         for name in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'multiple_of'):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        for name, value, allowed in (('norm', self.norm, NORMS), ('mlp', self.mlp, MLPS),
-                                     ('pos', self.pos, POSITIONS)):
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
+            _check_int(name, getattr(self, name))
+        for name, kinds in (('norm', NORMS), ('mlp', MLPS), ('attn', ATTENTIONS), ('pos', POSITIONS)):
+            if getattr(self, name) not in kinds:
+                raise ValueError(f"{name} must be one of {', '.join(map(repr, kinds))}; got {getattr(self, name)!r}")
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if self.n_kv_head is not None:
-            if isinstance(self.n_kv_head, bool) or not isinstance(self.n_kv_head, int) \
-                    or not 1 <= self.n_kv_head <= self.n_head:
-                raise ValueError(f"n_kv_head must be None or an int in [1, n_head={self.n_head}], "
-                                 f"got {self.n_kv_head!r}")
+            _check_int('n_kv_head', self.n_kv_head, f"None or an int in [1, n_head={self.n_head}]", 1, self.n_head)
             if self.n_head % self.n_kv_head != 0:
                 raise ValueError(f"n_head ({self.n_head}) must be divisible by n_kv_head ({self.n_kv_head})")
-        if self.ffn_hidden is not None and (isinstance(self.ffn_hidden, bool)
-                                            or not isinstance(self.ffn_hidden, int) or self.ffn_hidden < 1):
-            raise ValueError(f"ffn_hidden must be None or a positive int, got {self.ffn_hidden!r}")
+        if self.ffn_hidden is not None:
+            _check_int('ffn_hidden', self.ffn_hidden, 'None or a positive int')
         if self.pos == 'rope' and self.head_size % 2 != 0:
             raise ValueError(f"pos='rope' needs an even head size, got n_embd/n_head = {self.head_size}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if not self.norm_eps > 0:
-            raise ValueError(f"norm_eps must be positive, got {self.norm_eps!r}")
-        if not self.rope_theta > 0:
-            raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}")
+        for name in ('norm_eps', 'rope_theta'):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
 
     @property
     def head_size(self):
@@ -88,10 +80,9 @@ class GPTConfig:
     def hidden_size(self):
         if self.ffn_hidden is not None:
             return self.ffn_hidden
-        if self.mlp in ('swiglu', 'geglu'):
+        if MLPS[self.mlp].gated:
             # a third matrix costs 50% more parameters; 2/3 of 4d keeps the count of the plain MLP
-            h = int(8 * self.n_embd / 3)
-            return self.multiple_of * math.ceil(h / self.multiple_of)
+            return self.multiple_of * math.ceil(int(8 * self.n_embd / 3) / self.multiple_of)
         return 4 * self.n_embd
 
     @classmethod
@@ -101,16 +92,43 @@ class GPTConfig:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
+def _check_int(name, value, allowed='a positive int', low=1, high=None):
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+# Each swap: the flag it sets, GPT-2's value, and the modern (Llama/Qwen-style) value; a callable value
+# depends on the config's other flags. bench.py's variants, ablate.py's grid groups and the recipes' tests
+# are built from this table.
+SWAPS = {
+    'rms': ('norm', 'layernorm', 'rms'),
+    'swiglu': ('mlp', 'gelu', 'swiglu'),
+    'gqa': ('n_kv_head', None, lambda flags: max(1, flags['n_head'] // 2)),  # half the KV cache
+    'rope': ('pos', 'learned', 'rope'),
+}
+
+
+def swap_flags(names, flags, modern=True):
+    """The flags that turn on (modern=True) or off the named swaps ('modern': all of them), given the
+    config's other flags (a dict holding at least n_head)."""
+    out = {}
+    for name in SWAPS if names == 'modern' else names:
+        flag, vanilla, new = SWAPS[name]
+        value = new if modern else vanilla
+        out[flag] = value(flags) if callable(value) else value
+    return out
+
+
 # ----------------------------------------------------------------------------- norm
 
 class LayerNorm(nn.Module):
     """LayerNorm with an optional bias (PyTorch's has no bias=False before 2.1)."""
 
-    def __init__(self, ndim, bias, eps):
+    def __init__(self, ndim, config):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
-        self.eps = eps
+        self.bias = nn.Parameter(torch.zeros(ndim)) if config.bias else None
+        self.eps = config.norm_eps
 
     def forward(self, x):
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
@@ -119,51 +137,72 @@ class LayerNorm(nn.Module):
 class RMSNorm(nn.Module):
     """x / RMS(x) * g: no mean-centering and no bias."""
 
-    def __init__(self, ndim, eps):
+    def __init__(self, ndim, config):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(ndim))
-        self.eps = eps
+        self.eps = config.norm_eps
 
     def forward(self, x):
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
+NORMS = {'layernorm': LayerNorm, 'rms': RMSNorm}
+
+
 def make_norm(config):
-    if config.norm == 'rms':
-        return RMSNorm(config.n_embd, config.norm_eps)
-    return LayerNorm(config.n_embd, config.bias, config.norm_eps)
+    return NORMS[config.norm](config.n_embd, config)
 
 
-# ----------------------------------------------------------------------------- rope
+# ----------------------------------------------------------------------------- positions
+
+class LearnedPositions(nn.Embedding):
+    """GPT-2's table of block_size learned position vectors, added to the token embeddings."""
+
+    def __init__(self, config):
+        super().__init__(config.block_size, config.n_embd)
+
+    def forward(self, x, start):
+        """x plus the vectors of positions start.., and no rotary tables."""
+        end = start + x.size(1)
+        if end > self.num_embeddings:
+            raise ValueError(f"sequence of length {end} is longer than block_size {self.num_embeddings} "
+                             f"(learned positions cannot go further)")
+        return x + super().forward(torch.arange(start, end, device=x.device)), None
+
 
 class Rotary(nn.Module):
-    """cos/sin tables for rotary embeddings, kept in fp32 and grown on demand (longer eval contexts)."""
+    """cos/sin tables for rotary embeddings, kept in fp32 and grown on demand (longer eval contexts).
+    The input passes unchanged: attention rotates its queries and keys with the tables."""
 
-    def __init__(self, head_size, theta, length):
+    def __init__(self, config):
         super().__init__()
-        self.head_size, self.theta = head_size, theta
-        self._build(length, device=None)
+        self.dim, self.theta = config.head_size, config.rope_theta
+        self._build(config.block_size, device=None)
 
     def _build(self, length, device):
-        exponents = torch.arange(0, self.head_size, 2, dtype=torch.float32, device=device) / self.head_size
+        exponents = torch.arange(0, self.dim, 2, dtype=torch.float32, device=device) / self.dim
         t = torch.arange(length, dtype=torch.float32, device=device)
         freqs = torch.outer(t, 1.0 / (self.theta ** exponents))
-        freqs = torch.cat((freqs, freqs), dim=-1)  # half-split layout: pairs are (i, i + head_size/2)
+        freqs = torch.cat((freqs, freqs), dim=-1)  # half-split layout: pairs are (i, i + dim/2)
         self.register_buffer('cos', freqs.cos(), persistent=False)
         self.register_buffer('sin', freqs.sin(), persistent=False)
 
-    def forward(self, start, length):
+    def forward(self, x, start):
+        end = start + x.size(1)
         # rebuilt when too short, or when model.to(bf16) cast the tables: angles need fp32
-        if start + length > self.cos.size(0) or self.cos.dtype != torch.float32:
-            self._build(max(2 * (start + length), self.cos.size(0)), self.cos.device)
-        return self.cos[start:start + length], self.sin[start:start + length]
+        if end > self.cos.size(0) or self.cos.dtype != torch.float32:
+            self._build(max(2 * end, self.cos.size(0)), self.cos.device)
+        return x, (self.cos[start:end], self.sin[start:end])
 
 
 def apply_rope(x, cos, sin):
-    """Rotate x (B, heads, T, head_size) by the angles of its positions."""
+    """Rotate x (B, heads, T, dim) by the angles of its positions."""
     half = x.size(-1) // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+
+
+POSITIONS = {'learned': LearnedPositions, 'rope': Rotary}
 
 
 # ----------------------------------------------------------------------------- attention
@@ -177,39 +216,43 @@ except TypeError:
     _SDPA_HAS_GQA = False
 
 
-class KVCache:
-    """Preallocated keys and values of every layer, n_kv_head heads each: (n_layer, 2, B, n_kv_head, T, hs)."""
-
-    def __init__(self, config, batch_size, length, dtype, device):
-        self.data = torch.empty(config.n_layer, 2, batch_size, config.kv_heads, length, config.head_size,
-                                dtype=dtype, device=device)
-        self.pos = 0  # number of positions filled
-
-    @property
-    def length(self):
-        return self.data.size(4)
-
-    def update(self, layer, k, v):
-        """Store k, v (B, n_kv_head, T, hs) after the filled positions; return all keys and values so far."""
-        end = self.pos + k.size(2)
-        self.data[layer, 0, :, :, self.pos:end] = k
-        self.data[layer, 1, :, :, self.pos:end] = v
-        return self.data[layer, 0, :, :, :end], self.data[layer, 1, :, :, :end]
+def attend(q, k, v, mask, dropout_p=0.0, scale=None):
+    """softmax(q k^T * scale) v over (B, heads, T, dim) tensors; k and v may have fewer heads than q,
+    each shared by consecutive query heads. mask None: causal (a single query sees every key)."""
+    gqa = {}
+    if k.size(1) != q.size(1):
+        # CUDA's fused kernels take enable_gqa only in half precision (flash); fp32 would fall back to math
+        if _SDPA_HAS_GQA and (q.device.type == 'cpu' or q.dtype in (torch.float16, torch.bfloat16)):
+            gqa = {'enable_gqa': True}
+        else:
+            k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
+            v = v.repeat_interleave(q.size(1) // v.size(1), dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and q.size(2) > 1,
+                                          dropout_p=dropout_p, scale=scale, **gqa)
 
 
 class CausalSelfAttention(nn.Module):
+    """Multi-head attention; with n_kv_head < n_head, consecutive query heads share K/V heads (GQA, MQA)."""
 
     def __init__(self, config):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_size = config.n_head, config.kv_heads, config.head_size
         # q, k and v in one matmul; with GQA the k and v parts are n_head/n_kv_head times narrower
         self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * self.head_size, bias=config.bias)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(self.n_head * self.head_size, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.dropout = config.dropout
 
-    def forward(self, x, rope=None, cache=None, layer=0):
-        B, T, C = x.size()
+    def cache_entries(self):
+        """What the KV cache keeps per past token: {name: (heads, dim)}."""
+        return {'k': (self.n_kv_head, self.head_size), 'v': (self.n_kv_head, self.head_size)}
+
+    def token_flops(self, seq_len):
+        """Forward + backward FLOPs per token of the matmuls that are not Linears: q.k and att.v over seq_len keys."""
+        return 3 * 2 * 2 * self.n_head * self.head_size * seq_len
+
+    def forward(self, x, rope=None, mask=None, cache=None, layer=0):
+        B, T, _ = x.size()
         hs = self.head_size
         q, k, v = self.c_attn(x).split([self.n_head * hs, self.n_kv_head * hs, self.n_kv_head * hs], dim=2)
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
@@ -217,32 +260,67 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, T, self.n_kv_head, hs).transpose(1, 2)
         if rope is not None:  # rotate before K/V heads are shared, so each shared head is rotated once
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        past = 0
         if cache is not None:
-            past = cache.pos
-            k, v = cache.update(layer, k, v)
-        mask, causal = None, T > 1
-        if past > 0 and T > 1:  # new queries see every cached key plus the causal part of their own
-            mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
-            causal = False
-        gqa = {}
-        if self.n_kv_head != self.n_head:
-            # CUDA's fused kernels take enable_gqa only in half precision (flash); fp32 would fall back to math
-            if _SDPA_HAS_GQA and (q.device.type == 'cpu' or q.dtype in (torch.float16, torch.bfloat16)):
-                gqa = {'enable_gqa': True}
-            else:  # consecutive query heads share one K/V head
-                k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
-                v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                           dropout_p=self.dropout if self.training else 0.0, **gqa)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.resid_dropout(self.c_proj(y))
+            k, v = cache.update(layer, k=k, v=v)
+        y = attend(q, k, v, mask, self.dropout if self.training else 0.0)
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, self.n_head * hs)))
+
+
+ATTENTIONS = {'mha': CausalSelfAttention}
+
+
+class KVCache:
+    """What each layer's attention keeps of past tokens (its cache_entries), preallocated for `length`
+    positions as (B, heads, length, dim) tensors."""
+
+    def __init__(self, model, batch_size, length, dtype, device):
+        self.length = length
+        self.layers = [{name: torch.empty(batch_size, heads, length, dim, dtype=dtype, device=device)
+                        for name, (heads, dim) in block.attn.cache_entries().items()}
+                       for block in model.transformer.h]
+        self.pos = 0  # positions filled
+
+    @staticmethod
+    def bytes_for(model, batch_size, length, dtype):
+        """Bytes a cache of these dimensions takes, without allocating it."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        per_token = sum(heads * dim for block in model.transformer.h
+                        for heads, dim in block.attn.cache_entries().values())
+        return per_token * batch_size * length * itemsize
+
+    def update(self, layer, **new):
+        """Store the new tokens' entries (B, heads, T, dim) after the filled positions; return every
+        entry so far, in the order given."""
+        end = self.pos + next(iter(new.values())).size(2)
+        if end > self.length:
+            raise ValueError(f"KV cache of length {self.length} cannot hold {end} positions")
+        out = []
+        for name, value in new.items():
+            store = self.layers[layer][name]
+            store[:, :, self.pos:end] = value
+            out.append(store[:, :, :end])
+        return out
+
+    def mask(self, T, device):
+        """The attention mask of T new queries over what update() returns; None: plain causal."""
+        if self.pos == 0 or T == 1:
+            return None
+        # new queries see every cached key plus the causal part of their own
+        return torch.ones(T, self.pos + T, dtype=torch.bool, device=device).tril(diagonal=self.pos)
+
+    def advance(self, T):
+        self.pos += T
+
+    def reset(self):
+        """Forget every position (the next call is a prefill)."""
+        self.pos = 0
 
 
 # ----------------------------------------------------------------------------- mlp
 
 class MLP(nn.Module):
     """up, activation, down: GPT-2's with GELU (tanh form, as GPT-2 computes it), 2017's with ReLU."""
+    gated = False
 
     def __init__(self, config):
         super().__init__()
@@ -259,6 +337,7 @@ class MLP(nn.Module):
 
 class GatedMLP(nn.Module):
     """down(act(gate(x)) * up(x)): SwiGLU with SiLU as the gate's activation, GEGLU with GELU."""
+    gated = True
 
     def __init__(self, config):
         super().__init__()
@@ -266,7 +345,7 @@ class GatedMLP(nn.Module):
         self.c_fc = nn.Linear(config.n_embd, 2 * config.hidden_size, bias=config.bias)
         self.c_proj = nn.Linear(config.hidden_size, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
-        self.silu = config.mlp == 'swiglu'
+        self.silu = config.mlp != 'geglu'
 
     def forward(self, x):
         gate, up = self.c_fc(x).chunk(2, dim=-1)
@@ -274,10 +353,7 @@ class GatedMLP(nn.Module):
         return self.dropout(self.c_proj(gate * up))
 
 
-def make_mlp(config):
-    if config.mlp in ('swiglu', 'geglu'):
-        return GatedMLP(config)
-    return MLP(config)
+MLPS = {'gelu': MLP, 'relu': MLP, 'swiglu': GatedMLP, 'geglu': GatedMLP}
 
 
 # ----------------------------------------------------------------------------- block and model
@@ -288,15 +364,15 @@ class Block(nn.Module):
         super().__init__()
         self.prenorm = config.prenorm
         self.ln_1 = make_norm(config)
-        self.attn = CausalSelfAttention(config)
+        self.attn = ATTENTIONS[config.attn](config)
         self.ln_2 = make_norm(config)
-        self.mlp = make_mlp(config)
+        self.mlp = MLPS[config.mlp](config)
 
-    def forward(self, x, rope=None, cache=None, layer=0):
+    def forward(self, x, rope=None, mask=None, cache=None, layer=0):
         if self.prenorm:  # the residual path stays an identity from the top to the bottom
-            x = x + self.attn(self.ln_1(x), rope, cache, layer)
+            x = x + self.attn(self.ln_1(x), rope, mask, cache, layer)
             return x + self.mlp(self.ln_2(x))
-        x = self.ln_1(x + self.attn(x, rope, cache, layer))
+        x = self.ln_1(x + self.attn(x, rope, mask, cache, layer))
         return self.ln_2(x + self.mlp(x))
 
 
@@ -307,16 +383,12 @@ class GPT(nn.Module):
         self.config = config
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=POSITIONS[config.pos](config),  # GPT-2's learned table keeps its name; rotary tables hold no weights
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
             # post-norm blocks already end in a norm, so only pre-norm needs a final one
             ln_f=make_norm(config) if config.prenorm else nn.Identity(),
         ))
-        if config.pos == 'learned':
-            self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
-            self.rotary = None
-        else:
-            self.rotary = Rotary(config.head_size, config.rope_theta, config.block_size)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.transformer.wte.weight = self.lm_head.weight
@@ -338,7 +410,7 @@ class GPT(nn.Module):
     def get_num_params(self, non_embedding=False):
         """Parameters (tied ones once). non_embedding=True leaves out the position table, as nanoGPT reports."""
         n = sum(p.numel() for p in self.parameters())
-        if non_embedding and self.config.pos == 'learned':
+        if non_embedding and isinstance(self.transformer.wpe, LearnedPositions):
             n -= self.transformer.wpe.weight.numel()
         return n
 
@@ -352,24 +424,15 @@ class GPT(nn.Module):
 
     def hidden_states(self, idx, cache=None):
         """The final normalized hidden states (B, T, n_embd); with a cache, idx continues what it holds."""
-        B, T = idx.size()
+        T = idx.size(1)
         start = cache.pos if cache is not None else 0
-        if self.config.pos == 'learned' and start + T > self.config.block_size:
-            raise ValueError(f"sequence of length {start + T} is longer than block_size "
-                             f"{self.config.block_size} (learned positions cannot go further)")
-        if cache is not None and start + T > cache.length:
-            raise ValueError(f"KV cache of length {cache.length} cannot hold {start + T} positions")
-        x = self.transformer.wte(idx)
-        rope = None
-        if self.rotary is not None:
-            rope = self.rotary(start, T)
-        else:
-            x = x + self.transformer.wpe(torch.arange(start, start + T, device=idx.device))
+        x, rope = self.transformer.wpe(self.transformer.wte(idx), start)
+        mask = cache.mask(T, idx.device) if cache is not None else None
         x = self.transformer.drop(x)
         for i, block in enumerate(self.transformer.h):
-            x = block(x, rope, cache, i)
+            x = block(x, rope, mask, cache, i)
         if cache is not None:
-            cache.pos += T
+            cache.advance(T)
         return self.transformer.ln_f(x)
 
     def crop_block_size(self, block_size):
@@ -377,19 +440,24 @@ class GPT(nn.Module):
         if block_size > self.config.block_size:
             raise ValueError(f"block_size can only shrink: {block_size} > {self.config.block_size}")
         self.config.block_size = block_size
-        if self.config.pos == 'learned':
-            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+        wpe = self.transformer.wpe
+        if isinstance(wpe, LearnedPositions):
+            wpe.weight = nn.Parameter(wpe.weight[:block_size])
+            wpe.num_embeddings = block_size
 
     # ------------------------------------------------------------------------- accounting
 
     def flops_per_token(self, seq_len=None):
-        """Training FLOPs per token (forward + backward): 6 per weight of every matmul, plus attention's scores."""
-        cfg = self.config
-        T = cfg.block_size if seq_len is None else seq_len
-        matmul_weights = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
-        # q.k and att.v: 2 * 2 * T * head_size per query head per layer, forward; x3 with backward
-        attention = 12 * cfg.n_layer * cfg.n_head * cfg.head_size * T
-        return 6 * matmul_weights + attention
+        """Training FLOPs per token (forward + backward): 6 per weight a token multiplies, plus attention's
+        scores and weighted values, which grow with the context."""
+        T = self.config.block_size if seq_len is None else seq_len
+        flops = 0
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                flops += 6 * module.weight.numel()
+            elif hasattr(module, 'token_flops'):
+                flops += module.token_flops(T)
+        return flops
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops):
         """Model FLOPs utilisation: achieved FLOP/s over the device's peak (pass it in: it depends on the device)."""
@@ -398,9 +466,7 @@ class GPT(nn.Module):
 
     def kv_cache_bytes(self, batch_size, seq_len, dtype=torch.float32):
         """Bytes of the KV cache generate allocates for batch_size sequences of seq_len tokens."""
-        cfg = self.config
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        return cfg.n_layer * 2 * batch_size * cfg.kv_heads * self._cache_length(seq_len) * cfg.head_size * itemsize
+        return KVCache.bytes_for(self, batch_size, self._cache_length(seq_len), dtype)
 
     def _cache_length(self, seq_len):
         return min(seq_len, self.config.block_size)
@@ -433,7 +499,7 @@ class GPT(nn.Module):
         window = idx if idx.size(1) <= block_size else idx[:, -keep:]
         cache = None
         if use_cache:
-            cache = KVCache(self.config, idx.size(0), self._cache_length(idx.size(1) + max_new_tokens),
+            cache = KVCache(self, idx.size(0), self._cache_length(idx.size(1) + max_new_tokens),
                             self._cache_dtype(), idx.device)
         for step in range(max_new_tokens):
             if cache is None:
@@ -449,7 +515,7 @@ class GPT(nn.Module):
             if window.size(1) > block_size:
                 window = window[:, -keep:]
                 if cache is not None:
-                    cache.pos = 0
+                    cache.reset()
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True,
@@ -468,34 +534,24 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_path, override_args=None):
-        """Load a GPT-2 checkpoint (gpt2 ... gpt2-xl, or a local directory) into the vanilla config, or a
-        Llama-architecture one into the matching modern config (rms, swiglu, rope, n_kv_head, no bias)."""
+        """Load a Hugging Face checkpoint (a hub name such as gpt2 ... gpt2-xl, or a local directory) of one
+        of the families in HF_FAMILIES into the config that computes the same logits."""
         from transformers import AutoConfig, AutoModelForCausalLM
         override_args = dict(override_args or {})
         unknown = set(override_args) - {'dropout'}
         if unknown:
             raise ValueError(f"override_args may only set 'dropout', got {sorted(unknown)}")
         hf_config = AutoConfig.from_pretrained(name_or_path)
-        if hf_config.model_type == 'gpt2':
-            config_args = _gpt2_config_args(hf_config)
-        elif hf_config.model_type == 'llama':
-            config_args = _llama_config_args(hf_config)
-        else:
+        family = HF_FAMILIES.get(hf_config.model_type)
+        if family is None:
             raise ValueError(f"{name_or_path}: model_type {hf_config.model_type!r} is not supported "
-                             f"(GPT-2 'gpt2' or Llama 'llama')")
-        config_args.update(override_args)
-        model = cls(GPTConfig(**config_args))
-        hf = AutoModelForCausalLM.from_pretrained(name_or_path)
-        hf_state = hf.state_dict()
-        if hf_config.model_type == 'gpt2':
-            state = _from_hf_gpt2(hf_state, model.config)
-        else:
-            state = _from_hf_llama(hf_state, model.config)
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        if config_args.get('tie_embeddings'):
-            missing = [k for k in missing if k != 'lm_head.weight']
-        if missing or unexpected:
-            raise ValueError(f"{name_or_path}: weights do not match: missing {missing}, unexpected {unexpected}")
+                             f"({', '.join(map(repr, HF_FAMILIES))})")
+        model = cls(GPTConfig(**{**family.read_config(hf_config), **override_args}))
+        hf_state = AutoModelForCausalLM.from_pretrained(name_or_path).state_dict()
+        state, unused = hf_to_ours(hf_state, model, family)
+        if unused:
+            raise ValueError(f"{name_or_path}: weights this model has no place for: {sorted(unused)[:5]}")
+        model.load_state_dict(state)
         return model
 
 
@@ -518,15 +574,56 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
     return torch.multinomial(probs, num_samples=1)
 
 
-# ----------------------------------------------------------------------------- HF weight mapping
+# ----------------------------------------------------------------------------- Hugging Face families
+#
+# One entry per transformers architecture: the flag values it can carry (every other flag must keep its
+# default), its config read into our flags and written back, and one name table used both ways.
+# A table row is (our name, HF name or names, how): several HF names are concatenated along dim 0 in our
+# tensor (q, k, v into c_attn; gate, up into c_fc); how='T' transposes matrices (GPT-2's Conv1D). {i} is the layer,
+# {b} 'weight' or 'bias'; rows whose tensor a model does not have are skipped.
 
-def _gpt2_config_args(c):
+ANY = None  # in a family's `carries`: any value of that flag
+
+
+@dataclass
+class HFFamily:
+    model_type: str
+    hf_class: str  # the transformers class export builds
+    carries: dict  # flag -> tuple of values it can represent, or ANY
+    names: list  # the name table
+    read_config: callable  # HF config -> our flags
+    write_config: callable  # GPTConfig -> HF config kwargs
+
+    def blocking(self, config):
+        """The flags (name=value) of config this family cannot represent."""
+        defaults = GPTConfig.__dataclass_fields__
+        out = []
+        for f in fields(config):
+            value = getattr(config, f.name)
+            allowed = self.carries.get(f.name, (defaults[f.name].default,))
+            if allowed is not ANY and value not in allowed:
+                out.append(f"{f.name}={value!r}")
+        return out
+
+
+def _gpt2_read(c):
     if c.activation_function not in ('gelu_new', 'gelu_pytorch_tanh'):
         raise ValueError(f"GPT-2 checkpoint uses activation {c.activation_function!r}; only the tanh GELU "
                          f"('gelu_new') is supported")
     return dict(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, block_size=c.n_positions,
                 vocab_size=c.vocab_size, bias=True, norm_eps=c.layer_norm_epsilon,
-                ffn_hidden=None if getattr(c, 'n_inner', None) in (None, 4 * c.n_embd) else c.n_inner, tie_embeddings=bool(getattr(c, 'tie_word_embeddings', True)))
+                ffn_hidden=None if getattr(c, 'n_inner', None) in (None, 4 * c.n_embd) else c.n_inner,
+                tie_embeddings=bool(getattr(c, 'tie_word_embeddings', True)))
+
+
+def _gpt2_write(cfg):
+    eot = 50256  # GPT-2's <|endoftext|>, only where the vocabulary has it (not a character one)
+    special = eot if cfg.vocab_size > eot else None
+    return dict(vocab_size=cfg.vocab_size, n_positions=cfg.block_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
+                n_head=cfg.n_head, n_inner=cfg.hidden_size, activation_function='gelu_new',
+                layer_norm_epsilon=cfg.norm_eps, resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout,
+                attn_pdrop=cfg.dropout, tie_word_embeddings=cfg.tie_embeddings, bos_token_id=special,
+                eos_token_id=special)
 
 
 def rope_theta_of(hf_config):
@@ -540,7 +637,7 @@ def rope_theta_of(hf_config):
     return float(params.get('rope_theta', getattr(hf_config, 'rope_theta', 10000.0)))
 
 
-def _llama_config_args(c):
+def _llama_read(c):
     head_dim = getattr(c, 'head_dim', None) or c.hidden_size // c.num_attention_heads
     if head_dim * c.num_attention_heads != c.hidden_size:
         raise ValueError(f"Llama checkpoint with head_dim {head_dim} * heads != hidden_size is not supported")
@@ -556,29 +653,78 @@ def _llama_config_args(c):
                 tie_embeddings=bool(c.tie_word_embeddings))
 
 
-def _from_hf_gpt2(hf, config):
-    # GPT-2 stores its linear layers as Conv1D, i.e. transposed
-    transposed = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
-    state = {}
-    for k, v in hf.items():
-        if k.endswith('.attn.bias') or k.endswith('.attn.masked_bias'):
-            continue  # causal-mask buffers of older checkpoints
-        state[k] = v.t() if k.endswith(transposed) else v
-    return state
+def _llama_write(cfg):
+    return dict(vocab_size=cfg.vocab_size, hidden_size=cfg.n_embd, intermediate_size=cfg.hidden_size,
+                num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head, num_key_value_heads=cfg.kv_heads,
+                max_position_embeddings=cfg.block_size, rms_norm_eps=cfg.norm_eps, attention_bias=cfg.bias,
+                mlp_bias=cfg.bias, hidden_act='silu', attention_dropout=cfg.dropout,
+                tie_word_embeddings=cfg.tie_embeddings, rope_theta=cfg.rope_theta,
+                rope_parameters={'rope_type': 'default', 'rope_theta': cfg.rope_theta})
 
 
-def _from_hf_llama(hf, config):
-    state = {'transformer.wte.weight': hf['model.embed_tokens.weight'],
-             'transformer.ln_f.weight': hf['model.norm.weight']}
-    if 'lm_head.weight' in hf and not config.tie_embeddings:
-        state['lm_head.weight'] = hf['lm_head.weight']
-    for i in range(config.n_layer):
-        p, o = f'model.layers.{i}.', f'transformer.h.{i}.'
-        state[o + 'ln_1.weight'] = hf[p + 'input_layernorm.weight']
-        state[o + 'ln_2.weight'] = hf[p + 'post_attention_layernorm.weight']
-        for suffix in ('weight', 'bias') if config.bias else ('weight',):
-            state[o + f'attn.c_attn.{suffix}'] = torch.cat([hf[p + f'self_attn.{n}_proj.{suffix}'] for n in 'qkv'])
-            state[o + f'attn.c_proj.{suffix}'] = hf[p + f'self_attn.o_proj.{suffix}']
-            state[o + f'mlp.c_fc.{suffix}'] = torch.cat([hf[p + f'mlp.{n}_proj.{suffix}'] for n in ('gate', 'up')])
-            state[o + f'mlp.c_proj.{suffix}'] = hf[p + f'mlp.down_proj.{suffix}']
-    return state
+_SIZES = {k: ANY for k in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'dropout', 'norm_eps',
+                           'ffn_hidden', 'multiple_of', 'tie_embeddings', 'bias')}
+_GPT2_NAMES = [(n, n, None) for n in ('transformer.wte.weight', 'transformer.wpe.weight', 'transformer.ln_f.{b}',
+                                      'transformer.h.{i}.ln_1.{b}', 'transformer.h.{i}.ln_2.{b}', 'lm_head.weight')] + [
+    (n, n, 'T') for n in ('transformer.h.{i}.attn.c_attn.{b}', 'transformer.h.{i}.attn.c_proj.{b}',
+                          'transformer.h.{i}.mlp.c_fc.{b}', 'transformer.h.{i}.mlp.c_proj.{b}')]
+_LLAMA_NAMES = [
+    ('transformer.wte.weight', 'model.embed_tokens.weight', None),
+    ('transformer.ln_f.weight', 'model.norm.weight', None),
+    ('lm_head.weight', 'lm_head.weight', None),
+    ('transformer.h.{i}.ln_1.weight', 'model.layers.{i}.input_layernorm.weight', None),
+    ('transformer.h.{i}.ln_2.weight', 'model.layers.{i}.post_attention_layernorm.weight', None),
+    ('transformer.h.{i}.attn.c_attn.{b}', tuple(f'model.layers.{{i}}.self_attn.{n}_proj.{{b}}' for n in 'qkv'), None),
+    ('transformer.h.{i}.attn.c_proj.{b}', 'model.layers.{i}.self_attn.o_proj.{b}', None),
+    ('transformer.h.{i}.mlp.c_fc.{b}', ('model.layers.{i}.mlp.gate_proj.{b}', 'model.layers.{i}.mlp.up_proj.{b}'), None),
+    ('transformer.h.{i}.mlp.c_proj.{b}', 'model.layers.{i}.mlp.down_proj.{b}', None),
+]
+
+HF_FAMILIES = {  # in the order export tries them: the first that carries every flag is used
+    'gpt2': HFFamily('gpt2', 'GPT2LMHeadModel', {**_SIZES}, _GPT2_NAMES, _gpt2_read, _gpt2_write),
+    'llama': HFFamily('llama', 'LlamaForCausalLM',
+                      {**_SIZES, 'norm': ('rms',), 'mlp': ('swiglu',), 'pos': ('rope',), 'n_kv_head': ANY,
+                       'rope_theta': ANY}, _LLAMA_NAMES, _llama_read, _llama_write),
+}
+
+
+def _rows(family, config):
+    """(our name, HF names, how) for every concrete tensor name of this config's depth."""
+    for ours, hf, how in family.names:
+        hf = hf if isinstance(hf, tuple) else (hf,)
+        for i in range(config.n_layer) if '{i}' in ours else [None]:
+            for b in ('weight', 'bias') if '{b}' in ours else [None]:
+                yield ours.format(i=i, b=b), tuple(h.format(i=i, b=b) for h in hf), how
+
+
+def hf_to_ours(hf_state, model, family):
+    """Our state dict from a transformers one; and the HF tensors nothing used (a feature we lack)."""
+    ours = model.state_dict()
+    state, used = {}, set()
+    for name, hf_names, how in _rows(family, model.config):
+        if name not in ours or not all(h in hf_state for h in hf_names):
+            continue
+        tensor = torch.cat([hf_state[h] for h in hf_names]) if len(hf_names) > 1 else hf_state[hf_names[0]]
+        state[name] = tensor.t() if how == 'T' and tensor.dim() == 2 else tensor
+        used.update(hf_names)
+    if model.config.tie_embeddings:
+        state['lm_head.weight'] = state['transformer.wte.weight']
+        used.add('lm_head.weight')
+    # causal-mask buffers of older GPT-2 checkpoints and rotary tables are not weights
+    unused = {k for k in hf_state if k not in used and not k.endswith(('.attn.bias', '.attn.masked_bias', 'inv_freq'))}
+    return state, unused
+
+
+def ours_to_hf(model, hf_state, family):
+    """A transformers state dict from ours, shaped like hf_state (the target model's own)."""
+    out = {}
+    for name, hf_names, how in _rows(family, model.config):
+        if name not in model.state_dict():
+            continue
+        tensor = model.state_dict()[name].detach().clone()
+        tensor = tensor.t().contiguous() if how == 'T' and tensor.dim() == 2 else tensor
+        parts = tensor.split([hf_state[h].size(0) for h in hf_names]) if len(hf_names) > 1 else (tensor,)
+        out.update(zip(hf_names, parts))
+    # a family whose layers always have biases (GPT-2) gets zeros where our bias=False model has none
+    out.update({k: torch.zeros_like(v) for k, v in hf_state.items() if k not in out and k.endswith('.bias')})
+    return out

@@ -13,10 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
-from common import (DTYPES, autocast, die, load_checkpoint, load_pretrained, load_tokenizer, model_from_checkpoint,
-                    pick_device, pick_dtype)
 from configurator import configure, settings_of
 
 # ----------------------------------------------------------------------------- settings
@@ -34,6 +30,12 @@ dtype = 'auto'  # 'auto' (bf16, else fp16 on CUDA; fp32 elsewhere), 'float32', '
 compile = False
 use_cache = True  # False: recompute the whole context every step (the reference path)
 globals().update(configure(settings_of(globals()), sys.argv[1:], prog='sample.py', doc=__doc__))
+
+# the heavy imports only now: --help and a mistyped setting answer before torch loads
+import torch  # noqa: E402
+
+from common import (DTYPES, autocast, die, load_checkpoint, load_pretrained, load_tokenizer,  # noqa: E402
+                    model_from_checkpoint, pick_device, pick_dtype)
 SEPARATOR = '---------------'
 # -----------------------------------------------------------------------------
 

@@ -13,17 +13,9 @@ import os
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import fields
+from dataclasses import asdict, fields
 
-import numpy as np
-import torch
-from torch.distributed import destroy_process_group, init_process_group
-from torch.nn.parallel import DistributedDataParallel as DDP
-
-from common import (autocast, die, load_checkpoint, load_pretrained, model_from_checkpoint, new_checkpoint,
-                    peak_flops as measure_peak_flops, pick_device, pick_dtype, save_checkpoint)
-from configurator import configure, settings_of
-from model import GPT, GPTConfig
+from configurator import configure, model_flags, settings_of
 
 # ----------------------------------------------------------------------------- settings
 # I/O
@@ -43,22 +35,11 @@ dataset = 'openwebtext'
 gradient_accumulation_steps = 5 * 8  # global: divided by the number of DDP processes
 batch_size = 12  # per process, per micro step
 block_size = 1024
-# model: the swaps (see model.py)
-n_layer = 12
-n_head = 12
-n_embd = 768
-dropout = 0.0
-bias = False
-norm = 'layernorm'
-norm_eps = 1e-5
-mlp = 'gelu'
-ffn_hidden = None
-multiple_of = 64
-n_kv_head = None
-pos = 'learned'
-rope_theta = 10000.0
-prenorm = True
-tie_embeddings = True
+# model: every field of GPTConfig (model.py) is a setting, with its default there (GPT-2's block); the
+# recipes set the swaps (norm, mlp, n_kv_head, pos) and the sizes (n_layer, n_head, n_embd)
+globals().update(model_flags())
+bias = False  # nanoGPT trains without biases
+vocab_size = None  # None: the dataset's (meta.json), else GPT-2's 50304
 # AdamW
 learning_rate = 6e-4
 max_iters = 600000
@@ -80,7 +61,20 @@ peak_flops = 0.0  # for MFU; 0: a known GPU's peak, else a matmul measured at st
 seed = 1337
 settings = configure(settings_of(globals()), sys.argv[1:], prog='train.py', doc=__doc__)
 globals().update(settings)
-MODEL_FLAGS = tuple(f.name for f in fields(GPTConfig) if f.name != 'vocab_size')  # the dataset sets vocab_size
+
+# the heavy imports only now: --help and a mistyped setting answer before torch loads
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch.distributed import destroy_process_group, init_process_group  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+from common import (autocast, die, load_checkpoint, load_pretrained, model_from_checkpoint,  # noqa: E402
+                    new_checkpoint, peak_flops as measure_peak_flops, pick_device, pick_dtype, save_checkpoint)
+from model import GPT, GPTConfig  # noqa: E402
+
+MODEL_FLAGS = tuple(f.name for f in fields(GPTConfig))
+GPT_DEFAULTS = asdict(GPTConfig())
+SIZES = ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size')  # always shown; other flags when not default
 EVAL_SEED = 20240101  # one fixed set of eval batches for every run, variant and seed
 # -----------------------------------------------------------------------------
 
@@ -158,7 +152,7 @@ iter_num, best_val_loss, checkpoint, elapsed_before = 0, float('inf'), None, 0.0
 model_args = {k: settings[k] for k in MODEL_FLAGS}
 ckpt_path = os.path.join(out_dir, 'ckpt.pt')
 if init_from == 'scratch':
-    model_args['vocab_size'] = meta_vocab_size or 50304
+    model_args['vocab_size'] = vocab_size or meta_vocab_size or 50304
     try:
         model = GPT(GPTConfig(**model_args))
     except ValueError as e:
@@ -168,7 +162,8 @@ elif init_from == 'resume':
     # the architecture is the checkpoint's; dropout is a training choice, so this run's
     checkpoint['model_args']['dropout'] = dropout
     model = model_from_checkpoint(checkpoint, ckpt_path)
-    changed = [k for k in MODEL_FLAGS if checkpoint['model_args'].get(k) != model_args[k]]
+    changed = [k for k in MODEL_FLAGS if checkpoint['model_args'].get(k) != model_args[k]
+               and not (k == 'vocab_size' and vocab_size is None)]
     if changed and master:
         print(f"resuming with the checkpoint's model flags, not this run's: {', '.join(changed)}")
     iter_num, best_val_loss = checkpoint['iter_num'], checkpoint['best_val_loss']
@@ -257,8 +252,8 @@ if master:
     os.makedirs(out_dir, exist_ok=True)
     print(f"device {device}, dtype {dtype}, compile {compile}, {world_size} process(es), "
           f"{tokens_per_iter:,} tokens per iteration")
-    print(f"model: {raw_model.get_num_params() / 1e6:.2f}M parameters; "
-          + ' '.join(f"{k}={getattr(raw_model.config, k)}" for k in MODEL_FLAGS))
+    print(f"model: {raw_model.get_num_params() / 1e6:.2f}M parameters; " + ' '.join(
+        f"{k}={v}" for k, v in asdict(raw_model.config).items() if k in SIZES or v != GPT_DEFAULTS.get(k)))
     if peak_flops <= 0:
         peak_flops, how = measure_peak_flops(device, dtype)
         print(f"peak {peak_flops / 1e12:.3g} TFLOP/s for MFU ({how})")

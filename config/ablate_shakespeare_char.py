@@ -15,4 +15,3 @@ out_dir = 'out-ablate-shakespeare-char'
 train_config = 'config/shakespeare_vanilla_cpu.py'
 grid = 'default'
 seeds = 1
-gqa_kv_heads = 2  # n_head/2 of the CPU recipe's 4 heads

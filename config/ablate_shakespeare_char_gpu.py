@@ -9,4 +9,3 @@ out_dir = 'out-ablate-shakespeare-char-gpu'
 train_config = 'config/shakespeare_vanilla.py'
 grid = 'default,leave_one_out'
 seeds = 3
-gqa_kv_heads = 3  # n_head/2 of the GPU recipe's 6 heads

@@ -5,5 +5,5 @@ wandb_run_name = 'modern'
 
 norm = 'rms'
 mlp = 'swiglu'
-n_kv_head = 2  # 6 query heads share 2 K/V heads: a 3x smaller KV cache
+n_kv_head = 3  # 6 query heads share 3 K/V heads: half the KV cache
 pos = 'rope'

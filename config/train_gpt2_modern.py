@@ -6,5 +6,5 @@ out_dir = 'out-gpt2-modern'
 
 norm = 'rms'
 mlp = 'swiglu'  # 8/3 * 768 = 2048 hidden: the same parameter count as the 4x GELU MLP
-n_kv_head = 3  # 12 query heads share 3 K/V heads: a 4x smaller KV cache
+n_kv_head = 6  # 12 query heads share 6 K/V heads: half the KV cache
 pos = 'rope'

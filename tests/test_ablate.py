@@ -136,7 +136,9 @@ def test_grid_runs_each_flag_set_once(monkeypatch, capsys):
                                       '--n_kv_heads=1,2', "--custom={'x y': {}}"])
     monkeypatch.syspath_prepend(str(REPO))
     sys.modules.pop('ablate', None)
-    variants = importlib.import_module('ablate').build_grid()
+    ablate_module = importlib.import_module('ablate')
+    base = ablate_module.base_recipe(str(REPO))  # the CPU recipe: 4 heads
+    variants = ablate_module.build_grid(base)
     sys.modules.pop('ablate', None)
     assert list(variants)[:6] == ['vanilla', 'vanilla+rms', 'vanilla+swiglu', 'vanilla+gqa', 'vanilla+rope', 'modern']
     assert variants['modern'] == {'norm': 'rms', 'mlp': 'swiglu', 'n_kv_head': 2, 'pos': 'rope'}

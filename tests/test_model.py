@@ -3,6 +3,7 @@ KV-cache generation, config validation and Hugging Face interop (tiny random mod
 import itertools
 import math
 import os
+import random
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
@@ -68,13 +69,53 @@ def reference_greedy(model, idx, max_new_tokens):
 
 # ----------------------------------------------------------------------------- 1 + 9: every flag combination
 
-COMBOS = list(itertools.product(('layernorm', 'rms'), ('gelu', 'relu', 'swiglu', 'geglu'), (None, 2, 1),
-                                ('learned', 'rope'), (True, False)))
+# One dimension per kind of part (read from model.py's dicts, so a new kind is tested without editing this
+# file) and per switch; each entry is a set of flags.
+DIMENSIONS = [
+    [{'norm': n} for n in M.NORMS],
+    [{'mlp': m} for m in M.MLPS],
+    [{'attn': a} for a in M.ATTENTIONS if a != 'mha'] + [{'attn': 'mha', 'n_kv_head': k} for k in (None, 2, 1)],
+    [{'pos': p} for p in M.POSITIONS],
+    [{'prenorm': True}, {'prenorm': False}],
+]
 
 
-def combo_id(combo):
-    norm, mlp, n_kv, pos, prenorm = combo
-    return f"{norm}-{mlp}-kv{n_kv}-{pos}-{'pre' if prenorm else 'post'}"
+def valid(flags):
+    try:
+        tiny_config(**flags)
+        return True
+    except ValueError:  # a combination that cannot apply (e.g. rope scaling with learned positions)
+        return False
+
+
+def all_pairs(dimensions, draws=4000, seed=0):
+    """Flag sets in which every value of each dimension meets every value of every other dimension (where a
+    valid model has both): all-pairs coverage, far fewer models than the full product."""
+    rng = random.Random(seed)
+    combos, covered = [], set()
+    for _ in range(draws):
+        picks = [rng.randrange(len(d)) for d in dimensions]
+        flags = {k: v for d, i in zip(dimensions, picks) for k, v in d[i].items()}
+        pairs = set(itertools.combinations(enumerate(picks), 2))
+        if pairs - covered and valid(flags):
+            combos.append(flags)
+            covered |= pairs
+    return combos
+
+
+COMBOS = all_pairs(DIMENSIONS)
+
+
+def combo_id(flags):
+    return '-'.join(f"{v}" if k in ('norm', 'mlp', 'attn', 'pos') else f"{k}={v}" for k, v in flags.items())
+
+
+def test_all_pairs_covers_every_kind_and_the_full_product_is_larger():
+    seen = {(k, v) for flags in COMBOS for k, v in flags.items()}
+    for dimension in DIMENSIONS:
+        for flags in dimension:
+            assert set(flags.items()) <= seen, flags
+    assert len(COMBOS) < math.prod(len(d) for d in DIMENSIONS)
 
 
 def check_backward(model):
@@ -115,7 +156,7 @@ def check_cache_logits(model):
     torch.manual_seed(3)
     B = 2
     seq = torch.randint(0, VOCAB, (B, BLOCK))
-    cache = M.KVCache(cfg, B, BLOCK, torch.float32, torch.device('cpu'))
+    cache = M.KVCache(model, B, BLOCK, torch.float32, torch.device('cpu'))
     logits, _ = model(seq[:, :5], cache=cache)
     assert cache.pos == 5
     assert_close(logits, model(seq[:, :5])[0], atol=1e-5)
@@ -157,16 +198,16 @@ def check_generate_cache(model):
         assert_close(logits_cache, logits_plain, atol=1e-5)
 
 
-@pytest.mark.parametrize('norm,mlp,n_kv_head,pos,prenorm', COMBOS, ids=[combo_id(c) for c in COMBOS])
-def test_flag_combination(norm, mlp, n_kv_head, pos, prenorm):
-    model = build(norm=norm, mlp=mlp, n_kv_head=n_kv_head, pos=pos, prenorm=prenorm)
+@pytest.mark.parametrize('flags', COMBOS, ids=[combo_id(c) for c in COMBOS])
+def test_flag_combination(flags):
+    model = build(**flags)
+    cfg = model.config
     # the flags really select the parts
-    block = model.transformer.h[0]
-    assert isinstance(block.ln_1, M.RMSNorm if norm == 'rms' else M.LayerNorm)
-    assert isinstance(block.mlp, M.GatedMLP if mlp in ('swiglu', 'geglu') else M.MLP)
-    assert block.attn.c_attn.out_features == (N_HEAD + 2 * (n_kv_head or N_HEAD)) * (N_EMBD // N_HEAD)
-    assert (model.rotary is not None) == (pos == 'rope')
-    assert hasattr(model.transformer, 'wpe') == (pos == 'learned')
+    block = model.transformer.h[-1]
+    assert type(block.ln_1) is M.NORMS[cfg.norm] and type(model.transformer.wpe) is M.POSITIONS[cfg.pos]
+    assert type(block.mlp) is M.MLPS[cfg.mlp] and type(block.attn) is M.ATTENTIONS[cfg.attn]
+    if cfg.attn == 'mha':
+        assert block.attn.c_attn.out_features == (N_HEAD + 2 * cfg.kv_heads) * (N_EMBD // N_HEAD)
     check_backward(model)
     check_causal(model)
     check_cache_logits(model)
@@ -198,7 +239,7 @@ def test_block_norm_placement(prenorm, norm):
 def test_mlp_formulas(mlp):
     cfg = tiny_config(mlp=mlp, ffn_hidden=24, bias=True)
     torch.manual_seed(32)
-    module = M.make_mlp(cfg).eval()
+    module = M.MLPS[mlp](cfg).eval()
     with torch.no_grad():
         for p in module.parameters():
             p.copy_(torch.randn_like(p) * 0.3)
@@ -271,7 +312,7 @@ def test_loss_ignores_targets_of_minus_one():
 @pytest.mark.parametrize('eps', [1e-5, 0.5])
 def test_rmsnorm_matches_formula(eps):
     torch.manual_seed(7)
-    norm = M.RMSNorm(N_EMBD, eps)
+    norm = M.RMSNorm(N_EMBD, tiny_config(norm_eps=eps))
     with torch.no_grad():
         norm.weight.copy_(torch.randn(N_EMBD) * 0.5 + 1.0)
     x = torch.randn(3, 5, N_EMBD) * 0.3  # small enough that eps matters when it is 0.5
@@ -359,9 +400,9 @@ def test_attention_matches_explicit_reference(n_kv, rope, sdpa_gqa, monkeypatch)
         for p in attn.parameters():
             p.copy_(torch.randn_like(p) * 0.3)
     x = torch.randn(2, 12, N_EMBD)
-    rope_tables = M.Rotary(cfg.head_size, theta, 12)(0, 12) if rope else None
+    tables = rope_tables(M.Rotary(cfg), 0, 12) if rope else None
     with torch.no_grad():
-        got = attn(x, rope_tables)
+        got = attn(x, tables)
         expected = attention_reference(attn, x, N_HEAD, n_kv, theta if rope else None)
     assert_close(got, expected, atol=1e-5)
 
@@ -385,14 +426,23 @@ def test_gqa_fallback_path_matches_sdpa_gqa_in_model_and_cache(n_kv, monkeypatch
 
 # ----------------------------------------------------------------------------- 5: RoPE
 
+def rope_tables(rotary, start, length):
+    """The (cos, sin) tables a Rotary gives for positions start..start+length."""
+    return rotary(torch.zeros(1, length, 1), start)[1]
+
+
+def make_rotary(head_size, theta, length):
+    return M.Rotary(GPTConfig(n_embd=head_size, n_head=1, pos='rope', rope_theta=theta, block_size=length))
+
+
 def rotate(rotary, vec, pos):
-    cos, sin = rotary(0, pos + 1)
+    cos, sin = rope_tables(rotary, 0, pos + 1)
     return M.apply_rope(vec.view(1, 1, 1, -1), cos[pos:pos + 1], sin[pos:pos + 1]).view(-1)
 
 
 def test_rope_dot_product_depends_only_on_relative_position():
     hs = 16
-    rotary = M.Rotary(hs, 10000.0, 64)
+    rotary = make_rotary(hs, 10000.0, 64)
     torch.manual_seed(12)
     for _ in range(5):
         q, k = torch.randn(hs), torch.randn(hs)
@@ -409,8 +459,7 @@ def test_rope_dot_product_depends_only_on_relative_position():
 
 def test_apply_rope_matches_pairwise_rotation_and_preserves_norm():
     hs, T = 8, 20
-    rotary = M.Rotary(hs, 500.0, T)
-    cos, sin = rotary(0, T)
+    cos, sin = rope_tables(make_rotary(hs, 500.0, T), 0, T)
     assert cos.shape == sin.shape == (T, hs)
     assert cos.dtype == torch.float32
     torch.manual_seed(13)
@@ -423,17 +472,17 @@ def test_apply_rope_matches_pairwise_rotation_and_preserves_norm():
 
 def test_rotary_table_grows_to_match_a_longer_table():
     hs = 8
-    small = M.Rotary(hs, 10000.0, 16)
-    before_cos, before_sin = [t.clone() for t in small(0, 16)]
-    cos, sin = small(10, 30)  # needs positions up to 40 > 16
+    small = make_rotary(hs, 10000.0, 16)
+    before_cos, before_sin = [t.clone() for t in rope_tables(small, 0, 16)]
+    cos, sin = rope_tables(small, 10, 30)  # needs positions up to 40 > 16
     assert cos.shape == sin.shape == (30, hs)
-    big = M.Rotary(hs, 10000.0, 100)
-    big_cos, big_sin = big(10, 30)
+    big = make_rotary(hs, 10000.0, 100)
+    big_cos, big_sin = rope_tables(big, 10, 30)
     assert_close(cos, big_cos, atol=1e-6)
     assert_close(sin, big_sin, atol=1e-6)
-    assert_close(small(0, 16)[0], before_cos, atol=0.0)
-    assert_close(small(0, 16)[1], before_sin, atol=0.0)
-    assert_close(small(0, 100)[0], big(0, 100)[0], atol=1e-6)
+    assert_close(rope_tables(small, 0, 16)[0], before_cos, atol=0.0)
+    assert_close(rope_tables(small, 0, 16)[1], before_sin, atol=0.0)
+    assert_close(rope_tables(small, 0, 100)[0], rope_tables(big, 0, 100)[0], atol=1e-6)
 
 
 def test_rope_model_extrapolates_and_learned_model_refuses():
@@ -544,8 +593,8 @@ def test_gated_mlp_hidden_sizes_and_param_counts():
         return sum(p.numel() for p in module.parameters())
 
     with torch.device('meta'):
-        gelu = M.make_mlp(GPTConfig(n_embd=768, bias=False))
-        swiglu = M.make_mlp(GPTConfig(n_embd=768, mlp='swiglu', bias=False))
+        gelu = M.MLP(GPTConfig(n_embd=768, bias=False))
+        swiglu = M.GatedMLP(GPTConfig(n_embd=768, mlp='swiglu', bias=False))
     assert GPTConfig(n_embd=768, mlp='swiglu').hidden_size == 2048
     assert GPTConfig(n_embd=768).hidden_size == 3072
     assert count(gelu) == count(swiglu) == 2 * 768 * 3072
@@ -553,33 +602,53 @@ def test_gated_mlp_hidden_sizes_and_param_counts():
     assert GPTConfig(n_embd=128, n_head=4, mlp='geglu').hidden_size == 384
     assert GPTConfig(n_embd=128, n_head=4, mlp='relu').hidden_size == 512
     assert GPTConfig(n_embd=128, n_head=4, mlp='swiglu', ffn_hidden=100).hidden_size == 100
-    small = M.make_mlp(GPTConfig(n_embd=128, n_head=4, mlp='swiglu', bias=False))
+    small = M.GatedMLP(GPTConfig(n_embd=128, n_head=4, mlp='swiglu', bias=False))
     assert count(small) == 3 * 128 * 384
 
 
-def test_flops_per_token_accounting():
-    L, C, hs = 2, N_EMBD, N_EMBD // N_HEAD
-    mha = build(bias=False)
-    for n_kv in (2, 1):
-        gqa = build(bias=False, n_kv_head=n_kv)
-        removed = L * 2 * (N_HEAD - n_kv) * hs * C  # K and V weights of every layer
-        assert mha.flops_per_token() - gqa.flops_per_token() == 6 * removed
-    gelu = build(mlp='gelu')
-    swiglu = build(mlp='swiglu', ffn_hidden=4 * C)  # same hidden, one more matrix
-    assert swiglu.flops_per_token() - gelu.flops_per_token() == 6 * L * C * 4 * C
-    # the attention term grows with the context: 12 * n_layer * n_head * head_size per position
-    assert mha.flops_per_token(seq_len=10) - mha.flops_per_token(seq_len=4) == 12 * L * C * 6
-    assert mha.flops_per_token() == mha.flops_per_token(seq_len=BLOCK)
-    linear_weights = sum(m.weight.numel() for m in mha.modules() if isinstance(m, nn.Linear))
-    assert mha.flops_per_token(seq_len=0) == 6 * linear_weights
+def explicit_attend(q, k, v, mask, dropout_p=0.0, scale=None):
+    """attend() with plain matmuls, which torch's FLOP counter sees (it does not count SDPA on the CPU)."""
+    k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
+    v = v.repeat_interleave(q.size(1) // v.size(1), dim=1)
+    scores = q @ k.transpose(-2, -1) * (q.size(-1) ** -0.5 if scale is None else scale)
+    if mask is None:  # causal, the queries being the last positions
+        mask = torch.ones(q.size(2), k.size(2), dtype=torch.bool).tril(diagonal=k.size(2) - q.size(2))
+    return scores.masked_fill(~mask, float('-inf')).softmax(dim=-1) @ v
 
 
-def test_estimate_mfu():
-    model = build()
+def counted_training_flops(model, idx, monkeypatch):
+    """FLOPs torch counts for one forward and backward over idx."""
+    from torch.utils.flop_counter import FlopCounterMode
+    monkeypatch.setattr(M, 'attend', explicit_attend)
+    model.train()
+    with FlopCounterMode(display=False) as counter:
+        model(idx, idx)[1].backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize('flags', COMBOS, ids=[combo_id(c) for c in COMBOS])
+def test_flops_per_token_equals_the_counted_flops(flags, monkeypatch):
+    """6 per weight a token multiplies (fwd 2, bwd 4) plus attention's matmuls: what torch counts."""
+    model = build(**flags)
+    T = 12
+    idx = torch.randint(0, VOCAB, (2, T), generator=torch.Generator().manual_seed(40))
+    assert model.flops_per_token(seq_len=T) * 2 * T == counted_training_flops(model, idx, monkeypatch)
+
+
+def test_estimate_mfu_is_counted_flops_over_time_and_peak(monkeypatch):
+    model = build(norm='rms', mlp='swiglu', n_kv_head=2, pos='rope')
+    idx = torch.randint(0, VOCAB, (1, BLOCK), generator=torch.Generator().manual_seed(41))
+    per_sequence = counted_training_flops(model, idx, monkeypatch)
     fwdbwd, dt, peak = 5, 0.25, 1e12
-    expected = model.flops_per_token() * BLOCK * fwdbwd / dt / peak
-    assert model.estimate_mfu(fwdbwd, dt, peak) == pytest.approx(expected, rel=1e-12)
-    assert model.estimate_mfu(fwdbwd, 2 * dt, peak) == pytest.approx(expected / 2, rel=1e-12)
+    assert model.estimate_mfu(fwdbwd, dt, peak) == pytest.approx(per_sequence * fwdbwd / dt / peak, rel=1e-9)
+
+
+def test_gqa_saves_the_flops_of_the_removed_kv_heads(monkeypatch):
+    mha, gqa = build(bias=False), build(bias=False, n_kv_head=1)
+    hs = N_EMBD // N_HEAD
+    removed_weights = 2 * 2 * (N_HEAD - 1) * hs * N_EMBD  # 2 layers, K and V
+    assert mha.flops_per_token() - gqa.flops_per_token() == 6 * removed_weights
 
 
 # ----------------------------------------------------------------------------- 9: generation
@@ -673,6 +742,10 @@ def test_sample_next_filters():
 
 # ----------------------------------------------------------------------------- 10: KV-cache size
 
+def cache_nbytes(cache):
+    return sum(t.nbytes for layer in cache.layers for t in layer.values())
+
+
 class RecordingCache(M.KVCache):
     made = []
 
@@ -695,11 +768,11 @@ def test_kv_cache_bytes_matches_the_cache_generate_builds(n_kv, monkeypatch):
         cache = RecordingCache.made[0]
         total = 5 + new
         assert cache.length == min(total, BLOCK)
-        assert model.kv_cache_bytes(3, total) == cache.data.nbytes
+        assert model.kv_cache_bytes(3, total) == cache_nbytes(cache)
         kv = n_kv or N_HEAD
-        assert cache.data.nbytes == 2 * 2 * 3 * kv * min(total, BLOCK) * (N_EMBD // N_HEAD) * 4
-    direct = M.KVCache(model.config, 2, 9, torch.float32, torch.device('cpu'))
-    assert model.kv_cache_bytes(2, 9) == direct.data.nbytes
+        assert cache_nbytes(cache) == 2 * 2 * 3 * kv * min(total, BLOCK) * (N_EMBD // N_HEAD) * 4
+    direct = M.KVCache(model, 2, 9, torch.float32, torch.device('cpu'))
+    assert model.kv_cache_bytes(2, 9) == cache_nbytes(direct)
 
 
 def test_kv_cache_bytes_gqa_and_dtype_ratios():
@@ -710,13 +783,13 @@ def test_kv_cache_bytes_gqa_and_dtype_ratios():
         assert gqa.kv_cache_bytes(4, seq_len) * 4 == mha.kv_cache_bytes(4, seq_len)
         assert mha.kv_cache_bytes(4, seq_len, torch.bfloat16) * 2 == mha.kv_cache_bytes(4, seq_len, torch.float32)
     assert mha.kv_cache_bytes(4, 100) == mha.kv_cache_bytes(4, BLOCK)  # capped at block_size
-    bf16 = M.KVCache(mha.config, 4, 10, torch.bfloat16, torch.device('cpu'))
-    assert mha.kv_cache_bytes(4, 10, torch.bfloat16) == bf16.data.nbytes
+    bf16 = M.KVCache(mha, 4, 10, torch.bfloat16, torch.device('cpu'))
+    assert mha.kv_cache_bytes(4, 10, torch.bfloat16) == cache_nbytes(bf16)
 
 
 def test_forward_rejects_overfilling_a_cache():
     model = build(pos='rope')
-    cache = M.KVCache(model.config, 1, 6, torch.float32, torch.device('cpu'))
+    cache = M.KVCache(model, 1, 6, torch.float32, torch.device('cpu'))
     with torch.no_grad():
         model(torch.zeros(1, 5, dtype=torch.long), cache=cache)
         with pytest.raises(ValueError, match='cache'):
@@ -844,8 +917,8 @@ def test_from_pretrained_llama_parity(tie, bias, tmp_path):
 def test_rope_tables_stay_fp32_when_the_model_is_cast():
     model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=4, n_embd=32, pos='rope'))
     model = model.to(torch.bfloat16)
-    cos, sin = model.rotary(0, 40)  # grows past block_size after the cast
-    fresh = M.Rotary(8, 10000.0, 80)
+    cos, sin = rope_tables(model.transformer.wpe, 0, 40)  # grows past block_size after the cast
+    fresh_cos, fresh_sin = rope_tables(make_rotary(8, 10000.0, 80), 0, 40)
     assert cos.dtype == torch.float32 and sin.dtype == torch.float32
-    torch.testing.assert_close(cos, fresh.cos[:40], atol=1e-6, rtol=0)
-    torch.testing.assert_close(sin, fresh.sin[:40], atol=1e-6, rtol=0)
+    torch.testing.assert_close(cos, fresh_cos, atol=1e-6, rtol=0)
+    torch.testing.assert_close(sin, fresh_sin, atol=1e-6, rtol=0)

@@ -26,7 +26,7 @@ TIKTOKEN_CACHE = ROOT.parent / 'shared' / 'data' / 'tiktoken_cache'
 SEP = '---------------'
 CHARS = sorted(set("\n !',.:;?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"))
 VARIANTS = {'vanilla': {}, 'modern': dict(norm='rms', mlp='swiglu', n_kv_head=2, pos='rope', bias=False)}
-REPORT = re.compile(r'generated (\d+) tokens in ([\d.]+) s, ([\d.]+) tokens/s, KV cache (.*)')
+REPORT = re.compile(r'generated (\d+) tokens in (\S+) s, (\S+) tokens/s, KV cache (.*)')
 
 
 def write_meta(root, dataset, chars=CHARS):
@@ -137,7 +137,9 @@ def test_report_gives_tokens_per_second_and_cache_bytes(tmp_path, sample, varian
     _, err = sample('--start=abc', f'--num_samples={num_samples}', f'--max_new_tokens={max_new_tokens}')
     report = parse_report(err)
     assert int(report.group(1)) == num_samples * max_new_tokens
-    assert float(report.group(3)) >= 0
+    seconds, tokens_per_s = float(report.group(2)), float(report.group(3))  # the regex admits negative figures
+    assert seconds >= 0 and tokens_per_s >= 0
+    assert (tokens_per_s > 0) == (max_new_tokens > 0)
     expected = model.kv_cache_bytes(num_samples, 3 + max_new_tokens, torch.float32) if max_new_tokens else 0
     assert report.group(4) == f'{expected} bytes'
 
