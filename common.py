@@ -10,7 +10,7 @@ from dataclasses import asdict
 
 import torch
 
-from model import GPT, GPTConfig
+from model import GPT, RUNTIME_FLAGS, GPTConfig
 
 CKPT_FORMAT = 'nanoswap-ckpt-1'
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
@@ -101,23 +101,59 @@ def load_checkpoint(path, hint="train one with: python train.py config/shakespea
     return checkpoint
 
 
-def model_from_checkpoint(checkpoint, path='checkpoint'):
+def runtime_args(trained, settings):
+    """A trained model's flags with this run's value of each RUNTIME_FLAGS flag the run set (settings.given),
+    and of dropout, a training choice. A RoPE scaling stretches from the length the model was trained at."""
+    args = dict(trained)
+    for k in RUNTIME_FLAGS:
+        if k in getattr(settings, 'given', ()) or (k == 'dropout' and k in settings):
+            args[k] = settings[k]
+    if args.get('rope_scaling') and args.get('rope_original_length') is None \
+            and args['block_size'] != trained['block_size']:
+        args['rope_original_length'] = trained['block_size']
+    return args
+
+
+def build_model(args, state, where):
+    """GPT(args) holding the weights of state (a learned position table cut to a shorter block_size)."""
     try:
-        model = GPT(GPTConfig(**checkpoint['model_args']))
-        model.load_state_dict(checkpoint['model'])
-    except (TypeError, ValueError, RuntimeError, KeyError) as e:
-        die(f"checkpoint '{path}' does not hold a model this code can build: {str(e).splitlines()[0]}")
+        model = GPT(GPTConfig(**args))
+    except (TypeError, ValueError) as e:
+        die(f"{where}: {str(e).splitlines()[0]}")
+    wpe = state.get('transformer.wpe.weight')
+    if wpe is not None and wpe.size(0) != model.config.block_size:
+        if model.config.block_size > wpe.size(0):
+            die(f"block_size {model.config.block_size} is past the {wpe.size(0)} learned positions of {where}; "
+                f"only RoPE models (pos='rope') run longer")
+        state = {**state, 'transformer.wpe.weight': wpe[:model.config.block_size]}
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        die(f"{where} does not hold a model this code can build: {str(e).splitlines()[0]}")
     return model
 
 
-def load_pretrained(name_or_path, override_args=None):
-    """GPT.from_pretrained with one-line errors (unknown name, no network, unsupported architecture)."""
+def model_from_checkpoint(checkpoint, path='checkpoint', settings=None):
+    """The checkpoint's model; with a run's settings, its runtime flags as runtime_args gives them."""
+    args = checkpoint.get('model_args')
+    if not isinstance(args, dict) or not isinstance(checkpoint.get('model'), dict):
+        die(f"checkpoint '{path}' does not hold a model (no model_args or weights)")
+    return build_model(runtime_args(args, settings) if settings is not None else args, checkpoint['model'],
+                       f"checkpoint '{path}'")
+
+
+def load_pretrained(name_or_path, settings=None):
+    """GPT.from_pretrained with one-line errors (unknown name, no network, unsupported architecture); with a
+    run's settings, its runtime flags as runtime_args gives them."""
     try:
-        return GPT.from_pretrained(name_or_path, override_args)
+        model = GPT.from_pretrained(name_or_path)
     except ImportError:
         die("loading pretrained models needs transformers: pip install transformers")
     except (OSError, ValueError) as e:
         die(f"cannot load pretrained model '{name_or_path}': {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    trained = asdict(model.config)
+    args = runtime_args(trained, settings) if settings is not None else trained
+    return model if args == trained else build_model(args, model.state_dict(), f"'{name_or_path}'")
 
 
 # ----------------------------------------------------------------------------- tokenizers

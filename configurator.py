@@ -35,6 +35,11 @@ class ConfigError(ValueError):
     """A user mistake in argv or a config file; configure() reports it as one line."""
 
 
+class Settings(dict):
+    """The settings, and in .given the names argv set (an override, or a config file changing the value)."""
+    given = frozenset()
+
+
 def settings_of(namespace: dict) -> dict:
     """The settings in a script's globals(): public names holding bool/int/float/str/None."""
     return {k: v for k, v in namespace.items()
@@ -65,11 +70,15 @@ def _assignments(path, class_name=None):
     return out
 
 
-def model_flags(exclude=()):
+def model_flags(runtime_only=False):
     """GPTConfig's fields, {name: default}, read from model.py's source: the model flags every script
-    that builds a model takes as settings (defaults must be literals there)."""
-    return {name: ast.literal_eval(value) for name, value, _ in _assignments(MODEL_PY, 'GPTConfig')
-            if name not in exclude}
+    that builds a model takes as settings (defaults must be literals there); runtime_only: only those of
+    model.RUNTIME_FLAGS, which change no weight (what a script using a trained model may set)."""
+    flags = {name: ast.literal_eval(value) for name, value, _ in _assignments(MODEL_PY, 'GPTConfig')}
+    if runtime_only:
+        runtime = next(ast.literal_eval(value) for name, value, _ in _assignments(MODEL_PY) if name == 'RUNTIME_FLAGS')
+        flags = {k: v for k, v in flags.items() if k in runtime}
+    return flags
 
 
 def script_defaults(path):
@@ -142,6 +151,7 @@ def _apply_override(arg, defaults, settings):
     except Exception:  # anything that is not a Python literal is just text
         value = raw
     settings[key] = _check(defaults, key, value, raw)
+    return {key}
 
 
 def _apply_file(path, defaults, settings):
@@ -151,7 +161,7 @@ def _apply_file(path, defaults, settings):
     except OSError as e:  # missing, a directory, unreadable, ...
         problem = ' not found' if isinstance(e, FileNotFoundError) else f': {e.strerror}'
         raise ConfigError(f"config file '{path}'{problem}") from None
-    namespace = dict(settings)  # a copy, so the file can read earlier values safely
+    namespace, changed = dict(settings), set()  # a copy, so the file can read earlier values safely
     try:
         exec(compile(source, path, 'exec'), namespace)
     except SyntaxError as e:
@@ -166,9 +176,13 @@ def _apply_file(path, defaults, settings):
         if key.startswith('_') or isinstance(value, types.ModuleType) or callable(value):
             continue
         try:
-            settings[key] = _check(defaults, key, value)
+            value = _check(defaults, key, value)
         except ConfigError as e:
             raise ConfigError(f"config file '{path}': {e}") from None
+        if value != settings[key] or type(value) is not type(settings[key]):
+            changed.add(key)
+        settings[key] = value
+    return changed
 
 
 def _shown(value):
@@ -189,23 +203,22 @@ def _print_help(defaults, prog, doc):
         print(f'  {arg:<{width}}  {type_name:<{type_width}}  {description}'.rstrip())
 
 
-def configure(defaults: dict, argv: list, prog: str = None, doc: str = None) -> dict:
-    """Return a new dict of `defaults` updated by the config files and overrides in argv."""
+def configure(defaults: dict, argv: list, prog: str = None, doc: str = None) -> Settings:
+    """Return a new dict of `defaults` updated by the config files and overrides in argv (a Settings: its
+    .given names what argv set)."""
     if '--help' in argv or '-h' in argv:
         try:
             _print_help(defaults, prog, doc)
         except BrokenPipeError:  # `--help | head` closed the pipe: nothing left to tell
             sys.stderr.close()
         sys.exit(0)
-    settings = dict(defaults)
+    settings, given = Settings(defaults), set()
     try:
         for arg in argv:
-            if arg.startswith('-'):
-                _apply_override(arg, defaults, settings)
-            else:
-                _apply_file(arg, defaults, settings)
+            given |= (_apply_override if arg.startswith('-') else _apply_file)(arg, defaults, settings)
     except ConfigError as e:
         # one line, no traceback: the user made a typo, not the program
         print('error: ' + ' '.join(str(e).splitlines()), file=sys.stderr)
         sys.exit(2)
+    settings.given = frozenset(given)
     return settings

@@ -6,6 +6,8 @@ Sample from a model trained by train.py, or from a pretrained GPT-2 / Llama.
 
 All samples are generated together as one batch; a single sample is streamed as it is generated.
 Settings are the globals below; a config file, then --key=value, override them (configurator.py).
+The model flags that change no weight (model.RUNTIME_FLAGS) may differ from the trained model's: a longer
+context with a RoPE scaling or a sliding window, e.g. --block_size=1024 --rope_scaling=yarn --rope_factor=4.
 """
 
 import os
@@ -13,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from configurator import configure, settings_of
+from configurator import configure, model_flags, settings_of
 
 # ----------------------------------------------------------------------------- settings
 init_from = 'resume'  # 'resume' (out_dir/ckpt.pt), or a GPT-2 / Llama name or directory
@@ -29,7 +31,10 @@ device = 'auto'  # 'auto' (cuda, mps, cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'  # 'auto' (bf16, else fp16 on CUDA; fp32 elsewhere), 'float32', 'bfloat16', 'float16'
 compile = False
 use_cache = True  # False: recompute the whole context every step (the reference path)
-globals().update(configure(settings_of(globals()), sys.argv[1:], prog='sample.py', doc=__doc__))
+# the model flags a trained model can run with other values of (the ones given replace the model's)
+globals().update({k: v for k, v in model_flags(runtime_only=True).items() if k != 'dropout'})
+settings = configure(settings_of(globals()), sys.argv[1:], prog='sample.py', doc=__doc__)
+globals().update(settings)
 
 # the heavy imports only now: --help and a mistyped setting answer before torch loads
 import torch  # noqa: E402
@@ -87,7 +92,8 @@ prompt = encode(start)
 if not prompt:
     die("the prompt must have at least one token to continue from; give a non-empty --start "
         "(the default is a newline)")
-model = model_from_checkpoint(checkpoint, ckpt_path) if init_from == 'resume' else load_pretrained(init_from)
+model = (model_from_checkpoint(checkpoint, ckpt_path, settings) if init_from == 'resume'
+         else load_pretrained(init_from, settings))
 if max(prompt) >= model.config.vocab_size:
     die(f"the prompt encodes to token id {max(prompt)} but the model knows only {model.config.vocab_size} "
         f"tokens: this is not its tokenizer")

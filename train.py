@@ -70,7 +70,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from common import (autocast, die, load_checkpoint, load_pretrained, model_from_checkpoint,  # noqa: E402
                     new_checkpoint, peak_flops as measure_peak_flops, pick_device, pick_dtype, save_checkpoint)
-from model import GPT, GPTConfig  # noqa: E402
+from model import GPT, RUNTIME_FLAGS, GPTConfig  # noqa: E402
 
 MODEL_FLAGS = tuple(f.name for f in fields(GPTConfig))
 GPT_DEFAULTS = asdict(GPTConfig())
@@ -149,6 +149,7 @@ if os.path.exists(meta_path):
 
 # ----------------------------------------------------------------------------- model
 iter_num, best_val_loss, checkpoint, elapsed_before = 0, float('inf'), None, 0.0
+trained_args = None  # the model flags a resumed checkpoint was trained with
 model_args = {k: settings[k] for k in MODEL_FLAGS}
 ckpt_path = os.path.join(out_dir, 'ckpt.pt')
 if init_from == 'scratch':
@@ -159,23 +160,21 @@ if init_from == 'scratch':
         die(str(e))
 elif init_from == 'resume':
     checkpoint = load_checkpoint(ckpt_path, hint=f"train first with init_from='scratch' into out_dir '{out_dir}'")
-    # the architecture is the checkpoint's; dropout is a training choice, so this run's
-    checkpoint['model_args']['dropout'] = dropout
-    model = model_from_checkpoint(checkpoint, ckpt_path)
-    changed = [k for k in MODEL_FLAGS if checkpoint['model_args'].get(k) != model_args[k]
-               and not (k == 'vocab_size' and vocab_size is None)]
-    if changed and master:
-        print(f"resuming with the checkpoint's model flags, not this run's: {', '.join(changed)}")
+    # the architecture is the checkpoint's; the runtime flags this run sets (a longer block_size with a RoPE
+    # scaling, a window) and dropout, a training choice, are this run's
+    model = model_from_checkpoint(checkpoint, ckpt_path, settings)
+    ignored = [k for k in MODEL_FLAGS if k in settings.given and k not in RUNTIME_FLAGS
+               and checkpoint['model_args'].get(k) != settings[k]]
+    if ignored and master:
+        print(f"resuming with the checkpoint's model flags, not this run's: {', '.join(ignored)}")
     iter_num, best_val_loss = checkpoint['iter_num'], checkpoint['best_val_loss']
     elapsed_before = checkpoint.get('elapsed_s', 0.0)
+    trained_args = {**asdict(GPTConfig()), **checkpoint['model_args']}
 else:
-    model = load_pretrained(init_from, {'dropout': dropout})
-    if block_size < model.config.block_size:
-        model.crop_block_size(block_size)
-    if block_size > model.config.block_size and model.config.pos == 'learned':
-        die(f"block_size {block_size} exceeds {init_from}'s {model.config.block_size} learned positions")
+    model = load_pretrained(init_from, settings)
 if meta_vocab_size and meta_vocab_size > model.config.vocab_size:
     die(f"dataset '{dataset}' has {meta_vocab_size} token ids but the model only {model.config.vocab_size}")
+trained_args = trained_args or asdict(model.config)
 for k in MODEL_FLAGS:  # what was really built is what gets logged and saved
     settings[k] = getattr(model.config, k)
 block_size = model.config.block_size
@@ -288,6 +287,9 @@ while True:
             record = {'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val'], 'lr': lr,
                       'tokens': iter_num * tokens_per_iter, 'elapsed_s': round(time.time() - t_start, 3),
                       'ms_per_iter': 1000 * train_time / train_steps if train_steps else None}
+            if eval_only:  # an evaluation of the trained model, maybe at another length or scaling: say so
+                record.update(eval_only=True, **{k: getattr(raw_model.config, k) for k in RUNTIME_FLAGS
+                                                 if k != 'dropout' and getattr(raw_model.config, k) != trained_args[k]})
             with open(log_path, 'a') as f:
                 f.write(json.dumps(record) + '\n')
             if wandb_log:
@@ -300,7 +302,7 @@ while True:
                     rng['cuda'] = torch.cuda.get_rng_state(device)
                 save_checkpoint(new_checkpoint(raw_model, optimizer=optimizer.state_dict(),
                                                scaler=scaler.state_dict(), iter_num=iter_num,
-                                               best_val_loss=best_val_loss, config=settings, rng=rng,
+                                               best_val_loss=best_val_loss, config=dict(settings), rng=rng,
                                                elapsed_s=record['elapsed_s']), ckpt_path)
                 print(f"saved checkpoint to {ckpt_path}")
         train_time, train_steps = 0.0, 0

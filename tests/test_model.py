@@ -77,6 +77,14 @@ DIMENSIONS = [
     [{'attn': a} for a in M.ATTENTIONS if a != 'mha'] + [{'attn': 'mha', 'n_kv_head': k} for k in (None, 2, 1)],
     [{'pos': p} for p in M.POSITIONS],
     [{'prenorm': True}, {'prenorm': False}],
+    # an original length shorter than the test sequences, so each scaling acts; but 'dynamic' changes every
+    # angle with the length, so a KV cache is exact only within its original length (test_dynamic_* below)
+    [{}] + [{'rope_scaling': k, 'rope_factor': 4.0, 'rope_original_length': None if k == 'dynamic' else 6}
+            for k in M.ROPE_SCALINGS if k],
+    [{}, {'sliding_window': 5}],  # shorter than BLOCK: the cache keeps a ring of 5
+    [{}, {'qk_norm': True}],
+    [{}, {'qkv_bias': True, 'bias': False}],
+    [{}, {'head_dim': 12}],  # heads wider than n_embd / n_head = 8
 ]
 
 
@@ -207,7 +215,7 @@ def test_flag_combination(flags):
     assert type(block.ln_1) is M.NORMS[cfg.norm] and type(model.transformer.wpe) is M.POSITIONS[cfg.pos]
     assert type(block.mlp) is M.MLPS[cfg.mlp] and type(block.attn) is M.ATTENTIONS[cfg.attn]
     if cfg.attn == 'mha':
-        assert block.attn.c_attn.out_features == (N_HEAD + 2 * cfg.kv_heads) * (N_EMBD // N_HEAD)
+        assert block.attn.c_attn.out_features == (N_HEAD + 2 * cfg.kv_heads) * cfg.head_size
     check_backward(model)
     check_causal(model)
     check_cache_logits(model)
@@ -631,7 +639,7 @@ def counted_training_flops(model, idx, monkeypatch):
 def test_flops_per_token_equals_the_counted_flops(flags, monkeypatch):
     """6 per weight a token multiplies (fwd 2, bwd 4) plus attention's matmuls: what torch counts."""
     model = build(**flags)
-    T = 12
+    T = min(12, model.config.sliding_window or 12)  # the explicit attention computes what a window masks
     idx = torch.randint(0, VOCAB, (2, T), generator=torch.Generator().manual_seed(40))
     assert model.flops_per_token(seq_len=T) * 2 * T == counted_training_flops(model, idx, monkeypatch)
 
@@ -796,6 +804,45 @@ def test_forward_rejects_overfilling_a_cache():
             model(torch.zeros(1, 2, dtype=torch.long), cache=cache)
 
 
+# ----------------------------------------------------------------------------- sliding window, rope scaling
+
+@torch.no_grad()
+def test_a_window_of_w_sees_w_keys_itself_included():
+    """One layer, so nothing reaches further through the layers below: key i-W+1 changes query i, key i-W not."""
+    W, T = 4, 12
+    model = build(n_layer=1, sliding_window=W, pos='rope')
+    idx = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(50))
+    base = model(idx)[0][0, -1]
+    for back, seen in ((W - 1, True), (W, False), (W + 3, False)):
+        changed = idx.clone()
+        changed[0, T - 1 - back] = (changed[0, T - 1 - back] + 1) % VOCAB
+        moved = (model(changed)[0][0, -1] - base).abs().max().item()
+        assert (moved > 1e-6) == seen, (back, moved)
+
+
+def test_a_window_caps_the_cache_and_the_attention_flops():
+    wide, windowed = build(pos='rope'), build(pos='rope', sliding_window=5)
+    for seq_len in (3, 5, BLOCK):
+        assert windowed.kv_cache_bytes(2, seq_len) == wide.kv_cache_bytes(2, min(seq_len, 5))
+        assert windowed.flops_per_token(seq_len) == wide.flops_per_token(min(seq_len, 5))
+    cache = M.KVCache(windowed, 2, BLOCK, torch.float32, torch.device('cpu'))
+    assert cache_nbytes(cache) == windowed.kv_cache_bytes(2, BLOCK) and cache.slots == 5
+
+
+@torch.no_grad()
+def test_dynamic_rope_is_exact_with_a_cache_within_its_original_length_only():
+    """'dynamic' gives every position new angles as the sequence grows past rope_original_length: a full
+    forward recomputes all of them, a KV cache keeps the earlier keys' (as transformers does)."""
+    model = build(pos='rope', rope_scaling='dynamic', rope_factor=4.0, rope_original_length=8)
+    seq = torch.randint(0, VOCAB, (1, BLOCK), generator=torch.Generator().manual_seed(51))
+    cache = M.KVCache(model, 1, BLOCK, torch.float32, torch.device('cpu'))
+    model(seq[:, :4], cache=cache)
+    for i in range(4, BLOCK):
+        step = model(seq[:, i:i + 1], cache=cache)[0][0, -1]
+        full = model(seq[:, :i + 1])[0][0, -1]
+        assert ((step - full).abs().max() < 1e-5) == (i < 8), i
+
+
 # ----------------------------------------------------------------------------- 11: config validation
 
 @pytest.mark.parametrize('overrides,field', [
@@ -813,6 +860,19 @@ def test_forward_rejects_overfilling_a_cache():
     (dict(block_size=-1), 'block_size'),
     (dict(vocab_size=0), 'vocab_size'),
     (dict(n_head=0), 'n_head'),
+    (dict(attn='mqa'), 'attn'),
+    (dict(sliding_window=0), 'sliding_window'),
+    (dict(sliding_window=2.5), 'sliding_window'),
+    (dict(rope_scaling='yarn'), 'rope_scaling'),  # with learned positions
+    (dict(pos='rope', rope_scaling='ntk'), 'rope_scaling'),
+    (dict(pos='rope', rope_scaling='yarn', rope_factor=0), 'rope_factor'),
+    (dict(pos='rope', rope_original_length=0), 'rope_original_length'),
+    (dict(pos='rope', rope_low_freq_factor=4.0, rope_high_freq_factor=1.0), 'rope_high_freq_factor'),
+    (dict(pos='rope', yarn_mscale=-1.0), 'yarn_mscale'),
+    (dict(pos='rope', head_dim=7), 'head_dim'),  # odd with rope
+    (dict(head_dim=0), 'head_dim'),
+    (dict(qk_norm='yes'), 'qk_norm'),
+    (dict(qkv_bias=1), 'qkv_bias'),
 ], ids=lambda v: str(v) if not isinstance(v, dict) else '-'.join(f'{k}={x}' for k, x in v.items()))
 def test_invalid_configs_raise_value_error_naming_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):

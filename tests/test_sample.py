@@ -160,6 +160,25 @@ def test_prompt_from_file(tmp_path, sample):
     assert text.startswith('KING:\nWhat say you?\n') and len(text) == 20 + 5
 
 
+@pytest.mark.parametrize('flags, cached_positions', [
+    ([], 32),  # the trained block_size: the context shifts at 32
+    (['--block_size=64', '--rope_scaling=yarn', '--rope_factor=2'], 61),  # no shift: all 61 positions
+    (['--sliding_window=8'], 8),  # a ring of the last 8
+])
+def test_runtime_flags_change_how_a_trained_model_runs(tmp_path, sample, flags, cached_positions):
+    model = char_checkpoint(tmp_path, 'modern')
+    out, err = sample('--start=a', '--num_samples=2', '--max_new_tokens=60', '--temperature=0', *flags)
+    assert all(len(text) == 61 for text in parse_samples(out))
+    unlimited = GPT(GPTConfig(**{**model.config.__dict__, 'block_size': 1024}))
+    assert parse_report(err).group(4) == f'{unlimited.kv_cache_bytes(2, cached_positions)} bytes'
+
+
+def test_runtime_flags_cannot_take_learned_positions_past_their_table(tmp_path, sample):
+    char_checkpoint(tmp_path, 'vanilla')
+    code, err = sample('--block_size=64', expect_exit=True)
+    assert_one_line_error(code, err, 'block_size 64', 'learned positions')
+
+
 def test_checkpoint_written_by_train_py(tmp_path, sample):
     text = "First Citizen:\nBefore we proceed any further, hear me speak.\nAll:\nSpeak, speak.\n" * 20
     make_char_dataset(tmp_path, 'tiny', text, CHARS)

@@ -184,3 +184,23 @@ def test_init_from_local_hf_gpt2(workdir):
 ])
 def test_user_mistakes_are_one_line(workdir, args, fragments):
     assert_one_line_error(train(workdir, '--max_iters=1', *args, check=False), *fragments)
+
+
+def test_eval_only_at_a_longer_context_with_rope_scaling(workdir):
+    """A trained RoPE checkpoint evaluated at 4x its block_size with YaRN: the runtime flags are this run's,
+    the result is appended to log.jsonl saying how it was made, and the checkpoint is untouched."""
+    train(workdir, *MODERN, '--max_iters=4', '--eval_interval=4', '--out_dir=out')
+    before = (workdir / 'out' / 'ckpt.pt').read_bytes()
+    train(workdir, *MODERN, '--out_dir=out', '--init_from=resume', '--eval_only=True', '--block_size=64',
+          '--rope_scaling=yarn', '--rope_factor=4')
+    record = log_records(workdir / 'out')[-1]
+    assert record['eval_only'] is True and record['iter'] == 4
+    assert (record['block_size'], record['rope_scaling'], record['rope_factor']) == (64, 'yarn', 4.0)
+    assert record['rope_original_length'] == 16  # stretched from the trained length
+    assert math.isfinite(record['val_loss'])
+    assert (workdir / 'out' / 'ckpt.pt').read_bytes() == before
+    result = train(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=learned', check=False)
+    assert result.returncode == 0, result.stderr
+    result = train(workdir, '--out_dir=learned', '--init_from=resume', '--eval_only=True', '--block_size=64',
+                   check=False)
+    assert_one_line_error(result, 'block_size 64', 'learned positions')

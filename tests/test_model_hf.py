@@ -1,0 +1,145 @@
+"""The Hugging Face families of model.py, both ways: tiny random checkpoints built here and saved locally load
+with logits equal to transformers' (fp32, 1e-4), greedy decoding token-identical to transformers' generate, and
+export back to the same class. Each family's shapes exercise its features (a window shorter than the test
+sequence, an original RoPE length shorter than it, head_dim different from n_embd / n_head)."""
+
+import os
+
+os.environ.setdefault('HF_HUB_OFFLINE', '1')
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+transformers = pytest.importorskip('transformers')
+
+import model as M  # noqa: E402
+from export import to_hf  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+
+VOCAB, BLOCK = 96, 64
+PROMPT, NEW = 10, 30  # 40 positions: past every window and original length below, inside BLOCK
+
+
+@pytest.fixture(scope='module', autouse=True)
+def single_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def randomized(hf, seed):
+    """Norm gains away from 1 and biases and buffers away from 0, so a wrong mapping of either shows."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in list(hf.named_parameters()) + list(hf.named_buffers()):
+            if p.dim() == 1 and p.is_floating_point() and 'inv_freq' not in name:
+                noise = torch.randn(p.shape, generator=g)
+                p.copy_(0.1 * noise if name.endswith(('bias', 'correction_bias')) else 1.0 + 0.3 * noise)
+    return hf.eval()
+
+
+def check_parity(hf, path, seed=0):
+    """Save hf, load it into our GPT and compare logits, greedy decoding and the export back."""
+    hf.save_pretrained(path)
+    ours = GPT.from_pretrained(str(path)).eval()
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, VOCAB, (2, PROMPT + NEW), generator=g)
+    with torch.no_grad():
+        expected = hf(idx).logits
+        torch.testing.assert_close(ours(idx)[0], expected, atol=1e-4, rtol=0)
+        prompt = idx[:, :PROMPT]
+        hf_tokens = hf.generate(prompt, max_new_tokens=NEW, do_sample=False, eos_token_id=None, pad_token_id=0,
+                                attention_mask=torch.ones_like(prompt))
+        assert torch.equal(ours.generate(prompt, NEW, temperature=0.0), hf_tokens)
+        back = to_hf(ours)
+        assert type(back) is type(hf)
+        torch.testing.assert_close(back(idx).logits, expected, atol=1e-4, rtol=0)
+    return ours
+
+
+def tiny(config_class, **overrides):
+    args = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=BLOCK, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                bos_token_id=0, eos_token_id=None, pad_token_id=0)
+    return config_class(**{**args, **overrides})
+
+
+LLAMA3 = {'rope_type': 'llama3', 'rope_theta': 500000.0, 'factor': 8.0, 'low_freq_factor': 1.0,
+          'high_freq_factor': 4.0, 'original_max_position_embeddings': 16}
+ROPES = {
+    'llama3': LLAMA3,
+    'linear': {'rope_type': 'linear', 'rope_theta': 10000.0, 'factor': 2.0},
+    'dynamic': {'rope_type': 'dynamic', 'rope_theta': 10000.0, 'factor': 4.0},
+    'yarn': {'rope_type': 'yarn', 'rope_theta': 10000.0, 'factor': 4.0, 'original_max_position_embeddings': 16},
+    'yarn-mscale': {'rope_type': 'yarn', 'rope_theta': 10000.0, 'factor': 4.0, 'original_max_position_embeddings': 16,
+                    'mscale': 1.0, 'mscale_all_dim': 0.5, 'beta_fast': 16.0, 'beta_slow': 2.0},
+}
+
+
+@pytest.mark.parametrize('rope', ROPES)
+def test_llama_with_rope_scaling(rope, tmp_path):
+    # 'dynamic' stretches past max_position_embeddings: there, a length the test sequence passes
+    length = {'max_position_embeddings': 16} if rope == 'dynamic' else {}
+    hf = randomized(transformers.LlamaForCausalLM(tiny(transformers.LlamaConfig, head_dim=12, **length,
+                                                       rope_parameters=dict(ROPES[rope]))), 1)
+    ours = check_parity(hf, tmp_path)
+    cfg = ours.config
+    assert cfg.rope_scaling == ROPES[rope]['rope_type'] and cfg.head_dim == 12 and cfg.n_embd == 32
+    if rope != 'linear':  # which stretches every position alike
+        assert cfg.rope_length == 16 and cfg.rope_length < PROMPT + NEW
+
+
+def test_mistral_sliding_window(tmp_path):
+    hf = randomized(transformers.MistralForCausalLM(tiny(transformers.MistralConfig, sliding_window=7)), 2)
+    ours = check_parity(hf, tmp_path)
+    assert ours.config.sliding_window == 7
+    assert ours.kv_cache_bytes(1, PROMPT + NEW) == ours.kv_cache_bytes(1, 7)  # the cache keeps the window only
+
+
+def test_qwen2_qkv_bias_and_window(tmp_path):
+    hf = randomized(transformers.Qwen2ForCausalLM(tiny(transformers.Qwen2Config, use_sliding_window=True,
+                                                       sliding_window=9, max_window_layers=0,
+                                                       rope_parameters=dict(ROPES['yarn']))), 3)
+    ours = check_parity(hf, tmp_path)
+    cfg = ours.config
+    assert (cfg.qkv_bias, cfg.bias, cfg.sliding_window, cfg.rope_scaling) == (True, False, 9, 'yarn')
+    assert ours.transformer.h[0].attn.c_proj.bias is None
+
+
+def test_qwen3_qk_norm_and_head_dim(tmp_path):
+    hf = randomized(transformers.Qwen3ForCausalLM(tiny(transformers.Qwen3Config, head_dim=16, tie_word_embeddings=True,
+                                                       rope_parameters=dict(LLAMA3))), 4)
+    ours = check_parity(hf, tmp_path)
+    cfg = ours.config
+    assert cfg.qk_norm and cfg.head_dim == 16 and cfg.tie_embeddings and cfg.rope_scaling == 'llama3'
+
+
+def test_qwen3_window_on_some_layers_only_is_refused(tmp_path):
+    hf = transformers.Qwen3ForCausalLM(tiny(transformers.Qwen3Config, num_hidden_layers=3, use_sliding_window=True,
+                                            sliding_window=8, max_window_layers=1))
+    hf.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match='max_window_layers'):
+        GPT.from_pretrained(str(tmp_path))
+
+
+def test_a_checkpoint_feature_we_lack_is_refused_not_dropped(tmp_path):
+    """A Llama checkpoint with a q_norm weight we would not use: refused, naming it."""
+    hf = transformers.LlamaForCausalLM(tiny(transformers.LlamaConfig))
+    state = hf.state_dict()
+    ours = GPT(GPTConfig(**M._llama_read(hf.config)))
+    state['model.layers.0.self_attn.q_norm.weight'] = torch.ones(8)
+    _, unused = M.hf_to_ours(state, ours, M.HF_FAMILIES['llama'])
+    assert unused == {'model.layers.0.self_attn.q_norm.weight'}
+
+
+@pytest.mark.parametrize('rope', ['linear', 'dynamic', 'yarn', 'yarn-mscale', 'llama3'])
+@pytest.mark.parametrize('length', [12, 40, 100])
+def test_rope_frequencies_equal_transformers(rope, length):
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    hf_config = tiny(transformers.LlamaConfig, max_position_embeddings=24, rope_parameters=dict(ROPES[rope]))
+    ours = GPTConfig(**{**M._llama_read(hf_config), 'n_kv_head': 2})
+    inv, factor = M.rope_frequencies(ours, 8, length)
+    hf_inv, hf_factor = ROPE_INIT_FUNCTIONS[ROPES[rope]['rope_type']](hf_config, 'cpu', torch.tensor(length))
+    torch.testing.assert_close(inv, hf_inv.float(), atol=0, rtol=1e-6)
+    assert factor == pytest.approx(hf_factor, rel=1e-12)
