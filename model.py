@@ -64,15 +64,46 @@ class GPTConfig:
     yarn_mscale: float = 0.0  # yarn: DeepSeek's attention temperature (with yarn_mscale_all_dim); 0: off
     yarn_mscale_all_dim: float = 0.0  # yarn: DeepSeek's; also scales MLA's softmax; 0: off
     rope_attention_factor: Optional[float] = None  # yarn: factor on cos and sin; None: 0.1*ln(factor)+1
+    # multi-head latent attention (attn='mla'): K and V rebuilt from a cached per-token latent (DeepSeek-V2/V3)
+    kv_lora_rank: Optional[int] = None  # width of the cached latent; None: 4 * n_embd / n_head
+    q_lora_rank: Optional[int] = None  # width of the queries' bottleneck; None or 0: queries projected directly
+    qk_nope_head_dim: Optional[int] = None  # per head, the query/key part without rotation; None: n_embd / n_head
+    qk_rope_head_dim: Optional[int] = None  # the rotated part, one key shared by all heads; None: half the above
+    v_head_dim: Optional[int] = None  # per head, the value width; None: n_embd / n_head
+    # mixture of experts (mlp='moe')
+    n_expert: int = 8  # routed experts in each MoE layer
+    n_expert_active: int = 2  # routed experts each token goes to (top-k)
+    moe_hidden: Optional[int] = None  # width of each expert; None: the dense width / n_expert_active
+    n_shared_expert: int = 0  # experts every token goes to, each moe_hidden wide (DeepSeekMoE)
+    router: str = 'softmax'  # 'softmax' (Mixtral, Qwen3-MoE) or 'sigmoid' (DeepSeek-V3, balanced by a bias)
+    router_norm_topk: bool = True  # the chosen experts' weights rescaled to sum to 1
+    n_expert_group: int = 1  # experts come from the topk_group best of this many groups (DeepSeek)
+    topk_group: int = 1  # groups a token's experts may come from
+    routed_scaling: float = 1.0  # factor on the routed experts' sum (DeepSeek-V3: 2.5)
+    first_dense_layers: int = 0  # the first k layers keep a dense SwiGLU (DeepSeek)
+    moe_aux_loss_coef: float = 0.0  # Switch Transformer's load-balancing loss in the training loss; 0: off
+    moe_z_loss_coef: float = 0.0  # ST-MoE's router z-loss (logits kept small) in the training loss; 0: off
+    moe_bias_update_rate: float = 0.001  # sigmoid router: step of the balancing bias per iteration; 0: frozen
 
     def __post_init__(self):
         for name in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'multiple_of'):
             _check_int(name, getattr(self, name))
         for name, kinds in (('norm', NORMS), ('mlp', MLPS), ('attn', ATTENTIONS), ('pos', POSITIONS),
-                            ('rope_scaling', ROPE_SCALINGS)):
+                            ('rope_scaling', ROPE_SCALINGS), ('router', ROUTERS)):
             if getattr(self, name) not in kinds:
                 raise ValueError(f"{name} must be one of {', '.join(map(repr, kinds))}; got {getattr(self, name)!r}")
-        for name in ('ffn_hidden', 'head_dim', 'sliding_window', 'rope_original_length'):
+        for name in ('n_expert', 'n_expert_group', 'topk_group'):
+            _check_int(name, getattr(self, name))
+        _check_int('n_expert_active', self.n_expert_active, f"an int in [1, n_expert={self.n_expert}]", 1, self.n_expert)
+        for name in ('n_shared_expert', 'first_dense_layers'):
+            _check_int(name, getattr(self, name), 'an int >= 0', 0)
+        if self.n_expert % self.n_expert_group != 0 or self.topk_group > self.n_expert_group:
+            raise ValueError(f"n_expert_group ({self.n_expert_group}) must divide n_expert ({self.n_expert}) and be "
+                             f">= topk_group ({self.topk_group})")
+        if self.n_expert_active > self.topk_group * self.n_expert // self.n_expert_group:
+            raise ValueError(f"n_expert_active ({self.n_expert_active}) is more than the experts of topk_group "
+                             f"({self.topk_group}) groups hold")
+        for name in ('ffn_hidden', 'head_dim', 'sliding_window', 'rope_original_length', 'moe_hidden'):
             if getattr(self, name) is not None:
                 _check_int(name, getattr(self, name), 'None or a positive int')
         if self.head_dim is None and self.n_embd % self.n_head != 0:
@@ -81,25 +112,45 @@ class GPTConfig:
             _check_int('n_kv_head', self.n_kv_head, f"None or an int in [1, n_head={self.n_head}]", 1, self.n_head)
             if self.n_head % self.n_kv_head != 0:
                 raise ValueError(f"n_head ({self.n_head}) must be divisible by n_kv_head ({self.n_kv_head})")
+        mla = ('kv_lora_rank', 'q_lora_rank', 'qk_nope_head_dim', 'qk_rope_head_dim', 'v_head_dim')
+        if self.attn == 'mla':
+            cannot = [f"{k}={getattr(self, k)!r}" for k, default in (('n_kv_head', None), ('head_dim', None),
+                      ('qk_norm', False), ('qkv_bias', False)) if getattr(self, k) != default]
+            if cannot:
+                raise ValueError(f"attn='mla' makes its own keys and values: {', '.join(cannot)} cannot apply")
+            for name in mla:
+                if getattr(self, name) is not None:
+                    _check_int(name, getattr(self, name), 'None or an int >= 0', 0 if name in (
+                        'q_lora_rank', 'qk_rope_head_dim') else 1)
+            if self.pos == 'learned' and self.qk_rope_head_dim:
+                raise ValueError(f"qk_rope_head_dim={self.qk_rope_head_dim} needs pos='rope' (learned positions "
+                                 f"rotate nothing)")
+            if self.pos == 'rope' and self.qk_rope_head_dim == 0:
+                raise ValueError("qk_rope_head_dim=0 with pos='rope': the rotated part needs a width")
+        else:
+            set_ = [k for k in mla if getattr(self, k) is not None]
+            if set_:
+                raise ValueError(f"{', '.join(set_)} apply to attn='mla' only, got attn={self.attn!r}")
         if self.pos == 'rope' and self.rope_dim % 2 != 0:
-            raise ValueError(f"pos='rope' needs an even head_dim, got {self.rope_dim}")
+            raise ValueError(f"pos='rope' needs an even head_dim (qk_rope_head_dim with MLA), got {self.rope_dim}")
         if self.rope_scaling is not None and self.pos != 'rope':
             raise ValueError(f"rope_scaling={self.rope_scaling!r} needs pos='rope', got pos={self.pos!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         for name in ('norm_eps', 'rope_theta', 'rope_factor', 'rope_low_freq_factor', 'rope_high_freq_factor',
-                     'yarn_beta_fast', 'yarn_beta_slow', 'rope_attention_factor'):
+                     'yarn_beta_fast', 'yarn_beta_slow', 'rope_attention_factor', 'routed_scaling'):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
         if not self.rope_high_freq_factor > self.rope_low_freq_factor:
             raise ValueError(f"rope_high_freq_factor ({self.rope_high_freq_factor}) must be greater than "
                              f"rope_low_freq_factor ({self.rope_low_freq_factor})")
-        for name in ('yarn_mscale', 'yarn_mscale_all_dim'):
+        for name in ('yarn_mscale', 'yarn_mscale_all_dim', 'moe_aux_loss_coef', 'moe_z_loss_coef',
+                     'moe_bias_update_rate'):
             if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), (int, float)) \
                     or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a number >= 0, got {getattr(self, name)!r}")
-        for name in ('bias', 'tie_embeddings', 'prenorm', 'qkv_bias', 'qk_norm'):
+        for name in ('bias', 'tie_embeddings', 'prenorm', 'qkv_bias', 'qk_norm', 'router_norm_topk'):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
 
@@ -114,7 +165,17 @@ class GPTConfig:
     @property
     def rope_dim(self):
         """Width of the rotated part of each query and key head."""
-        return self.head_size
+        return self.mla_dims['rope'] if self.attn == 'mla' else self.head_size
+
+    @property
+    def mla_dims(self):
+        """MLA's widths, the defaults filled in (DeepSeek-V2's proportions to the head width)."""
+        hs = self.n_embd // self.n_head
+        nope = self.qk_nope_head_dim or hs
+        rope = self.qk_rope_head_dim if self.qk_rope_head_dim is not None else (max(2, nope // 2 // 2 * 2)
+                                                                                 if self.pos == 'rope' else 0)
+        return {'latent': self.kv_lora_rank or 4 * hs, 'q_latent': self.q_lora_rank or 0, 'nope': nope,
+                'rope': rope, 'v': self.v_head_dim or hs}
 
     @property
     def rope_length(self):
@@ -133,6 +194,14 @@ class GPTConfig:
             # a third matrix costs 50% more parameters; 2/3 of 4d keeps the count of the plain MLP
             return self.multiple_of * math.ceil(int(8 * self.n_embd / 3) / self.multiple_of)
         return 4 * self.n_embd
+
+    @property
+    def expert_hidden(self):
+        return self.moe_hidden or max(1, self.hidden_size // self.n_expert_active)
+
+    def mlp_of(self, layer):
+        """The MLP kind of a layer: an MoE model's first_dense_layers keep a dense SwiGLU."""
+        return 'swiglu' if self.mlp == 'moe' and layer < self.first_dense_layers else self.mlp
 
     @classmethod
     def from_dict(cls, d):
@@ -193,10 +262,10 @@ class LayerNorm(nn.Module):
 class RMSNorm(nn.Module):
     """x / RMS(x) * g: no mean-centering and no bias."""
 
-    def __init__(self, ndim, config):
+    def __init__(self, ndim, config, eps=None):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(ndim))
-        self.eps = config.norm_eps
+        self.eps = config.norm_eps if eps is None else eps
 
     def forward(self, x):
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
@@ -382,7 +451,83 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, self.n_head * hs)))
 
 
-ATTENTIONS = {'mha': CausalSelfAttention}
+class LatentAttention(nn.Module):
+    """DeepSeek's multi-head latent attention (MLA). Keys and values are rebuilt, per head, from one small
+    latent vector per token, and queries may pass through a bottleneck of their own. Positions live in a
+    separate rotated part: each query head has one, and one rotated key (from the token, not the latent) is
+    shared by all heads. The KV cache holds only the latent and that shared key.
+
+    Cached decoding uses the absorbed form: the key up-projection is folded into the query, the value
+    up-projection into the output, so each step attends over the cached latents directly (as MQA with one
+    wide head) instead of rebuilding every past key and value. Training and prefill rebuild them."""
+
+    def __init__(self, config):
+        super().__init__()
+        dims = config.mla_dims
+        self.n_head, self.latent, self.nope, self.rope, self.v = (config.n_head, dims['latent'], dims['nope'],
+                                                                  dims['rope'], dims['v'])
+        H, d = self.n_head, config.n_embd
+        if dims['q_latent']:
+            self.q_a = nn.Linear(d, dims['q_latent'], bias=config.bias)
+            self.q_a_norm = RMSNorm(dims['q_latent'], config, eps=1e-6)  # DeepSeek's latents: eps 1e-6
+            self.q_b = nn.Linear(dims['q_latent'], H * (self.nope + self.rope), bias=False)
+        else:
+            self.q_proj = nn.Linear(d, H * (self.nope + self.rope), bias=False)
+        self.kv_a = nn.Linear(d, self.latent + self.rope, bias=config.bias)  # [latent | shared rotated key]
+        self.kv_norm = RMSNorm(self.latent, config, eps=1e-6)
+        self.kv_b = nn.Linear(self.latent, H * (self.nope + self.v), bias=False)  # per head [k_nope | v]
+        self.c_proj = nn.Linear(H * self.v, d, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.dropout = config.dropout
+        # the softmax scale follows the query/key width, sharpened as YaRN's DeepSeek form asks
+        self.scale = (self.nope + self.rope) ** -0.5
+        if config.rope_scaling and config.yarn_mscale_all_dim:
+            self.scale *= _yarn_mscale(config.rope_scale, config.yarn_mscale_all_dim) ** 2
+        self.absorb = True  # cached decoding in the absorbed form (False: rebuild keys and values; bench.py)
+
+    def cache_entries(self):
+        """What the KV cache keeps per past token: the latent and the shared rotated key, for all heads."""
+        return {'latent': (1, self.latent), **({'k_rope': (1, self.rope)} if self.rope else {})}
+
+    def token_flops(self, keys):
+        """Forward + backward FLOPs per token of q.k and att.v over `keys` rebuilt keys (training's form)."""
+        return 3 * 2 * self.n_head * (self.nope + self.rope + self.v) * keys
+
+    def forward(self, x, rope=None, mask=None, cache=None, layer=0):
+        B, T, _ = x.size()
+        H = self.n_head
+        q = self.q_b(self.q_a_norm(self.q_a(x))) if hasattr(self, 'q_a') else self.q_proj(x)
+        q_nope, q_rope = q.view(B, T, H, self.nope + self.rope).transpose(1, 2).split([self.nope, self.rope], dim=-1)
+        latent, k_rope = self.kv_a(x).split([self.latent, self.rope], dim=-1)
+        latent = self.kv_norm(latent).unsqueeze(1)  # (B, 1, T, latent): one "head" for all
+        k_rope = k_rope.unsqueeze(1)
+        if rope is not None:
+            q_rope, k_rope = apply_rope(q_rope, *rope), apply_rope(k_rope, *rope)
+        if cache is not None and self.rope:
+            latent, k_rope = cache.update(layer, latent=latent, k_rope=k_rope)
+        elif cache is not None:  # learned positions: no rotated part to keep
+            latent, = cache.update(layer, latent=latent)
+            k_rope = latent[..., :0]
+        if cache is not None and T == 1 and self.absorb:
+            y = self._absorbed(q_nope, q_rope, latent, k_rope)
+        else:
+            kv = self.kv_b(latent.squeeze(1)).view(B, -1, H, self.nope + self.v).transpose(1, 2)
+            k_nope, v = kv.split([self.nope, self.v], dim=-1)
+            k = torch.cat((k_nope, k_rope.expand(-1, H, -1, -1)), dim=-1)
+            y = attend(torch.cat((q_nope, q_rope), dim=-1), k, v, mask, self.dropout if self.training else 0.0,
+                       self.scale)
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, H * self.v)))
+
+    def _absorbed(self, q_nope, q_rope, latent, k_rope):
+        """q.k = (q_nope W_uk) . latent + q_rope . k_rope, and att.v = (att . latent) W_uv^T."""
+        w = self.kv_b.weight.view(self.n_head, self.nope + self.v, self.latent)
+        q_latent = q_nope @ w[:, :self.nope]  # (B, H, T, latent)
+        y = attend(torch.cat((q_latent, q_rope), dim=-1), torch.cat((latent, k_rope), dim=-1), latent, None,
+                   scale=self.scale)
+        return y @ w[:, self.nope:].transpose(1, 2)  # (B, H, T, v)
+
+
+ATTENTIONS = {'mha': CausalSelfAttention, 'mla': LatentAttention}
 
 
 class KVCache:
@@ -476,10 +621,11 @@ class MLP(nn.Module):
     """up, activation, down: GPT-2's with GELU (tanh form, as GPT-2 computes it), 2017's with ReLU."""
     gated = False
 
-    def __init__(self, config):
+    def __init__(self, config, hidden=None):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, config.hidden_size, bias=config.bias)
-        self.c_proj = nn.Linear(config.hidden_size, config.n_embd, bias=config.bias)
+        hidden = hidden or config.hidden_size
+        self.c_fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
         self.relu = config.mlp == 'relu'
 
@@ -493,11 +639,12 @@ class GatedMLP(nn.Module):
     """down(act(gate(x)) * up(x)): SwiGLU with SiLU as the gate's activation, GEGLU with GELU."""
     gated = True
 
-    def __init__(self, config):
+    def __init__(self, config, hidden=None):
         super().__init__()
+        hidden = hidden or config.hidden_size
         # gate and up in one matmul: [gate | up] along the output dimension
-        self.c_fc = nn.Linear(config.n_embd, 2 * config.hidden_size, bias=config.bias)
-        self.c_proj = nn.Linear(config.hidden_size, config.n_embd, bias=config.bias)
+        self.c_fc = nn.Linear(config.n_embd, 2 * hidden, bias=config.bias)
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
         self.silu = config.mlp != 'geglu'
 
@@ -507,20 +654,141 @@ class GatedMLP(nn.Module):
         return self.dropout(self.c_proj(gate * up))
 
 
-MLPS = {'gelu': MLP, 'relu': MLP, 'swiglu': GatedMLP, 'geglu': GatedMLP}
+def _fused_grouped_mm(x):
+    """PyTorch's grouped matmul is a fused kernel on CUDA in bf16 (on the CPU a slower loop of its own)."""
+    return x.is_cuda and x.dtype == torch.bfloat16 and hasattr(F, 'grouped_mm')
+
+
+class Experts(nn.Module):
+    """n_expert SwiGLU experts as stacked weights: c_fc (E, 2*hidden, d) as [gate | up], c_proj (E, d, hidden)."""
+
+    def __init__(self, config):
+        super().__init__()
+        E, h, d = config.n_expert, config.expert_hidden, config.n_embd
+        self.k = config.n_expert_active
+        self.c_fc = nn.Parameter(torch.randn(E, 2 * h, d) * 0.02)
+        self.c_proj = nn.Parameter(torch.randn(E, d, h) * 0.02)  # GPT rescales it with the other c_proj
+
+    def token_flops(self, seq_len):
+        """Forward + backward FLOPs per token: the k experts it goes to, not the others."""
+        return 6 * self.k * (self.c_fc[0].numel() + self.c_proj[0].numel())
+
+    def forward(self, x, experts, weights):
+        """x (N, d); experts, weights (N, k): each token's sum of weight * expert(token), dropless.
+        Tokens are grouped by expert so each expert runs one matmul over all its tokens."""
+        N, k = experts.shape
+        order = experts.flatten().argsort(stable=True)  # the N*k (token, expert) pairs, grouped by expert
+        tokens = order // k
+        counts = torch.bincount(experts.flatten(), minlength=self.c_fc.size(0))
+        xs = x[tokens]
+        if _fused_grouped_mm(xs):  # one kernel for all experts
+            ends = counts.cumsum(0).to(torch.int32)
+            gate, up = F.grouped_mm(xs, self.c_fc.transpose(1, 2), offs=ends).chunk(2, dim=-1)
+            ys = F.grouped_mm(F.silu(gate) * up, self.c_proj.transpose(1, 2), offs=ends)
+        else:  # a loop over experts, not tokens
+            ys, start = torch.empty_like(xs), 0
+            for e, n in enumerate(counts.tolist()):
+                if n:
+                    gate, up = F.linear(xs[start:start + n], self.c_fc[e]).chunk(2, dim=-1)
+                    ys[start:start + n] = F.linear(F.silu(gate) * up, self.c_proj[e])
+                    start += n
+        ys = ys * weights.flatten()[order, None].to(ys.dtype)
+        return torch.zeros_like(x).index_add_(0, tokens, ys)
+
+
+ROUTERS = ('softmax', 'sigmoid')
+
+
+class MoE(nn.Module):
+    """Mixture of experts: each token goes to n_expert_active of n_expert SwiGLU experts, weighted by the
+    router, plus n_shared_expert always-on experts (DeepSeekMoE). Dropless: every token is computed by the
+    experts it chose, however uneven the choice.
+
+    router='softmax' (Mixtral, Qwen3-MoE): softmax over all experts, top-k. router='sigmoid' (DeepSeek-V3):
+    sigmoid scores; a per-expert bias, added only to choose experts, is moved outside the gradient toward
+    even load (balance_experts). With groups, a token's experts come from its topk_group best groups (a
+    group scored by its best expert, or with sigmoid its best two, as DeepSeek-V2 and V3 do).
+    The load and the balancing losses of each forward are kept for logging (report_and_reset)."""
+    gated = True
+
+    def __init__(self, config):
+        super().__init__()
+        self.k, self.E, self.sigmoid = config.n_expert_active, config.n_expert, config.router == 'sigmoid'
+        self.groups, self.topk_group, self.norm_topk = config.n_expert_group, config.topk_group, config.router_norm_topk
+        self.scaling, self.aux_coef, self.z_coef = config.routed_scaling, config.moe_aux_loss_coef, config.moe_z_loss_coef
+        self.router = nn.Linear(config.n_embd, self.E, bias=False)
+        self.experts = Experts(config)
+        self.shared = GatedMLP(config, config.n_shared_expert * config.expert_hidden) if config.n_shared_expert else None
+        if self.sigmoid:  # saved: it is part of what the model computes
+            self.register_buffer('expert_bias', torch.zeros(self.E))
+        self.register_buffer('load', torch.zeros(self.E), persistent=False)  # assignments per expert
+        self.register_buffer('losses', torch.zeros(3), persistent=False)  # aux loss, z loss, forwards
+        self.dropout = nn.Dropout(config.dropout)
+        self.loss = None  # what this forward adds to the training loss
+
+    def forward(self, x):
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        logits = self.router(x).float()
+        scores = logits.sigmoid() if self.sigmoid else logits.softmax(dim=-1)
+        choice = scores + self.expert_bias if self.sigmoid else scores
+        if self.groups > 1:
+            grouped = choice.view(-1, self.groups, self.E // self.groups)
+            group_score = grouped.topk(min(2, grouped.size(-1)), dim=-1).values.sum(-1) if self.sigmoid \
+                else grouped.amax(dim=-1)
+            best = group_score.topk(self.topk_group, dim=-1).indices
+            keep = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, best, True)
+            choice = choice.masked_fill(~keep.repeat_interleave(self.E // self.groups, dim=1), float('-inf'))
+        experts = choice.topk(self.k, dim=-1).indices
+        weights = scores.gather(1, experts)
+        if self.norm_topk:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        y = self.experts(x, experts, weights * self.scaling)
+        if self.shared is not None:
+            y = y + self.shared(x)
+        self._account(logits, scores, experts)
+        return self.dropout(y.view(shape))
+
+    def _account(self, logits, scores, experts):
+        """Load and balancing losses of this forward: kept for logging, and the training loss's share."""
+        counts = torch.zeros_like(self.load).scatter_add_(0, experts.flatten(), torch.ones_like(
+            experts.flatten(), dtype=self.load.dtype))
+        self.load += counts
+        # Switch Transformer: E * sum_e (share of assignments to e) * (mean router probability of e); 1 when even
+        share = counts / experts.numel()
+        probs = scores / scores.sum(dim=-1, keepdim=True) if self.sigmoid else scores
+        aux = self.E * (share * probs.mean(dim=0)).sum()
+        z = torch.logsumexp(logits, dim=-1).pow(2).mean()  # ST-MoE: keeps router logits small
+        self.losses += torch.stack((aux.detach(), z.detach(), torch.ones_like(z)))
+        self.loss = self.aux_coef * aux + self.z_coef * z if self.training and (self.aux_coef or self.z_coef) else None
+
+    def inactive_params(self):
+        """Parameters of the experts a token does not go to."""
+        return (self.E - self.k) * (self.experts.c_fc[0].numel() + self.experts.c_proj[0].numel())
+
+    @torch.no_grad()
+    def balance(self, rate):
+        """DeepSeek-V3's auxiliary-loss-free balancing: each expert's bias moves by `rate` toward even load
+        (up if it got less than the mean since the last call, down if more). The load then restarts."""
+        if self.sigmoid and rate:
+            self.expert_bias += rate * torch.sign(self.load.mean() - self.load)
+        self.load.zero_()
+
+
+MLPS = {'gelu': MLP, 'relu': MLP, 'swiglu': GatedMLP, 'geglu': GatedMLP, 'moe': MoE}
 
 
 # ----------------------------------------------------------------------------- block and model
 
 class Block(nn.Module):
 
-    def __init__(self, config):
+    def __init__(self, config, layer=0):
         super().__init__()
         self.prenorm = config.prenorm
         self.ln_1 = make_norm(config)
         self.attn = ATTENTIONS[config.attn](config)
         self.ln_2 = make_norm(config)
-        self.mlp = MLPS[config.mlp](config)
+        self.mlp = MLPS[config.mlp_of(layer)](config)
 
     def forward(self, x, rope=None, mask=None, cache=None, layer=0):
         if self.prenorm:  # the residual path stays an identity from the top to the bottom
@@ -539,7 +807,7 @@ class GPT(nn.Module):
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             wpe=POSITIONS[config.pos](config),  # GPT-2's learned table keeps its name; rotary tables hold no weights
             drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
             # post-norm blocks already end in a norm, so only pre-norm needs a final one
             ln_f=make_norm(config) if config.prenorm else nn.Identity(),
         ))
@@ -550,7 +818,7 @@ class GPT(nn.Module):
         self.apply(self._init_weights)
         # GPT-2's scaled init of the projections that write into the residual stream
         for name, p in self.named_parameters():
-            if name.endswith('c_proj.weight'):
+            if name.endswith(('c_proj.weight', 'experts.c_proj')):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def _init_weights(self, module):
@@ -561,20 +829,59 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def get_num_params(self, non_embedding=False):
-        """Parameters (tied ones once). non_embedding=True leaves out the position table, as nanoGPT reports."""
+    def get_num_params(self, non_embedding=False, active=False):
+        """Parameters (tied ones once). non_embedding=True leaves out the position table, as nanoGPT reports;
+        active=True only counts the experts a token goes to (MoE)."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding and isinstance(self.transformer.wpe, LearnedPositions):
             n -= self.transformer.wpe.weight.numel()
+        if active:
+            n -= sum(m.inactive_params() for m in self.modules() if isinstance(m, MoE))
         return n
 
     def forward(self, idx, targets=None, cache=None):
-        """Logits for every position (B, T, vocab), and the loss when targets are given."""
+        """Logits for every position (B, T, vocab), and the loss when targets are given (in training, with
+        the MoE balancing losses the config switches on)."""
         logits = self.lm_head(self.hidden_states(idx, cache))
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
+            balancing = [m.loss for m in self.moe_layers() if m.loss is not None]
+            if balancing:  # the mean over layers: a coefficient means the same at any depth
+                loss = loss + sum(balancing) / len(balancing)
         return logits, loss
+
+    # ------------------------------------------------------------------------- mixture of experts
+
+    def moe_layers(self):
+        return [block.mlp for block in self.transformer.h if isinstance(block.mlp, MoE)]
+
+    def moe_report(self):
+        """Since the last call: per MoE layer the share of assignments each expert got, the max/mean load,
+        and the mean balancing losses (unweighted). Then every count restarts."""
+        report = {'load': [], 'max_over_mean': []}
+        totals = torch.zeros(3)
+        for m in self.moe_layers():
+            load = m.load.float().cpu()
+            share = load / load.sum().clamp(min=1)
+            report['load'].append([round(v, 4) for v in share.tolist()])
+            report['max_over_mean'].append(round((load.max() / load.mean().clamp(min=1e-9)).item(), 3))
+            totals += m.losses.cpu()
+            m.load.zero_()
+            m.losses.zero_()
+        if totals[2]:
+            report.update(aux_loss=(totals[0] / totals[2]).item(), z_loss=(totals[1] / totals[2]).item())
+        return report
+
+    def balance_experts(self):
+        """After an optimizer step: move the sigmoid routers' balancing biases (config.moe_bias_update_rate)
+        by the load since the last step, then restart the counts. With DDP, all-reduce moe_counters() first."""
+        for m in self.moe_layers():
+            m.balance(self.config.moe_bias_update_rate)
+
+    def moe_counters(self):
+        """The MoE layers' running counts (load, losses): what DDP ranks sum before using them."""
+        return [t for m in self.moe_layers() for t in (m.load, m.losses)]
 
     def hidden_states(self, idx, cache=None):
         """The final normalized hidden states (B, T, n_embd); with a cache, idx continues what it holds."""
@@ -735,10 +1042,14 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
 # One entry per transformers architecture: the flag values it can carry (every other flag must keep its
 # default), its config read into our flags and written back, and one name table used both ways.
 # A table row is (our name, HF name or names, how): several HF names are concatenated along dim 0 in our
-# tensor (q, k, v into c_attn; gate, up into c_fc); how='T' transposes matrices (GPT-2's Conv1D). {i} is the layer,
-# {b} 'weight' or 'bias'; rows whose tensor a model does not have are skipped.
+# tensor (q, k, v into c_attn; gate, up into c_fc); `how` names a transform of _TRANSFORMS ('T': GPT-2's Conv1D
+# matrices are transposed; 'rope_q', 'rope_kv': DeepSeek's rotated rows reordered). {i} is the layer, {b}
+# 'weight' or 'bias'; rows whose tensor a model does not have are skipped.
 
 ANY = None  # in a family's `carries`: any value of that flag
+_MOE_SETTINGS = ('n_expert', 'n_expert_active', 'moe_hidden', 'n_shared_expert', 'router', 'router_norm_topk',
+                 'n_expert_group', 'topk_group', 'routed_scaling', 'first_dense_layers', 'moe_aux_loss_coef',
+                 'moe_z_loss_coef', 'moe_bias_update_rate')
 
 
 @dataclass
@@ -751,10 +1062,13 @@ class HFFamily:
     write_config: callable  # GPTConfig -> HF config kwargs
 
     def blocking(self, config):
-        """The flags (name=value) of config this family cannot represent."""
+        """The flags (name=value) of config this family cannot represent (a dense model's MoE settings, which
+        change nothing, aside)."""
         defaults = GPTConfig.__dataclass_fields__
         out = []
         for f in fields(config):
+            if f.name in _MOE_SETTINGS and config.mlp != 'moe':
+                continue
             value = getattr(config, f.name)
             allowed = self.carries.get(f.name, (defaults[f.name].default,))
             if allowed is not ANY and value not in allowed:
@@ -899,6 +1213,109 @@ def _qwen3_read(c):
     return {**_llama_like_read(c), 'qk_norm': True, 'sliding_window': _qwen_window(c)}
 
 
+def _moe_read(c, experts, hidden, **flags):
+    return dict(mlp='moe', n_expert=experts, n_expert_active=c.num_experts_per_tok, moe_hidden=hidden,
+                router='softmax', **flags)
+
+
+def _moe_write(cfg):
+    return dict(num_experts_per_tok=cfg.n_expert_active, router_aux_loss_coef=cfg.moe_aux_loss_coef)
+
+
+def _mixtral_read(c):
+    return {**_mistral_read(c), **_moe_read(c, c.num_local_experts, c.intermediate_size, router_norm_topk=True)}
+
+
+def _mixtral_write(cfg):
+    return {**_mistral_write(cfg), **_moe_write(cfg), 'num_local_experts': cfg.n_expert,
+            'intermediate_size': cfg.expert_hidden}
+
+
+def _qwen3_moe_read(c):
+    dense = list(getattr(c, 'mlp_only_layers', None) or [])
+    if c.decoder_sparse_step != 1 or dense != list(range(len(dense))):
+        raise ValueError(f"dense layers other than the first ones (decoder_sparse_step={c.decoder_sparse_step}, "
+                         f"mlp_only_layers={dense}) are not supported")
+    return {**_qwen3_read(c), **_moe_read(c, c.num_experts, c.moe_intermediate_size,
+                                          router_norm_topk=bool(c.norm_topk_prob), first_dense_layers=len(dense))}
+
+
+def _qwen3_moe_write(cfg):
+    return {**_qwen3_write(cfg), **_moe_write(cfg), 'num_experts': cfg.n_expert, 'moe_intermediate_size': cfg.expert_hidden,
+            'norm_topk_prob': cfg.router_norm_topk, 'decoder_sparse_step': 1,
+            'mlp_only_layers': list(range(cfg.first_dense_layers))}
+
+
+def _deepseek_read(c):
+    if getattr(c, 'rope_interleave', True) is not True:
+        raise ValueError("rope_interleave=False is not supported (DeepSeek's checkpoints rotate pairs)")
+    if c.hidden_act != 'silu' or getattr(c, 'mlp_bias', False) or getattr(c, 'attention_bias', False):
+        raise ValueError("DeepSeek checkpoints with biases or an activation other than silu are not supported")
+    flags = {**_llama_like_read(c), 'n_kv_head': None, 'head_dim': None, 'attn': 'mla', 'kv_lora_rank': c.kv_lora_rank,
+             'q_lora_rank': c.q_lora_rank or None, 'qk_nope_head_dim': c.qk_nope_head_dim,
+             'qk_rope_head_dim': c.qk_rope_head_dim, 'v_head_dim': c.v_head_dim}
+    if c.first_k_dense_replace < c.num_hidden_layers:  # MoE layers after the first dense ones
+        v3 = c.model_type == 'deepseek_v3'
+        if not v3 and c.topk_method not in ('greedy', 'group_limited_greedy'):
+            raise ValueError(f"topk_method {c.topk_method!r} is not supported")
+        groups = (c.n_group or 1) if v3 or c.topk_method == 'group_limited_greedy' else 1
+        flags.update(mlp='moe', n_expert=c.n_routed_experts, n_expert_active=c.num_experts_per_tok,
+                     moe_hidden=c.moe_intermediate_size, n_shared_expert=c.n_shared_experts or 0,
+                     router='sigmoid' if v3 else 'softmax', router_norm_topk=bool(c.norm_topk_prob) if v3 else False,
+                     n_expert_group=groups, topk_group=(c.topk_group or 1) if groups > 1 else 1,
+                     routed_scaling=float(c.routed_scaling_factor), first_dense_layers=c.first_k_dense_replace)
+    return flags
+
+
+def _deepseek_write(cfg):
+    dims = cfg.mla_dims
+    moe = cfg.mlp == 'moe'
+    out = {**_llama_like_write(cfg), 'num_key_value_heads': cfg.n_head, 'kv_lora_rank': dims['latent'],
+           'q_lora_rank': dims['q_latent'] or None, 'qk_nope_head_dim': dims['nope'],
+           'qk_rope_head_dim': dims['rope'], 'v_head_dim': dims['v'],
+           'first_k_dense_replace': cfg.first_dense_layers if moe else cfg.n_layer,
+           'n_routed_experts': cfg.n_expert, 'num_experts_per_tok': cfg.n_expert_active,
+           'moe_intermediate_size': cfg.expert_hidden, 'n_shared_experts': cfg.n_shared_expert,
+           'routed_scaling_factor': float(cfg.routed_scaling), 'n_group': cfg.n_expert_group,
+           'topk_group': cfg.topk_group, 'norm_topk_prob': cfg.router_norm_topk}
+    del out['head_dim']  # DeepSeek derives its own
+    return out
+
+
+def _deepseek_v2_write(cfg):
+    return {**_deepseek_write(cfg), 'topk_method': 'group_limited_greedy' if cfg.n_expert_group > 1 else 'greedy'}
+
+
+def _rope_rows(tensor, config, rows_of, inverse):
+    """DeepSeek's checkpoints rotate pairs (x[2j], x[2j+1]); we rotate halves (x[j], x[j + d/2]): reorder the
+    rows that make the rotated parts (the same rotation, so the same attention)."""
+    d = config.mla_dims['rope']
+    order = torch.cat((torch.arange(0, d, 2), torch.arange(1, d, 2)))
+    order = order.argsort() if inverse else order
+    tensor = tensor.clone()
+    for start in rows_of(config):
+        tensor[start:start + d] = tensor[start:start + d][order]
+    return tensor
+
+
+def _q_rope_rows(config):
+    dims = config.mla_dims
+    width = dims['nope'] + dims['rope']
+    return [h * width + dims['nope'] for h in range(config.n_head)]
+
+
+def _kv_rope_rows(config):
+    return [config.mla_dims['latent']]
+
+
+_TRANSFORMS = {  # how -> (HF to ours, ours to HF), each (tensor, config) -> tensor
+    'T': (lambda t, c: t.t() if t.dim() == 2 else t, lambda t, c: t.t().contiguous() if t.dim() == 2 else t),
+    'rope_q': (lambda t, c: _rope_rows(t, c, _q_rope_rows, False), lambda t, c: _rope_rows(t, c, _q_rope_rows, True)),
+    'rope_kv': (lambda t, c: _rope_rows(t, c, _kv_rope_rows, False),
+                lambda t, c: _rope_rows(t, c, _kv_rope_rows, True)),
+}
+
+
 _SIZES = {k: ANY for k in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'dropout', 'norm_eps',
                            'ffn_hidden', 'multiple_of', 'tie_embeddings')}
 _ROPE = {k: ANY for k in ('rope_theta', 'rope_scaling', 'rope_factor', 'rope_original_length', 'rope_low_freq_factor',
@@ -922,7 +1339,30 @@ _LLAMA_NAMES = [
     ('transformer.h.{i}.attn.k_norm.weight', 'model.layers.{i}.self_attn.k_norm.weight', None),
     ('transformer.h.{i}.mlp.c_fc.{b}', ('model.layers.{i}.mlp.gate_proj.{b}', 'model.layers.{i}.mlp.up_proj.{b}'), None),
     ('transformer.h.{i}.mlp.c_proj.{b}', 'model.layers.{i}.mlp.down_proj.{b}', None),
+    # MoE layers: transformers keeps its experts stacked as we do, [gate | up] too
+    ('transformer.h.{i}.mlp.router.weight', 'model.layers.{i}.mlp.gate.weight', None),
+    ('transformer.h.{i}.mlp.expert_bias', 'model.layers.{i}.mlp.gate.e_score_correction_bias', None),
+    ('transformer.h.{i}.mlp.experts.c_fc', 'model.layers.{i}.mlp.experts.gate_up_proj', None),
+    ('transformer.h.{i}.mlp.experts.c_proj', 'model.layers.{i}.mlp.experts.down_proj', None),
+    ('transformer.h.{i}.mlp.shared.c_fc.weight', ('model.layers.{i}.mlp.shared_experts.gate_proj.weight',
+                                                  'model.layers.{i}.mlp.shared_experts.up_proj.weight'), None),
+    ('transformer.h.{i}.mlp.shared.c_proj.weight', 'model.layers.{i}.mlp.shared_experts.down_proj.weight', None),
 ]
+_MOE = {k: ANY for k in ('n_expert', 'n_expert_active', 'moe_hidden', 'moe_aux_loss_coef', 'moe_z_loss_coef')}
+_DEEPSEEK_NAMES = [row for row in _LLAMA_NAMES if '.attn.' not in row[0]] + [
+    ('transformer.h.{i}.attn.q_proj.weight', 'model.layers.{i}.self_attn.q_proj.weight', 'rope_q'),
+    ('transformer.h.{i}.attn.q_a.weight', 'model.layers.{i}.self_attn.q_a_proj.weight', None),
+    ('transformer.h.{i}.attn.q_a_norm.weight', 'model.layers.{i}.self_attn.q_a_layernorm.weight', None),
+    ('transformer.h.{i}.attn.q_b.weight', 'model.layers.{i}.self_attn.q_b_proj.weight', 'rope_q'),
+    ('transformer.h.{i}.attn.kv_a.weight', 'model.layers.{i}.self_attn.kv_a_proj_with_mqa.weight', 'rope_kv'),
+    ('transformer.h.{i}.attn.kv_norm.weight', 'model.layers.{i}.self_attn.kv_a_layernorm.weight', None),
+    ('transformer.h.{i}.attn.kv_b.weight', 'model.layers.{i}.self_attn.kv_b_proj.weight', None),
+    ('transformer.h.{i}.attn.c_proj.weight', 'model.layers.{i}.self_attn.o_proj.weight', None),
+]
+_DEEPSEEK = {**_LLAMA_LIKE, **_MOE, 'bias': (False,), 'attn': ('mla',), 'n_kv_head': (None,), 'head_dim': (None,),
+             'mlp': ('swiglu', 'moe'), 'n_shared_expert': ANY, 'routed_scaling': ANY, 'n_expert_group': ANY,
+             'topk_group': ANY, 'first_dense_layers': ANY, 'kv_lora_rank': ANY, 'q_lora_rank': ANY,
+             'qk_nope_head_dim': ANY, 'qk_rope_head_dim': ANY, 'v_head_dim': ANY}
 
 HF_FAMILIES = {  # in the order export tries them: the first that carries every flag is used
     'gpt2': HFFamily('gpt2', 'GPT2LMHeadModel', {**_SIZES, 'bias': ANY}, _GPT2_NAMES, _gpt2_read, _gpt2_write),
@@ -936,6 +1376,19 @@ HF_FAMILIES = {  # in the order export tries them: the first that carries every 
     'qwen3': HFFamily('qwen3', 'Qwen3ForCausalLM',
                       {**_LLAMA_LIKE, 'bias': (False,), 'qk_norm': (True,), 'sliding_window': ANY},
                       _LLAMA_NAMES, _qwen3_read, _qwen3_write),
+    'mixtral': HFFamily('mixtral', 'MixtralForCausalLM', {**_LLAMA_LIKE, **_MOE, 'bias': (False,), 'mlp': ('moe',),
+                                                          'sliding_window': ANY}, _LLAMA_NAMES, _mixtral_read,
+                        _mixtral_write),
+    'qwen3_moe': HFFamily('qwen3_moe', 'Qwen3MoeForCausalLM',
+                          {**_LLAMA_LIKE, **_MOE, 'bias': (False,), 'qk_norm': (True,), 'mlp': ('moe',),
+                           'sliding_window': ANY, 'router_norm_topk': ANY, 'first_dense_layers': ANY},
+                          _LLAMA_NAMES, _qwen3_moe_read, _qwen3_moe_write),
+    'deepseek_v3': HFFamily('deepseek_v3', 'DeepseekV3ForCausalLM',
+                            {**_DEEPSEEK, 'router': ('sigmoid',), 'router_norm_topk': ANY, 'moe_bias_update_rate': ANY},
+                            _DEEPSEEK_NAMES, _deepseek_read, _deepseek_write),
+    'deepseek_v2': HFFamily('deepseek_v2', 'DeepseekV2ForCausalLM', {**_DEEPSEEK, 'router': ('softmax',),
+                                                                      'router_norm_topk': (False,)},
+                            _DEEPSEEK_NAMES, _deepseek_read, _deepseek_v2_write),
 }
 
 
@@ -956,7 +1409,7 @@ def hf_to_ours(hf_state, model, family):
         if name not in ours or not all(h in hf_state for h in hf_names):
             continue
         tensor = torch.cat([hf_state[h] for h in hf_names]) if len(hf_names) > 1 else hf_state[hf_names[0]]
-        state[name] = tensor.t() if how == 'T' and tensor.dim() == 2 else tensor
+        state[name] = _TRANSFORMS[how][0](tensor, model.config) if how else tensor
         used.update(hf_names)
     if model.config.tie_embeddings:
         state['lm_head.weight'] = state['transformer.wte.weight']
@@ -973,7 +1426,7 @@ def ours_to_hf(model, hf_state, family):
         if name not in model.state_dict():
             continue
         tensor = model.state_dict()[name].detach().clone()
-        tensor = tensor.t().contiguous() if how == 'T' and tensor.dim() == 2 else tensor
+        tensor = _TRANSFORMS[how][1](tensor, model.config) if how else tensor
         parts = tensor.split([hf_state[h].size(0) for h in hf_names]) if len(hf_names) > 1 else (tensor,)
         out.update(zip(hf_names, parts))
     # a family whose layers always have biases (GPT-2) gets zeros where our bias=False model has none

@@ -205,11 +205,13 @@ if ddp:
 
 @torch.no_grad()
 def estimate_loss():
-    """Mean loss on eval_iters fixed batches per split, shared out across DDP processes."""
+    """Mean loss on eval_iters fixed batches per split, shared out across DDP processes; with MoE layers,
+    also their load and balancing losses on the val batches (out['moe'])."""
     eval_model.eval()
     out = {}
     for split in ('train', 'val'):
         generator = torch.Generator().manual_seed(EVAL_SEED + (split == 'val'))
+        raw_model.moe_report()  # restart the experts' counts
         total = torch.zeros((), device=device)
         for k in range(eval_iters):
             x, y = get_batch(split, generator)
@@ -220,8 +222,28 @@ def estimate_loss():
         if ddp:
             torch.distributed.all_reduce(total)
         out[split] = total.item() / eval_iters
+    if raw_model.moe_layers():
+        if ddp:
+            for counter in raw_model.moe_counters():
+                torch.distributed.all_reduce(counter)
+        out['moe'] = raw_model.moe_report()
     eval_model.train()
     return out
+
+
+def flat_record(record):
+    """A log.jsonl record with its nested values (MoE load per layer and expert) as wandb's flat keys."""
+    flat = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            value = {f'{key}/{k}': v for k, v in value.items()}
+        elif isinstance(value, list):
+            value = {f'{key}/{i}': v for i, v in enumerate(value)}
+        else:
+            value = {key: value}
+        for k, v in value.items():
+            flat.update(flat_record({k: v}) if isinstance(v, (dict, list)) else {k: v})
+    return flat
 
 
 def get_lr(it):
@@ -290,10 +312,12 @@ while True:
             if eval_only:  # an evaluation of the trained model, maybe at another length or scaling: say so
                 record.update(eval_only=True, **{k: getattr(raw_model.config, k) for k in RUNTIME_FLAGS
                                                  if k != 'dropout' and getattr(raw_model.config, k) != trained_args[k]})
+            if 'moe' in losses:  # the experts' load: a collapsed router shows as an expert with share 0
+                record['moe'] = losses['moe']
             with open(log_path, 'a') as f:
                 f.write(json.dumps(record) + '\n')
             if wandb_log:
-                wandb.log({**record, 'mfu': running_mfu * 100})
+                wandb.log({**flat_record(record), 'mfu': running_mfu * 100})
             improved = losses['val'] < best_val_loss
             best_val_loss = min(best_val_loss, losses['val'])
             if (improved or always_save_checkpoint) and iter_num > 0 and not eval_only:
@@ -326,6 +350,11 @@ while True:
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
+    if raw_model.moe_layers():  # sigmoid routers' balancing bias follows this step's load, the same on every rank
+        if ddp:
+            for counter in raw_model.moe_counters():
+                torch.distributed.all_reduce(counter)
+        raw_model.balance_experts()
     iter_num += 1
 
     logging = iter_num % log_interval == 0 or iter_num == max_iters

@@ -85,6 +85,11 @@ DIMENSIONS = [
     [{}, {'qk_norm': True}],
     [{}, {'qkv_bias': True, 'bias': False}],
     [{}, {'head_dim': 12}],  # heads wider than n_embd / n_head = 8
+    # DeepSeek's MoE (what an MoE layer does with it; other MLPs ignore it): sigmoid router and groups, a
+    # shared expert, a dense first layer
+    [{}, {'router': 'sigmoid', 'n_expert_group': 2, 'topk_group': 1, 'n_shared_expert': 1, 'first_dense_layers': 1,
+          'routed_scaling': 2.5}],
+    [{}, {'q_lora_rank': 16, 'v_head_dim': 6}],  # MLA's query bottleneck and a value width of its own
 ]
 
 
@@ -843,6 +848,227 @@ def test_dynamic_rope_is_exact_with_a_cache_within_its_original_length_only():
         assert ((step - full).abs().max() < 1e-5) == (i < 8), i
 
 
+# ----------------------------------------------------------------------------- multi-head latent attention
+
+def mla_reference(attn, x, tables):
+    """MLA written out per head in float64: queries (through the bottleneck when there is one), keys and
+    values rebuilt from the normalized latent, the rotated parts, causal softmax at scale 1/sqrt(dn + dr)."""
+    x = x.double()
+    H, dn, dr, dv, r = attn.n_head, attn.nope, attn.rope, attn.v, attn.latent
+    rms = lambda t, w: t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+    lin = lambda t, layer: t @ layer.weight.double().T + (layer.bias.double() if layer.bias is not None else 0)
+    q = lin(rms(lin(x, attn.q_a), attn.q_a_norm.weight), attn.q_b) if hasattr(attn, 'q_a') else lin(x, attn.q_proj)
+    kv_a = lin(x, attn.kv_a)
+    latent, k_rope = rms(kv_a[..., :r], attn.kv_norm.weight), kv_a[..., r:]
+    kv = lin(latent, attn.kv_b)
+    B, T, _ = x.shape
+    cos, sin = (t.double() for t in tables)
+    rotate = lambda t: t * cos + torch.cat((-t[..., dr // 2:], t[..., :dr // 2]), -1) * sin
+    heads = []
+    for h in range(H):
+        qh = q[..., h * (dn + dr):(h + 1) * (dn + dr)]
+        kh, vh = kv[..., h * (dn + dv):h * (dn + dv) + dn], kv[..., h * (dn + dv) + dn:(h + 1) * (dn + dv)]
+        qh = torch.cat((qh[..., :dn], rotate(qh[..., dn:])), -1)
+        kh = torch.cat((kh, rotate(k_rope)), -1)
+        scores = qh @ kh.transpose(-1, -2) / math.sqrt(dn + dr)
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float('-inf'))
+        heads.append(scores.softmax(-1) @ vh)
+    return lin(torch.cat(heads, -1), attn.c_proj).float()
+
+
+@pytest.mark.parametrize('q_lora', [None, 12])
+def test_latent_attention_matches_the_written_out_reference(q_lora):
+    cfg = tiny_config(attn='mla', pos='rope', q_lora_rank=q_lora, v_head_dim=6, bias=True)
+    torch.manual_seed(70)
+    attn = M.LatentAttention(cfg).eval()
+    with torch.no_grad():
+        for name, p in attn.named_parameters():
+            p.copy_(torch.randn_like(p) * 0.3 + (1.0 if 'norm' in name else 0.0))
+    x = torch.randn(2, 9, N_EMBD)
+    tables = rope_tables(M.Rotary(cfg), 0, 9)
+    with torch.no_grad():
+        assert_close(attn(x, tables), mla_reference(attn, x, tables), atol=1e-4)
+
+
+@torch.no_grad()
+def test_absorbed_decoding_equals_rebuilding_keys_and_values():
+    model = build(attn='mla', pos='rope', norm='rms', q_lora_rank=16)
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(71))
+    absorbed = generate_recording_logits(model, prompt, 30, use_cache=True)
+    for block in model.transformer.h:
+        block.attn.absorb = False
+    rebuilt = generate_recording_logits(model, prompt, 30, use_cache=True)
+    assert torch.equal(absorbed[0], rebuilt[0])
+    assert_close(absorbed[1], rebuilt[1], atol=1e-5)
+
+
+def test_latent_cache_is_the_latent_and_one_rotated_key_whatever_the_heads():
+    for n_head in (2, 4, 8):
+        model = build(attn='mla', pos='rope', n_head=n_head, kv_lora_rank=20, qk_rope_head_dim=6)
+        assert model.kv_cache_bytes(3, 10) == 2 * 3 * 10 * (20 + 6) * 4  # layers, batch, positions, floats
+    assert build(attn='mla', pos='learned', kv_lora_rank=20).kv_cache_bytes(1, 10) == 2 * 10 * 20 * 4
+
+
+# ----------------------------------------------------------------------------- mixture of experts
+
+def moe(**overrides):
+    torch.manual_seed(60)
+    cfg = tiny_config(**{'mlp': 'moe', 'n_expert': 4, 'n_expert_active': 2, 'moe_hidden': 24, 'norm': 'rms',
+                         **overrides})
+    layer = M.MoE(cfg).eval()
+    with torch.no_grad():  # big enough router weights that choices are clear-cut, and a bias that matters
+        layer.router.weight.normal_(0, 0.5)
+        if cfg.router == 'sigmoid':
+            layer.expert_bias.copy_(torch.tensor([0.5, -0.5, 0.2, 0.0]))
+    return layer
+
+
+def expert_reference(layer, x, e):
+    """Expert e of an MoE layer on x (N, d), written out: down(silu(gate x) * up x)."""
+    W1, W2 = layer.experts.c_fc[e], layer.experts.c_proj[e]
+    h = W1.size(0) // 2
+    gate, up = x @ W1[:h].T, x @ W1[h:].T
+    return (gate * torch.sigmoid(gate) * up) @ W2.T
+
+
+def routing_reference(layer, x, router, norm_topk, groups, topk_group, scaling):
+    """Token by token: the experts each router picks, and their weights (Mixtral / Qwen3-MoE / DeepSeek-V2 / V3)."""
+    out = []
+    for token in x:
+        logits = layer.router.weight @ token
+        if router == 'softmax':
+            scores = logits.softmax(-1)
+            choice = scores.clone()
+        else:
+            scores = logits.sigmoid()
+            choice = scores + layer.expert_bias
+        size = len(choice) // groups
+        if groups > 1:
+            group_scores = [sorted(choice[g * size:(g + 1) * size].tolist())[-(2 if router == 'sigmoid' else 1):]
+                            for g in range(groups)]
+            best = sorted(range(groups), key=lambda g: -sum(group_scores[g]))[:topk_group]
+            choice = torch.tensor([c if i // size in best else -1e9 for i, c in enumerate(choice.tolist())])
+        picked = sorted(range(len(choice)), key=lambda i: -choice[i].item())[:layer.k]
+        weights = scores[picked]
+        if norm_topk:
+            weights = weights / weights.sum()
+        out.append(sum(w * scaling * expert_reference(layer, token[None], e)[0] for w, e in zip(weights, picked)))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize('router,norm_topk,groups,topk_group,scaling,shared', [
+    ('softmax', True, 1, 1, 1.0, 0),  # Mixtral
+    ('softmax', False, 1, 1, 1.0, 0),  # Qwen3-MoE without renormalisation
+    ('softmax', False, 2, 1, 1.5, 1),  # DeepSeek-V2: group-limited greedy, scaled, a shared expert
+    ('sigmoid', True, 2, 1, 2.5, 1),  # DeepSeek-V3: biased choice, groups by their top two, scaled
+    ('sigmoid', True, 1, 1, 1.0, 0),
+])
+def test_moe_routes_like_the_reference(router, norm_topk, groups, topk_group, scaling, shared):
+    layer = moe(router=router, router_norm_topk=norm_topk, n_expert_group=groups, topk_group=topk_group,
+                routed_scaling=scaling, n_shared_expert=shared)
+    x = torch.randn(2, 7, N_EMBD, generator=torch.Generator().manual_seed(61))
+    with torch.no_grad():
+        expected = routing_reference(layer, x.view(-1, N_EMBD), router, norm_topk, groups, topk_group, scaling)
+        if shared:
+            expected = expected + layer.shared(x.view(-1, N_EMBD))
+        assert_close(layer(x), expected.view(2, 7, N_EMBD), atol=1e-5)
+
+
+def test_moe_fused_grouped_matmul_equals_the_loop(monkeypatch):
+    """The fused path (CUDA) and the loop (elsewhere) compute the same outputs and gradients; torch runs its
+    grouped matmul on the CPU too, so both are checked here."""
+    layer = moe()
+    x = torch.randn(3, 5, N_EMBD, generator=torch.Generator().manual_seed(62))
+    results = []
+    for fused in (False, True):
+        monkeypatch.setattr(M, '_fused_grouped_mm', lambda _: fused)
+        layer.zero_grad()
+        y = layer(x)
+        (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
+        results.append((y.detach(), layer.experts.c_fc.grad.clone(), layer.experts.c_proj.grad.clone()))
+    for a, b in zip(*results):
+        assert_close(a, b, atol=1e-5)
+
+
+def test_active_parameters_are_what_one_token_touches():
+    model = build(mlp='moe', n_expert=4, n_expert_active=2, first_dense_layers=1)
+    model.train()
+    model(torch.tensor([[5]]), torch.tensor([[7]]))[1].backward()
+    untouched = 0
+    for m in model.moe_layers():
+        per_expert = m.experts.c_fc[0].numel() + m.experts.c_proj[0].numel()
+        idle = [e for e in range(4) if m.experts.c_fc.grad[e].abs().sum() == 0]
+        assert len(idle) == 2  # one token: the other 4 - 2 experts get nothing
+        untouched += len(idle) * per_expert
+    assert model.get_num_params(active=True) == model.get_num_params() - untouched
+    assert len(model.moe_layers()) == 1  # the first layer is dense
+
+
+def test_balancing_losses_join_the_training_loss_only():
+    model = build(mlp='moe', n_expert=4, moe_aux_loss_coef=0.01, moe_z_loss_coef=0.001)
+    idx = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(63))
+    plain = build(mlp='moe', n_expert=4)  # same seed: same weights
+    model.train(), plain.train()
+    model.moe_report(), plain.moe_report()
+    loss, base = model(idx, idx)[1], plain(idx, idx)[1]
+    report = model.moe_report()
+    assert loss.item() == pytest.approx(base.item() + 0.01 * report['aux_loss'] + 0.001 * report['z_loss'], rel=1e-5)
+    model.eval()
+    assert model(idx, idx)[1].item() == pytest.approx(base.item(), rel=1e-5)  # evaluation: the plain loss
+
+
+def test_aux_loss_is_one_when_even_and_grows_when_collapsed():
+    layer = moe()
+    g = torch.Generator().manual_seed(64)
+    u = torch.randn(N_EMBD, generator=g)
+    u /= u.norm()
+    x = torch.randn(64, N_EMBD, generator=g) + 3 * u  # every token leans one way
+    with torch.no_grad():
+        layer.router.weight.zero_()  # every expert equally likely: ties spread by topk
+        layer(x)
+        even = layer.losses[0].item()
+        layer.losses.zero_(), layer.load.zero_()
+        layer.router.weight[0], layer.router.weight[1] = 10 * u, 8 * u  # experts 0 and 1 take every token
+        layer(x)
+        collapsed = layer.losses[0].item()
+    assert even == pytest.approx(1.0, abs=1e-6)
+    assert layer.load[2:].sum() == 0 and collapsed > 1.8
+
+
+def test_sigmoid_router_bias_evens_the_load():
+    """DeepSeek-V3's balancing without an auxiliary loss: a router that sends most tokens to one expert is
+    evened out by the bias alone (the router's weights stay as they are)."""
+    layer = moe(router='sigmoid', n_expert_active=1, moe_bias_update_rate=0.02)
+    g = torch.Generator().manual_seed(65)
+    u = torch.randn(N_EMBD, generator=g)
+    x = torch.randn(256, N_EMBD, generator=g) + 2 * u / u.norm()
+    with torch.no_grad():
+        layer.expert_bias.zero_()
+        layer.router.weight[0] += 2 * u / u.norm()  # expert 0 favoured
+
+        def imbalance():
+            layer.load.zero_()
+            layer(x)
+            return (layer.load.max() / layer.load.mean()).item()
+        before = imbalance()
+        for _ in range(100):
+            layer(x)
+            layer.balance(0.02)
+        after = imbalance()
+    assert before > 2.0 and after < 1.3, (before, after)
+    assert layer.expert_bias[0] == layer.expert_bias.min() < 0
+
+
+def test_balance_experts_moves_every_sigmoid_layer_and_restarts_the_counts():
+    model = build(mlp='moe', router='sigmoid', n_expert=4, moe_bias_update_rate=0.1)
+    with torch.no_grad():
+        model(torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(66)))
+    loads = [m.load.clone() for m in model.moe_layers()]
+    model.balance_experts()
+    for m, load in zip(model.moe_layers(), loads):
+        assert torch.equal(m.expert_bias, 0.1 * torch.sign(load.mean() - load)) and m.load.sum() == 0
+
+
 # ----------------------------------------------------------------------------- 11: config validation
 
 @pytest.mark.parametrize('overrides,field', [
@@ -873,6 +1099,22 @@ def test_dynamic_rope_is_exact_with_a_cache_within_its_original_length_only():
     (dict(head_dim=0), 'head_dim'),
     (dict(qk_norm='yes'), 'qk_norm'),
     (dict(qkv_bias=1), 'qkv_bias'),
+    (dict(mlp='moe', n_expert=0), 'n_expert'),
+    (dict(mlp='moe', n_expert=4, n_expert_active=5), 'n_expert_active'),
+    (dict(mlp='moe', n_expert=6, n_expert_group=4), 'n_expert_group'),
+    (dict(mlp='moe', n_expert=8, n_expert_group=4, topk_group=1, n_expert_active=3), 'n_expert_active'),
+    (dict(mlp='moe', router='top2'), 'router'),
+    (dict(mlp='moe', routed_scaling=0), 'routed_scaling'),
+    (dict(mlp='moe', moe_aux_loss_coef=-1.0), 'moe_aux_loss_coef'),
+    (dict(mlp='moe', first_dense_layers=-1), 'first_dense_layers'),
+    (dict(attn='mla', n_kv_head=2), 'n_kv_head'),
+    (dict(attn='mla', pos='rope', qk_norm=True), 'qk_norm'),
+    (dict(attn='mla', head_dim=16), 'head_dim'),
+    (dict(attn='mla', qkv_bias=True), 'qkv_bias'),
+    (dict(kv_lora_rank=16), 'kv_lora_rank'),  # with attn='mha'
+    (dict(attn='mla', qk_rope_head_dim=4), 'qk_rope_head_dim'),  # with learned positions
+    (dict(attn='mla', pos='rope', qk_rope_head_dim=5), 'qk_rope_head_dim'),
+    (dict(attn='mla', kv_lora_rank=0), 'kv_lora_rank'),
 ], ids=lambda v: str(v) if not isinstance(v, dict) else '-'.join(f'{k}={x}' for k, x in v.items()))
 def test_invalid_configs_raise_value_error_naming_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):

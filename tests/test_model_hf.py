@@ -143,3 +143,63 @@ def test_rope_frequencies_equal_transformers(rope, length):
     hf_inv, hf_factor = ROPE_INIT_FUNCTIONS[ROPES[rope]['rope_type']](hf_config, 'cpu', torch.tensor(length))
     torch.testing.assert_close(inv, hf_inv.float(), atol=0, rtol=1e-6)
     assert factor == pytest.approx(hf_factor, rel=1e-12)
+
+
+def test_mixtral_experts_and_window(tmp_path):
+    hf = randomized(transformers.MixtralForCausalLM(tiny(transformers.MixtralConfig, num_local_experts=4,
+                                                         num_experts_per_tok=2, sliding_window=11)), 5)
+    ours = check_parity(hf, tmp_path)
+    cfg = ours.config
+    assert (cfg.mlp, cfg.n_expert, cfg.n_expert_active, cfg.moe_hidden, cfg.router) == ('moe', 4, 2, 48, 'softmax')
+    assert ours.get_num_params(active=True) < ours.get_num_params()
+
+
+@pytest.mark.parametrize('norm_topk', [False, True])
+def test_qwen3_moe_with_a_dense_first_layer(norm_topk, tmp_path):
+    hf = randomized(transformers.Qwen3MoeForCausalLM(tiny(
+        transformers.Qwen3MoeConfig, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, head_dim=16,
+        norm_topk_prob=norm_topk, mlp_only_layers=[0], rope_parameters=dict(ROPES['yarn']))), 6)
+    ours = check_parity(hf, tmp_path)
+    cfg = ours.config
+    assert (cfg.first_dense_layers, cfg.router_norm_topk, cfg.qk_norm, cfg.moe_hidden) == (1, norm_topk, True, 24)
+    assert type(ours.transformer.h[0].mlp) is M.GatedMLP and type(ours.transformer.h[1].mlp) is M.MoE
+
+
+def deepseek(config_class, moe, **overrides):
+    args = dict(num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=4, qk_nope_head_dim=8,
+                v_head_dim=6, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, n_shared_experts=1,
+                n_group=2, topk_group=1, routed_scaling_factor=2.5, first_k_dense_replace=1 if moe else 2)
+    return tiny(config_class, **{**args, **overrides})
+
+
+YARN_DEEPSEEK = {'rope_type': 'yarn', 'rope_theta': 10000.0, 'factor': 4.0, 'original_max_position_embeddings': 16,
+                 'mscale': 1.0, 'mscale_all_dim': 0.707}
+
+
+@pytest.mark.parametrize('moe,q_lora,rope', [(False, None, None), (False, 24, YARN_DEEPSEEK), (True, 24, None),
+                                             (True, None, YARN_DEEPSEEK)],
+                         ids=['dense', 'dense-qlora-yarn', 'moe-qlora', 'moe-yarn'])
+def test_deepseek_v3_latent_attention_and_experts(moe, q_lora, rope, tmp_path):
+    extra = {'rope_parameters': dict(rope)} if rope else {}
+    hf = randomized(transformers.DeepseekV3ForCausalLM(deepseek(transformers.DeepseekV3Config, moe, q_lora_rank=q_lora,
+                                                                **extra)), 7)
+    ours = check_parity(hf, tmp_path)
+    cfg = ours.config
+    assert cfg.attn == 'mla' and cfg.mla_dims == {'latent': 16, 'q_latent': q_lora or 0, 'nope': 8, 'rope': 4, 'v': 6}
+    assert cfg.mlp == ('moe' if moe else 'swiglu')
+    if moe:
+        assert (cfg.router, cfg.n_expert_group, cfg.n_shared_expert, cfg.first_dense_layers) == ('sigmoid', 2, 1, 1)
+        bias = ours.transformer.h[1].mlp.expert_bias
+        assert torch.equal(bias, hf.model.layers[1].mlp.gate.e_score_correction_bias) and bias.abs().sum() > 0
+    # the cache holds the latent and the shared rotated key only: (16 + 4) numbers per token and layer
+    assert ours.kv_cache_bytes(1, 10) == 2 * 10 * (16 + 4) * 4
+
+
+@pytest.mark.parametrize('topk_method', ['greedy', 'group_limited_greedy'])
+def test_deepseek_v2_softmax_experts(topk_method, tmp_path):
+    hf = randomized(transformers.DeepseekV2ForCausalLM(deepseek(transformers.DeepseekV2Config, True,
+                                                                topk_method=topk_method, routed_scaling_factor=1.5)), 8)
+    ours = check_parity(hf, tmp_path)
+    cfg = ours.config
+    assert (cfg.router, cfg.router_norm_topk, cfg.routed_scaling) == ('softmax', False, 1.5)
+    assert cfg.n_expert_group == (2 if topk_method == 'group_limited_greedy' else 1)

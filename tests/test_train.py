@@ -110,8 +110,10 @@ def test_bf16_autocast_on_cpu(workdir):
 
 
 def test_ddp_two_processes_match_one(workdir):
-    """gradient_accumulation_steps is global: 2 gloo processes x 1 micro step == 1 process x 2."""
-    args = ['--gradient_accumulation_steps=2', '--max_iters=4', '--eval_interval=4', '--eval_iters=3', *MODERN]
+    """gradient_accumulation_steps is global: 2 gloo processes x 1 micro step == 1 process x 2; with MoE the
+    sigmoid routers' balancing biases follow the load of both processes."""
+    args = ['--gradient_accumulation_steps=2', '--max_iters=4', '--eval_interval=4', '--eval_iters=3', *MODERN,
+            '--mlp=moe', '--n_expert=4', '--router=sigmoid', '--moe_bias_update_rate=0.01']
     single = train(workdir, *args, '--out_dir=single')
     launcher = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
     double = train(workdir, *args, '--out_dir=double', launcher=launcher, env={'OMP_NUM_THREADS': '1'})
@@ -121,7 +123,10 @@ def test_ddp_two_processes_match_one(workdir):
         assert float(a[k]) == pytest.approx(float(b[k]), rel=1e-4), (k, single.stdout[-2000:], double.stdout[-2000:])
     ra, rb = log_records(workdir / 'single')[-1], log_records(workdir / 'double')[-1]
     assert ra['val_loss'] == pytest.approx(rb['val_loss'], rel=1e-4)
-    assert (workdir / 'double' / 'ckpt.pt').exists()
+    assert ra['moe']['load'] == rb['moe']['load']  # the val batches of both ranks, summed
+    biases = [common.load_checkpoint(str(workdir / d / 'ckpt.pt'))['model']['transformer.h.0.mlp.expert_bias']
+              for d in ('single', 'double')]
+    assert torch.equal(*biases) and biases[0].abs().sum() > 0
 
 
 def test_interrupted_checkpoint_write_keeps_previous(tmp_path, monkeypatch):
@@ -204,3 +209,16 @@ def test_eval_only_at_a_longer_context_with_rope_scaling(workdir):
     result = train(workdir, '--out_dir=learned', '--init_from=resume', '--eval_only=True', '--block_size=64',
                    check=False)
     assert_one_line_error(result, 'block_size 64', 'learned positions')
+
+
+def test_moe_training_logs_the_experts_load(workdir):
+    train(workdir, *MODERN, '--mlp=moe', '--n_expert=4', '--moe_aux_loss_coef=0.01', '--moe_z_loss_coef=0.001',
+          '--max_iters=6', '--eval_interval=3', '--out_dir=out', '--wandb_log=True')
+    records = log_records(workdir / 'out')
+    assert records[-1]['val_loss'] < records[0]['val_loss']
+    for record in records:
+        moe = record['moe']
+        assert len(moe['load']) == len(moe['max_over_mean']) == 2  # per layer
+        assert all(len(shares) == 4 and sum(shares) == pytest.approx(1, abs=1e-3) for shares in moe['load'])
+        assert all(m >= 1 for m in moe['max_over_mean'])
+        assert moe['aux_loss'] >= 1 - 1e-6 and moe['z_loss'] > 0
