@@ -4,16 +4,26 @@ extrapolation side by side (out_dir: results.md, results.json, val_loss_vs_iter.
 
     python ablate.py config/ablate_shakespeare_char.py
     python ablate.py config/ablate_shakespeare_char.py --grid=default,kv --n_kv_heads=1,2,4 --seeds=3
+    python ablate.py config/ablate_shakespeare_char.py --grid=moe --seeds=3 --parallel=2
     python ablate.py --grid=custom --custom="{'vanilla': {}, 'tiny_rope': {'pos': 'rope', 'rope_theta': 500.0}}"
 
-Each variant x seed (1337, 1338, ...) is a run `python train.py <train_config> <flags> <train_args> --seed=<seed>
---out_dir=<out_dir>/runs/<variant>/seed<seed>` in run_dir ('': this repo), logged to train.log there. A finished
-run holds done.json and is skipped next time; the report is rewritten from every finished run at each invocation.
-train_config must be the vanilla GPT-2 block; variants override its model flags. grid groups: default (vanilla,
-vanilla+rms/+swiglu/+gqa/+rope, modern), leave_one_out (modern, modern minus each swap), norm_position (vanilla
-and modern, pre- and post-norm), mlp (relu, gelu, swiglu, geglu on vanilla), kv (modern with each n_kv_heads),
-custom (the `custom` dict). A variant with the flags of an earlier one runs once, under the earlier name.
-extrapolation: val loss at 1x, 2x, 4x the trained block_size (past 1x for rope only), extrapolation_iters batches.
+Each variant x seed (1337, 1338, ...) is a run `python train.py <train_config> <settings> <train_args> --seed=<seed>
+--out_dir=<out_dir>/runs/<variant>/seed<seed>` in run_dir ('': this repo), logged to train.log there; a variant's
+settings are train.py settings, model flags or others (learning_rate in the stability group). A finished run holds
+done.json and is skipped next time; the report is rewritten from every finished run made with this invocation's
+train_config and train_args (runs made with others are left out, and named). train_config must be the vanilla
+GPT-2 block; the swaps come from model.SWAPS.
+Grid groups: default (vanilla, vanilla + each swap, modern), leave_one_out (modern minus each swap),
+norm_position (pre- and post-norm), mlp (relu, gelu, swiglu, geglu on vanilla), kv (modern with each of
+n_kv_heads), moe (modern dense, MoE at equal active parameters with the softmax router and aux loss, with a shared
+expert, with the sigmoid router and bias balancing, without balancing, and a dense model of the MoE's total
+size), attention (MHA, GQA, MQA and MLA with GQA's and MQA's cache sizes), long_context (vanilla and modern: for
+the length table), stability (modern with and without qk_norm at each of learning_rates), custom (a dict).
+extrapolation: the methods of the length table: the val loss of each RoPE run's final checkpoint at 1x, 2x, 4x and
+8x its block_size, with plain RoPE, linear, dynamic NTK, YaRN (each stretched to the length) or a sliding window
+of block_size; learned positions give 1x only.
+parallel: runs at once; devices: a device per slot (cuda:0,cuda:1,...); on the CPU the threads are shared out.
+Several ablate.py (one per node) can share an out_dir: each run is claimed, so no two train the same one.
 """
 
 import ast
@@ -22,10 +32,13 @@ import os
 import re
 import shlex
 import shutil
+import signal
+import socket
 import statistics
 import subprocess
 import sys
 import time
+from collections import deque
 from dataclasses import fields
 
 from configurator import configure, script_defaults, settings_of
@@ -35,10 +48,13 @@ train_config = 'config/shakespeare_vanilla_cpu.py'  # the base recipe of every r
 seeds = 1
 grid = 'default'
 n_kv_heads = ''  # for the kv group, e.g. '1,2,4'
+learning_rates = '1e-3,3e-3,1e-2,3e-2'  # for the stability group
 custom = ''  # e.g. "{'tiny_rope': {'pos': 'rope', 'rope_theta': 500.0}}"
 train_args = ''  # passed to every train.py run, e.g. '--max_iters=20 --eval_interval=10'
-extrapolation = True
-extrapolation_iters = 20
+extrapolation = 'plain'  # methods of the length table: plain, linear, dynamic, yarn, window; '' for none
+extrapolation_iters = 20  # batches per length and method
+parallel = 1  # runs at once
+devices = ''  # e.g. 'cuda:0,cuda:1': the device of each parallel slot; '' keeps the recipe's
 python = ''  # '' is this interpreter
 run_dir = ''
 settings = configure(settings_of(globals()), sys.argv[1:], prog='ablate.py', doc=__doc__)
@@ -48,19 +64,22 @@ globals().update(settings)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from common import die, load_checkpoint, model_from_checkpoint, pick_device  # noqa: E402
+from common import (build_model, die, load_checkpoint, model_from_checkpoint, pick_device,  # noqa: E402
+                    write_json)
 from model import SWAPS, GPTConfig, swap_flags  # noqa: E402
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 TRAIN_PY = os.path.join(REPO, 'train.py')
-MODEL_FLAGS = [f.name for f in fields(GPTConfig) if f.name != 'vocab_size']  # the dataset decides vocab_size
 EXTRAPOLATION_SEED = 4242  # one set of batches per length, the same for every variant
-MULTIPLES = (1, 2, 4)
+MULTIPLES = (1, 2, 4, 8)
+METHODS = ('plain', 'linear', 'dynamic', 'yarn', 'window')
+SUMMARY_VERSION = 2  # done.json figures older than this are recomputed from the run's files
+CLAIM_STALE_S = 600  # a claim whose owner stopped refreshing it this long ago is free
 
 
 # ----------------------------------------------------------------------------- the grid
 
-def parse_custom(text):
+def parse_custom(text, known):
     try:
         variants = ast.literal_eval(text)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as e:
@@ -70,17 +89,27 @@ def parse_custom(text):
         die(f"custom must be a non-empty dict of name -> flag dict, e.g. \"{{'rope': {{'pos': 'rope'}}}}\"; "
             f"got {text!r}")
     for name, flags in variants.items():
-        unknown = [k for k in flags if k not in MODEL_FLAGS]
+        unknown = [k for k in flags if k not in known]
         if unknown:
-            die(f"custom variant {name!r}: unknown flag(s) {', '.join(map(repr, unknown))}; model flags are "
-                f"{', '.join(MODEL_FLAGS)} (put training settings in train_args)")
+            die(f"custom variant {name!r}: unknown flag(s) {', '.join(map(repr, unknown))}; a variant sets train.py "
+                f"settings (model flags such as norm, mlp, pos, or others such as learning_rate)")
     return variants
 
 
-def kv_head_counts():
-    if not re.fullmatch(r'\s*\d+(\s*,\s*\d+)*\s*', n_kv_heads):
-        die(f"grid 'kv' needs n_kv_heads as comma-separated integers, e.g. --n_kv_heads=1,2,4; got {n_kv_heads!r}")
-    return [int(v) for v in n_kv_heads.split(',')]
+def int_list(text, name):
+    if not re.fullmatch(r'\s*\d+(\s*,\s*\d+)*\s*', text):
+        die(f"{name} must be comma-separated integers, e.g. --{name}=1,2,4; got {text!r}")
+    return [int(v) for v in text.split(',')]
+
+
+def float_list(text, name):
+    try:
+        values = [float(v) for v in text.split(',')]
+    except ValueError:
+        values = []
+    if not values or not all(v > 0 for v in values):
+        die(f"{name} must be comma-separated positive numbers, e.g. --{name}=1e-3,1e-2; got {text!r}")
+    return values
 
 
 def base_recipe(cwd):
@@ -97,30 +126,59 @@ def base_recipe(cwd):
         os.chdir(here)
 
 
-def build_grid(base):
-    """{name: flags} in grid order, swaps as model.SWAPS makes them for the base recipe; a flag set
-    already present (e.g. mlp=gelu is vanilla) runs once."""
+def group_members(group, base):
+    """[(name, settings)] of one grid group, built on the base recipe."""
     swaps = {name: swap_flags([name], base) for name in SWAPS}
     modern = swap_flags('modern', base)
+    if group == 'default':
+        return [('vanilla', {})] + [(f'vanilla+{s}', f) for s, f in swaps.items()] + [('modern', modern)]
+    if group == 'leave_one_out':
+        return [('modern', modern)] + [(f'modern-{s}', {**modern, **swap_flags([s], base, modern=False)})
+                                       for s in swaps]
+    if group == 'norm_position':
+        return [('vanilla', {}), ('vanilla+postnorm', {'prenorm': False}),
+                ('modern', modern), ('modern+postnorm', {**modern, 'prenorm': False})]
+    if group == 'mlp':
+        return [(f'mlp={m}', {'mlp': m}) for m in ('relu', 'gelu', 'swiglu', 'geglu')]
+    if group == 'kv':
+        return [(f'kv={k}', {**modern, 'n_kv_head': k}) for k in int_list(n_kv_heads, 'n_kv_heads')]
+    if group == 'moe':
+        # 8 experts of half the dense width, 2 per token: the dense model's active parameters
+        routed = {**modern, 'mlp': 'moe', 'n_expert': 8, 'n_expert_active': 2}
+        moe = {**routed, 'moe_aux_loss_coef': 0.01}
+        total = 8 * GPTConfig(**{**model_args(base), **moe}).expert_hidden  # the MoE's MLP parameters, dense
+        return [('modern', modern), ('moe', moe), ('moe+shared', {**moe, 'n_shared_expert': 1}),
+                ('moe-sigmoid', {**routed, 'router': 'sigmoid'}), ('moe-noaux', routed),
+                ('dense-as-total', {**modern, 'ffn_hidden': total})]
+    if group == 'attention':
+        # MLA with the cache of GQA (n_head/2 K/V heads) and of MQA (one): latent + rotated key = that width
+        cfg = GPTConfig(**{**model_args(base), **modern})
+        rope = max(2, cfg.head_size // 2)
+        mla = {**modern, 'n_kv_head': None, 'attn': 'mla', 'qk_rope_head_dim': rope}
+        return [('mha', {**modern, 'n_kv_head': None}), ('modern', modern), ('mqa', {**modern, 'n_kv_head': 1}),
+                ('mla-gqa-cache', {**mla, 'kv_lora_rank': 2 * cfg.kv_heads * cfg.head_size - rope}),
+                ('mla-mqa-cache', {**mla, 'kv_lora_rank': 2 * cfg.head_size - rope})]
+    if group == 'long_context':
+        return [('vanilla', {}), ('modern', modern)]
+    if group == 'stability':
+        return [(f"{name} lr={lr:g}", {**flags, 'learning_rate': lr, 'min_lr': lr / 10})
+                for lr in float_list(learning_rates, 'learning_rates')
+                for name, flags in (('modern', modern), ('modern+qk_norm', {**modern, 'qk_norm': True}))]
+    if group == 'custom':
+        return list(parse_custom(custom, base).items())
+    die(f"unknown grid group {group!r}; groups are default, leave_one_out, norm_position, mlp, kv, moe, attention, "
+        f"long_context, stability, custom")
+
+
+def model_args(base):
+    return {f.name: base[f.name] for f in fields(GPTConfig) if f.name != 'vocab_size'}
+
+
+def build_grid(base):
+    """{name: settings} in grid order; a settings set already present (e.g. mlp=gelu is vanilla) runs once."""
     variants, names_by_key = {}, {}
     for group in [g.strip() for g in grid.split(',') if g.strip()] or die("grid is empty"):
-        if group == 'default':
-            members = [('vanilla', {})] + [(f'vanilla+{s}', f) for s, f in swaps.items()] + [('modern', modern)]
-        elif group == 'leave_one_out':
-            members = [('modern', modern)] + [(f'modern-{s}', {**modern, **swap_flags([s], base, modern=False)})
-                                              for s in swaps]
-        elif group == 'norm_position':
-            members = [('vanilla', {}), ('vanilla+postnorm', {'prenorm': False}),
-                       ('modern', modern), ('modern+postnorm', {**modern, 'prenorm': False})]
-        elif group == 'mlp':
-            members = [(f'mlp={m}', {'mlp': m}) for m in ('relu', 'gelu', 'swiglu', 'geglu')]
-        elif group == 'kv':
-            members = [(f'kv={k}', {**modern, 'n_kv_head': k}) for k in kv_head_counts()]
-        elif group == 'custom':
-            members = list(parse_custom(custom).items())
-        else:
-            die(f"unknown grid group {group!r}; groups are default, leave_one_out, norm_position, mlp, kv, custom")
-        for name, flags in members:
+        for name, flags in group_members(group, base):
             name = re.sub(r'[^A-Za-z0-9._+=-]', '_', name).strip('.') or '_'  # a directory name
             # a flag at the base recipe's value changes nothing
             key = repr(sorted((k, v) for k, v in flags.items() if base.get(k, ...) != v))
@@ -136,82 +194,186 @@ def build_grid(base):
 
 # ----------------------------------------------------------------------------- one run
 
+def flag_args(flags):
+    return [f'--{k}={v!r}' for k, v in flags.items()]  # repr: read back as the same literal
+
+
 def run_args(flags, seed):
     """train.py's arguments but out_dir: what makes two runs the same. seed last, so train_args cannot move it."""
-    return ([train_config] + [f'--{k}={v!r}' for k, v in flags.items()]  # repr: read back as the same literal
-            + shlex.split(train_args) + [f'--seed={seed}', '--wandb_log=False'])
+    return [train_config] + flag_args(flags) + shlex.split(train_args) + [f'--seed={seed}', '--wandb_log=False']
 
 
-@torch.no_grad()
-def extrapolation_losses(model, config, cwd):
-    """Mean val loss on fixed batches of 1x, 2x, 4x block_size tokens; None where positions cannot reach."""
-    data = np.memmap(os.path.join(cwd, 'data', config['dataset'], 'val.bin'), dtype=np.uint16, mode='r')
-    device = pick_device(config.get('device', 'auto'))
-    model.to(device).eval()
-    losses = {}
-    for m in MULTIPLES:
-        T = m * model.config.block_size
-        if (m > 1 and model.config.pos != 'rope') or len(data) <= T:
-            losses[f'{m}x'] = None  # learned positions stop at block_size
-            continue
-        generator, total = torch.Generator().manual_seed(EXTRAPOLATION_SEED + m), 0.0
-        for _ in range(extrapolation_iters):
-            ix = torch.randint(len(data) - T, (config['batch_size'],), generator=generator).tolist()
-            xy = torch.stack([torch.from_numpy(data[i:i + T + 1].astype(np.int64)) for i in ix]).to(device)
-            total += model(xy[:, :-1], xy[:, 1:].contiguous())[1].item()
-        losses[f'{m}x'] = total / extrapolation_iters
-    return losses
+def made_here(done):
+    """Whether a finished run was made with this invocation's train_config and train_args."""
+    base = [a for a in done['args'] if a not in flag_args(done['flags'])]
+    return base == run_args({}, done['seed'])
 
 
-def checkpoint_figures(path, cwd):
-    """Parameters, KV cache bytes per token and extrapolation losses of a run's checkpoint."""
-    ckpt_path = os.path.join(path, 'ckpt.pt')
-    if not os.path.exists(ckpt_path):  # e.g. val loss never improved with always_save_checkpoint=False
-        print(f"(no checkpoint in {path}: no parameter, KV cache or extrapolation figures)", end=' ')
-        return {'parameters': None, 'kv_bytes_per_token': None, 'extrapolation': None}
-    checkpoint = load_checkpoint(ckpt_path)
-    model = model_from_checkpoint(checkpoint, ckpt_path)
-    block = model.config.block_size
-    return {'parameters': model.get_num_params(),
-            'kv_bytes_per_token': model.kv_cache_bytes(1, block, torch.float32) / block,
-            'extrapolation': extrapolation_losses(model, checkpoint['config'], cwd) if extrapolation else None}
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        die(f"cannot read '{path}' ({type(e).__name__}): delete it to rerun that run")
 
 
-def summarize_run(path, name, flags, seed, duration, cwd):
+def summarize_run(path, cwd):
+    """The figures of a finished run, from its log.jsonl and checkpoint."""
     with open(os.path.join(path, 'log.jsonl')) as f:
-        records = [json.loads(line) for line in f if line.strip()]
+        records = [r for r in map(json.loads, filter(str.strip, f)) if not r.get('eval_only')]
     last = records[-1]
     ms = [r['ms_per_iter'] for r in records[1:] if r['ms_per_iter'] is not None]  # the first eval has none
     ms_per_iter = statistics.mean(ms) if ms else None
     tokens_per_iter = last['tokens'] / last['iter'] if last['iter'] else None
-    return {'variant': name, 'flags': flags, 'seed': seed, 'args': run_args(flags, seed), 'duration_s': duration,
-            'final_val_loss': last['val_loss'], 'best_val_loss': min(r['val_loss'] for r in records),
-            'curve': [[r['iter'], r['val_loss'], r['elapsed_s']] for r in records], 'ms_per_iter': ms_per_iter,
-            'tokens_per_s': tokens_per_iter / ms_per_iter * 1000 if ms_per_iter and tokens_per_iter else None,
-            **checkpoint_figures(path, cwd)}
+    diverged = os.path.join(path, 'diverged.json')
+    figures = {'final_val_loss': last['val_loss'], 'best_val_loss': min(r['val_loss'] for r in records),
+               'curve': [[r['iter'], r['val_loss'], r['elapsed_s']] for r in records], 'ms_per_iter': ms_per_iter,
+               'tokens_per_s': tokens_per_iter / ms_per_iter * 1000 if ms_per_iter and tokens_per_iter else None,
+               'load_max_over_mean': statistics.mean(last['moe']['max_over_mean']) if 'moe' in last else None,
+               'diverged_at': read_json(diverged)['iter'] if os.path.exists(diverged) else None,
+               'parameters': None, 'active_parameters': None, 'kv_bytes_per_token': None}
+    ckpt_path = os.path.join(path, 'ckpt.pt')
+    if os.path.exists(ckpt_path):  # not when val loss never improved with always_save_checkpoint=False
+        model = model_from_checkpoint(load_checkpoint(ckpt_path), ckpt_path)
+        block = model.config.block_size
+        figures.update(parameters=model.get_num_params(), active_parameters=model.get_num_params(active=True),
+                       kv_bytes_per_token=model.kv_cache_bytes(1, block, torch.float32) / block)
+    return figures
 
 
-def write_json(path, obj):
-    with open(path + '.tmp', 'w') as f:
-        json.dump(obj, f, indent=1)
-    os.replace(path + '.tmp', path)  # a done.json is whole or absent
+def method_args(method, trained, multiple):
+    """The runtime flags that evaluate a model trained at `trained` tokens at multiple x that length."""
+    length = multiple * trained
+    return {'plain': {}, 'linear': {'rope_scaling': 'linear', 'rope_factor': float(multiple)},
+            # factor 1: the base grows with the length itself, (L / trained)^(d / (d - 2))
+            'dynamic': {'rope_scaling': 'dynamic', 'rope_factor': 1.0},
+            'yarn': {'rope_scaling': 'yarn', 'rope_factor': float(multiple)},
+            'window': {'sliding_window': trained}}[method] | {'block_size': length, 'rope_original_length': trained}
 
 
-def train_one(name, flags, seed, path, cwd):
-    """Run train.py for one variant and seed into a fresh path; '' when it finished, else why it failed."""
-    shutil.rmtree(path, ignore_errors=True)  # a half-finished run restarts from scratch
+@torch.no_grad()
+def extrapolation_losses(path, cwd, methods):
+    """{method: {'1x': loss, ...}}: mean val loss of the run's checkpoint on fixed batches of each length, each
+    method applied to the trained weights; None where it cannot run. Cached in the run's extrapolation.json."""
+    cache_path = os.path.join(path, 'extrapolation.json')
+    cache = read_json(cache_path) if os.path.exists(cache_path) else {}
+    missing = [(m, k) for m in methods for k in MULTIPLES if f'{m}@{k}x@{extrapolation_iters}' not in cache]
+    ckpt_path = os.path.join(path, 'ckpt.pt')
+    if missing and os.path.exists(ckpt_path):
+        checkpoint = load_checkpoint(ckpt_path)
+        trained = checkpoint['model_args']
+        config = checkpoint['config']
+        data = np.memmap(os.path.join(cwd, 'data', config['dataset'], 'val.bin'), dtype=np.uint16, mode='r')
+        device = pick_device(config.get('device', 'auto'))
+        for method, multiple in missing:
+            T = multiple * trained['block_size']
+            loss = None
+            rope = trained.get('pos') == 'rope'
+            if (multiple == 1 or rope) and (method == 'plain' or (rope and multiple > 1)) and len(data) > T:
+                args = {**trained, **method_args(method, trained['block_size'], multiple)}
+                if not rope:
+                    args = {k: v for k, v in args.items() if k not in ('rope_original_length',)}
+                model = build_model(args, checkpoint['model'], f"checkpoint '{ckpt_path}'").to(device).eval()
+                generator, total = torch.Generator().manual_seed(EXTRAPOLATION_SEED + multiple), 0.0
+                for _ in range(extrapolation_iters):
+                    ix = torch.randint(len(data) - T, (config['batch_size'],), generator=generator).tolist()
+                    xy = torch.stack([torch.from_numpy(data[i:i + T + 1].astype(np.int64)) for i in ix]).to(device)
+                    total += model(xy[:, :-1], xy[:, 1:].contiguous())[1].item()
+                loss = total / extrapolation_iters
+            cache[f'{method}@{multiple}x@{extrapolation_iters}'] = loss
+        write_json(cache_path, cache)
+    return {m: {f'{k}x': cache.get(f'{m}@{k}x@{extrapolation_iters}') for k in MULTIPLES} for m in methods}
+
+
+def finished(path, cwd):
+    """The run's done.json, its figures brought up to date."""
+    done = read_json(os.path.join(path, 'done.json'))
+    if done.get('version') != SUMMARY_VERSION:
+        done.update(summarize_run(path, cwd), version=SUMMARY_VERSION)
+        write_json(os.path.join(path, 'done.json'), done)
+    return done
+
+
+# ----------------------------------------------------------------------------- claims: one trainer per run
+
+def claim(path):
+    """Claim a run for this process (a file beside its directory), or say who holds it. A claim whose owner
+    died (on this host), or stopped refreshing it (any host), is taken over."""
+    claim_path, me = path + '.claim', {'host': socket.gethostname(), 'pid': os.getpid()}
+    for _ in range(2):
+        try:
+            fd = os.open(claim_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            with os.fdopen(fd, 'w') as f:
+                json.dump(me, f)
+            return None
+        except FileExistsError:
+            try:
+                with open(claim_path) as f:
+                    owner = json.load(f)
+                age = time.time() - os.path.getmtime(claim_path)
+            except (OSError, ValueError):
+                owner, age = {}, CLAIM_STALE_S + 1  # half-written by a crash
+            alive = owner.get('host') == me['host'] and _alive(owner.get('pid'))
+            if owner.get('host') == me['host'] and not alive or age > CLAIM_STALE_S:
+                os.remove(claim_path)
+                continue
+            return f"{owner.get('host')}:{owner.get('pid')}"
+    return 'another process'
+
+
+def _alive(pid):
+    try:
+        os.kill(int(pid), 0)
+        return True
+    except (OSError, TypeError, ValueError):
+        return False
+
+
+def release(path):
+    try:
+        os.remove(path + '.claim')
+    except FileNotFoundError:
+        pass
+
+
+def _die_with_parent():
+    """In a child: be killed when ablate.py dies, even by kill -9, so no orphan trains on (Linux)."""
+    try:
+        import ctypes
+        ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def start(flags, seed, path, cwd, device):
+    """Start train.py for one run in a fresh directory; (process, log file)."""
+    shutil.rmtree(path, ignore_errors=True)  # a half-finished run restarts from scratch (we hold its claim)
     os.makedirs(path)
-    t0, log_path = time.time(), os.path.join(path, 'train.log')
-    with open(log_path, 'w') as log:
-        rc = subprocess.run([python or sys.executable, TRAIN_PY, *run_args(flags, seed), f'--out_dir={path}'],
-                            cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env={**os.environ, 'PYTHONUNBUFFERED': '1'}).returncode
-    if rc != 0 or not os.path.exists(os.path.join(path, 'log.jsonl')):
+    env = {**os.environ, 'PYTHONUNBUFFERED': '1'}
+    if parallel > 1 and not (device or '').startswith('cuda'):  # runs share the CPU's cores
+        env['OMP_NUM_THREADS'] = str(max(1, (os.cpu_count() or 1) // parallel))
+    log = open(os.path.join(path, 'train.log'), 'w')
+    cmd = [python or sys.executable, TRAIN_PY, *run_args(flags, seed), f'--out_dir={path}']
+    cmd += [f'--device={device}'] if device else []
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                            preexec_fn=_die_with_parent if sys.platform.startswith('linux') else None)
+    return proc, log
+
+
+def finish(job, proc, log, duration, cwd):
+    """'' when the run finished (done.json written; a diverged run counts), else why it failed."""
+    name, flags, seed, path = job
+    log.close()
+    log_path = os.path.join(path, 'train.log')
+    diverged = proc.returncode == 1 and os.path.exists(os.path.join(path, 'diverged.json'))
+    if (proc.returncode != 0 and not diverged) or not os.path.exists(os.path.join(path, 'log.jsonl')):
         with open(log_path, errors='replace') as f:
             lines = [line.strip() for line in f if line.strip()]
         why = ([line for line in lines if line.startswith('error:')] or lines or ['(no output)'])[-1][:300]
-        return f"(exit {rc}): {why}; see {log_path}"
-    write_json(os.path.join(path, 'done.json'), summarize_run(path, name, flags, seed, round(time.time() - t0, 1), cwd))
+        return f"(exit {proc.returncode}): {why}; see {log_path}"
+    write_json(os.path.join(path, 'done.json'), {'variant': name, 'flags': flags, 'seed': seed,
+                                                  'args': run_args(flags, seed), 'duration_s': round(duration, 1),
+                                                  **summarize_run(path, cwd), 'version': SUMMARY_VERSION})
     return ''
 
 
@@ -222,6 +384,9 @@ def fmt(value, spec='.4f'):
 
 
 def mean_std(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return 'n/a'
     return f"{statistics.mean(values):.4f} ± {f'{statistics.stdev(values):.4f}' if len(values) > 1 else '—'}"
 
 
@@ -234,13 +399,24 @@ def aggregate(runs):
     """A variant's means over seeds; its curve over the iterations every seed logged."""
     iters = sorted(set.intersection(*({c[0] for c in r['curve']} for r in runs)))
     curves = [{c[0]: c for c in r['curve']} for r in runs]
-    ext = [r['extrapolation'] or {} for r in runs]
     return {'flags': runs[0]['flags'], 'seeds': [r['seed'] for r in runs], 'parameters': runs[0]['parameters'],
-            **{k: statistics.mean(r[k] for r in runs) for k in ('final_val_loss', 'best_val_loss')},
-            **{k: mean_or_none(r[k] for r in runs) for k in ('ms_per_iter', 'tokens_per_s', 'kv_bytes_per_token')},
-            'extrapolation': {f'{m}x': mean_or_none(e.get(f'{m}x') for e in ext) for m in MULTIPLES},
+            'active_parameters': runs[0]['active_parameters'],
+            **{k: mean_or_none(r[k] for r in runs) for k in ('final_val_loss', 'best_val_loss', 'ms_per_iter',
+                                                              'tokens_per_s', 'kv_bytes_per_token',
+                                                              'load_max_over_mean')},
+            'diverged_at': [r['diverged_at'] for r in runs],
+            'extrapolation': {m: {x: mean_or_none((r.get('extrapolation') or {}).get(m, {}).get(x) for r in runs)
+                                  for x in (f'{k}x' for k in MULTIPLES)} for m in methods_asked()},
             'curve': [[i, statistics.mean(c[i][1] for c in curves), statistics.mean(c[i][2] for c in curves)]
                       for i in iters]}
+
+
+def methods_asked():
+    methods = [m.strip() for m in extrapolation.split(',') if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        die(f"unknown extrapolation method(s) {', '.join(map(repr, unknown))}; methods are {', '.join(METHODS)}")
+    return methods
 
 
 def plot(variants, x_index, xlabel, path):
@@ -253,9 +429,9 @@ def plot(variants, x_index, xlabel, path):
     ax.set(xlabel=xlabel, ylabel='val loss (mean over seeds)', title=f'val loss vs {xlabel}: {train_config}')
     ax.grid(alpha=0.3)
     # the loss at iteration 0 (ln vocab) would squash the differences that matter: start the axis below it
-    later = [c[1] for agg in variants.values() for c in agg['curve'][1:]]
+    later = [c[1] for agg in variants.values() for c in agg['curve'][1:] if c[1] == c[1] and c[1] < 1e3]
     if later:
-        ax.set_ylim(min(later) - 0.05, max(later) + 0.05)
+        ax.set_ylim(min(later) - 0.05, min(max(later), 2 * min(later)) + 0.05)
     ax.legend(fontsize='small')
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -266,33 +442,52 @@ def shell_quote(arg):
     return arg if re.fullmatch(r'[\w@%+=:,./-]+', arg) else '"' + re.sub(r'(["\\$`])', r'\\\1', arg) + '"'
 
 
-def write_report(out, order, failed):
-    runs = []
-    for root, _, files in os.walk(os.path.join(out, 'runs')):
+def write_report(out, order, failed, cwd):
+    runs, other = [], []
+    for root, _, files in sorted(os.walk(os.path.join(out, 'runs'))):
         if 'done.json' in files:
-            with open(os.path.join(root, 'done.json')) as f:
-                runs.append(json.load(f))
+            done = read_json(os.path.join(root, 'done.json'))
+            if not made_here(done):
+                other.append(f"{done['variant']} seed {done['seed']}")
+                continue
+            done = finished(root, cwd)
+            done['extrapolation'] = extrapolation_losses(root, cwd, methods_asked())
+            runs.append(done)
     # this grid's order first, then variants of earlier invocations
     runs.sort(key=lambda r: (order.index(r['variant']) if r['variant'] in order else len(order), r['variant'],
                              r['seed']))
     names = dict.fromkeys(r['variant'] for r in runs)
     variants = {n: aggregate([r for r in runs if r['variant'] == n]) for n in names}
     command = ' '.join(['python ablate.py'] + [shell_quote(a) for a in sys.argv[1:]])
-    write_json(os.path.join(out, 'results.json'), {'command': command, 'settings': settings, 'variants': variants,
-                                                   'runs': runs})
-    base = variants['vanilla']['final_val_loss'] if 'vanilla' in variants else None
+    write_json(os.path.join(out, 'results.json'), {'command': command, 'settings': dict(settings),
+                                                   'variants': variants, 'runs': runs})
+    reference = 'vanilla' if 'vanilla' in variants else next(iter(variants), None)
+    base = variants[reference]['final_val_loss'] if reference else None
     lines = [f"Base recipe `{train_config}`{f' with `{train_args}`' if train_args else ''}, seeds "
              f"{', '.join(str(1337 + s) for s in range(seeds))}; command: `{command}`", '',
-             '| variant | flags | parameters | final val loss | best val loss | Δ final vs vanilla | ms/iter '
-             '| tokens/s | KV cache bytes/token | val loss 1× | val loss 2× | val loss 4× |', '|' + ' --- |' * 12]
+             f'| variant | flags | parameters | active | final val loss | best val loss | Δ final vs {reference} '
+             '| ms/iter | tokens/s | KV cache bytes/token | load max/mean | diverged at |', '|' + ' --- |' * 12]
     for name, agg in variants.items():
         seeds_runs = [r for r in runs if r['variant'] == name]
         flags = ', '.join(f'{k}={v}' for k, v in agg['flags'].items()).replace('|', '\\|') or '(base recipe)'
-        cells = [name, flags, fmt(agg['parameters'], ','), mean_std([r['final_val_loss'] for r in seeds_runs]),
-                 mean_std([r['best_val_loss'] for r in seeds_runs]),
-                 'n/a' if base is None else f"{agg['final_val_loss'] - base:+.4f}", fmt(agg['ms_per_iter'], '.1f'),
-                 fmt(agg['tokens_per_s'], ',.0f'), fmt(agg['kv_bytes_per_token'], ',.0f')]
-        lines.append('| ' + ' | '.join(cells + [fmt(agg['extrapolation'][f'{m}x']) for m in MULTIPLES]) + ' |')
+        diverged = ', '.join(str(d) for d in agg['diverged_at'] if d is not None) or '-'
+        lines.append('| ' + ' | '.join([
+            name, flags, fmt(agg['parameters'], ','), fmt(agg['active_parameters'], ','),
+            mean_std([r['final_val_loss'] for r in seeds_runs]), mean_std([r['best_val_loss'] for r in seeds_runs]),
+            'n/a' if base is None or agg['final_val_loss'] is None else f"{agg['final_val_loss'] - base:+.4f}",
+            fmt(agg['ms_per_iter'], '.1f'), fmt(agg['tokens_per_s'], ',.0f'), fmt(agg['kv_bytes_per_token'], ',.0f'),
+            fmt(agg['load_max_over_mean'], '.2f'), diverged]) + ' |')
+    if methods_asked():
+        lines += ['', f"Val loss at multiples of the trained block_size (final checkpoints, {extrapolation_iters} "
+                      f"batches per length; n/a: learned positions cannot go past 1x):", '',
+                  '| variant | method | ' + ' | '.join(f'{k}×' for k in MULTIPLES) + ' |',
+                  '|' + ' --- |' * (2 + len(MULTIPLES))]
+        for name, agg in variants.items():
+            for method, losses in agg['extrapolation'].items():
+                if any(v is not None for v in losses.values()):
+                    lines.append(f"| {name} | {method} | " + ' | '.join(fmt(v) for v in losses.values()) + ' |')
+    if other:
+        lines += ['', f"Not in this report, made with another train_config or train_args: {', '.join(other)}"]
     if failed:
         lines += ['', f"Failed in the last invocation (see their train.log): {', '.join(failed)}"]
     with open(os.path.join(out, 'results.md'), 'w', encoding='utf-8') as f:
@@ -309,39 +504,84 @@ def fmt_duration(seconds):
     return f'{seconds:.0f} s' if seconds < 90 else f'{seconds / 60:.0f} min'
 
 
-def main():
-    if seeds < 1 or extrapolation_iters < 1:
-        die(f"seeds and extrapolation_iters must be at least 1, got {seeds} and {extrapolation_iters}")
-    cwd = os.path.abspath(run_dir or REPO)
+def check_settings(cwd, out):
+    if seeds < 1 or extrapolation_iters < 1 or parallel < 1:
+        die(f"seeds, extrapolation_iters and parallel must be at least 1, got {seeds}, {extrapolation_iters} and "
+            f"{parallel}")
     if not os.path.isfile(os.path.join(cwd, train_config)):
         die(f"train_config '{train_config}' not found in run_dir '{cwd}'")
-    variants, out = build_grid(base_recipe(cwd)), os.path.abspath(out_dir)
-    jobs = [(name, flags, 1337 + s, os.path.join(out, 'runs', name, f'seed{1337 + s}'))
-            for name, flags in variants.items() for s in range(seeds)]
-    todo = sum(not os.path.exists(os.path.join(path, 'done.json')) for *_, path in jobs)
-    durations, failed = [], []
-    for i, (name, flags, seed, path) in enumerate(jobs, 1):
-        print(f"[{i}/{len(jobs)}] {name} seed {seed} ...", end=' ', flush=True)
-        if os.path.exists(os.path.join(path, 'done.json')):
-            with open(os.path.join(path, 'done.json')) as f:
-                same = json.load(f)['args'] == run_args(flags, seed)
-            print('skipped (finished' + ('' if same else ' with other arguments: delete its directory to rerun') + ')')
-            continue
-        t0, todo = time.time(), todo - 1
-        why = train_one(name, flags, seed, path, cwd)
-        if why:
-            failed.append(f'{name} seed {seed}')
-        else:
-            durations.append(time.time() - t0)  # failures are quick: they would shrink the ETA
-        eta = f", ETA {fmt_duration(statistics.mean(durations) * todo)}" if todo and durations else ''
-        print((f"FAILED {why}" if why else f"done in {fmt_duration(durations[-1])}") + eta, flush=True)
-    write_report(out, list(variants), failed)
+    if python and not shutil.which(python):
+        die(f"python '{python}' is not an executable (give a path or a command on PATH, or '' for this one)")
+    if os.path.exists(out) and not os.path.isdir(out):
+        die(f"out_dir '{out}' is a file, not a directory")
+    methods_asked()
+
+
+def main():
+    cwd, out = os.path.abspath(run_dir or REPO), os.path.abspath(out_dir)
+    check_settings(cwd, out)
+    variants = build_grid(base_recipe(cwd))
+    slots = [d.strip() for d in devices.split(',') if d.strip()] or [None]
+    jobs = deque((name, flags, 1337 + s, os.path.join(out, 'runs', name, f'seed{1337 + s}'))
+                 for name, flags in variants.items() for s in range(seeds))
+    total, running, durations, failed, busy = len(jobs), {}, [], [], []
+    counter = 0
+    try:
+        while jobs or running:
+            while jobs and len(running) < parallel:
+                job = jobs.popleft()
+                counter += 1
+                name, flags, seed, path = job
+                label = f"[{counter}/{total}] {name} seed {seed}"
+                done_path = os.path.join(path, 'done.json')
+                if os.path.exists(done_path):
+                    same = read_json(done_path)['args'] == run_args(flags, seed)
+                    print(f"{label} skipped (finished{'' if same else ' with other arguments: not in this report; '}"
+                          f"{'' if same else 'delete its directory, or use another out_dir, to rerun'})", flush=True)
+                    continue
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                holder = claim(path)
+                if holder:
+                    print(f"{label} skipped (being trained by {holder})", flush=True)
+                    busy.append(f'{name} seed {seed}')
+                    continue
+                in_use = [r[3] for r in running.values()]
+                device = min(slots, key=in_use.count)  # the least busy (None: the recipe's own)
+                proc, log = start(flags, seed, path, cwd, device)
+                running[proc] = (job, log, time.time(), device, label)
+                print(f"{label} started{f' on {device}' if device else ''}", flush=True)
+            time.sleep(0.2)
+            for proc in [p for p in running if p.poll() is not None]:
+                job, log, t0, device, label = running.pop(proc)
+                why = finish(job, proc, log, time.time() - t0, cwd)
+                release(job[3])
+                if why:
+                    failed.append(f'{job[0]} seed {job[2]}')
+                else:
+                    durations.append(time.time() - t0)  # failures are quick: they would shrink the ETA
+                left = len(jobs) + len(running)
+                eta = f", ETA {fmt_duration(statistics.mean(durations) * left / parallel)}" if left and durations else ''
+                print(f"{label} " + (f"FAILED {why}" if why else f"done in {fmt_duration(durations[-1])}") + eta,
+                      flush=True)
+            for job, *_ in running.values():  # keep the claims fresh for other nodes
+                if time.time() - os.path.getmtime(job[3] + '.claim') > 60:
+                    os.utime(job[3] + '.claim')
+    finally:
+        for proc, (job, log, *_) in running.items():  # interrupted: stop the runs, keep what finished
+            proc.terminate()
+            proc.wait()
+            log.close()
+            release(job[3])
+    write_report(out, list(variants), failed, cwd)
+    if busy:
+        print(f"{len(busy)} run(s) were being trained elsewhere and are not in the report yet: {', '.join(busy)}")
     if failed:
         die(f"{len(failed)} run(s) failed: {', '.join(failed)} (their train.log is in {out}/runs/<variant>/seed<seed>)",
             code=1)
 
 
 if __name__ == '__main__':
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `kill`: stop the runs as Ctrl-C does
     try:
         main()
     except KeyboardInterrupt:

@@ -82,6 +82,14 @@ def save_checkpoint(checkpoint, path):
         os.close(fd)
 
 
+def write_json(path, obj):
+    """Write JSON atomically: a reader sees the old file or the new one, never half of it."""
+    tmp = f'{path}.tmp{os.getpid()}'
+    with open(tmp, 'w') as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
 def new_checkpoint(model, **fields):
     """A checkpoint dict in our format; model is the raw (uncompiled, unwrapped) GPT."""
     return {'format': CKPT_FORMAT, 'model': model.state_dict(), 'model_args': asdict(model.config), **fields}

@@ -53,9 +53,24 @@ def ablated(tmp_path_factory):
     return workdir, out, result
 
 
+def tables(md):
+    """Each Markdown table of the report: a list of rows of cells, the header first."""
+    out, current = [], None
+    for line in md.splitlines() + ['']:
+        if line.startswith('|'):
+            if current is None:
+                current = []
+                out.append(current)
+            if not set(line) <= set('|-: '):
+                current.append([c.strip() for c in line.strip().strip('|').split('|')])
+        else:
+            current = None
+    return out
+
+
 def table_rows(md):
-    rows = [line for line in md.splitlines() if line.startswith('| ') and not line.startswith(('| variant', '| ---'))]
-    return {cells[0]: cells for cells in ([c.strip() for c in row.strip('|').split('|')] for row in rows)}
+    """The main table: {variant: cells}."""
+    return {cells[0]: cells for cells in tables(md)[0][1:]}
 
 
 def test_report_has_a_row_per_variant_with_extrapolation(ablated):
@@ -63,24 +78,31 @@ def test_report_has_a_row_per_variant_with_extrapolation(ablated):
     assert '[4/4] rope seed 1338' in result.stdout and 'ETA' in result.stdout
     md = (out / 'results.md').read_text(encoding='utf-8')
     assert 'Base recipe' in md and '1337, 1338' in md and 'python ablate.py' in md
+    main, length = tables(md)
+    assert main[0][:5] == ['variant', 'flags', 'parameters', 'active', 'final val loss']
     rows = table_rows(md)
     assert list(rows) == ['vanilla', 'rope']
     for cells in rows.values():
         assert len(cells) == 12
-        assert '±' in cells[3] and '±' in cells[4]
-        assert int(cells[2].replace(',', '')) > 0  # parameters
-        float(cells[3].split('±')[0]), float(cells[6]), float(cells[8].replace(',', ''))
-    assert rows['vanilla'][5] == '+0.0000'
-    assert rows['vanilla'][9] != 'n/a' and rows['vanilla'][10:] == ['n/a', 'n/a']  # learned: 1x only
-    assert all(float(v) > 0 for v in rows['rope'][9:])  # rope: 1x, 2x, 4x
+        assert '±' in cells[4] and '±' in cells[5]
+        assert int(cells[2].replace(',', '')) == int(cells[3].replace(',', '')) > 0  # dense: all active
+        float(cells[4].split('±')[0]), float(cells[7]), float(cells[9].replace(',', ''))
+        assert cells[10] == 'n/a' and cells[11] == '-'  # no experts; nothing diverged
+    assert rows['vanilla'][6] == '+0.0000'
+    assert length[0] == ['variant', 'method', '1×', '2×', '4×', '8×']
+    length = {row[0]: row[2:] for row in length[1:]}
+    assert length['vanilla'][0] != 'n/a' and length['vanilla'][1:] == ['n/a'] * 3  # learned: 1x only
+    assert all(float(v) > 0 for v in length['rope'])  # rope: 1x to 8x
     results = json.loads((out / 'results.json').read_text())
     assert set(results['variants']) == {'vanilla', 'rope'} and len(results['runs']) == 4
     rope = results['variants']['rope']
     assert rope['seeds'] == [1337, 1338] and rope['flags'] == {'pos': 'rope'}
     assert [c[0] for c in rope['curve']] == [0, 2, 4]
     done = json.loads((out / 'runs' / 'vanilla' / 'seed1338' / 'done.json').read_text())
-    assert done['seed'] == 1338 and done['extrapolation']['2x'] is None and done['kv_bytes_per_token'] == 128
+    assert done['seed'] == 1338 and done['kv_bytes_per_token'] == 128
     assert done['final_val_loss'] == done['curve'][-1][1] and done['ms_per_iter'] > 0
+    cached = json.loads((out / 'runs' / 'vanilla' / 'seed1338' / 'extrapolation.json').read_text())
+    assert cached['plain@2x@2'] is None and cached['plain@1x@2'] > 0
     for name in ('val_loss_vs_iter.png', 'val_loss_vs_time.png'):
         data = (out / name).read_bytes()
         assert data.startswith(b'\x89PNG\r\n\x1a\n') and len(data) > 1000
@@ -114,7 +136,7 @@ def test_failed_run_is_reported_and_the_others_finish(tmp_path):
     assert not (out / 'runs' / 'ok' / 'seed1337' / 'stale').exists()
     assert not (out / 'runs' / 'bad' / 'seed1337' / 'done.json').exists()
     rows = table_rows((out / 'results.md').read_text(encoding='utf-8'))
-    assert list(rows) == ['ok'] and rows['ok'][5] == 'n/a'  # no vanilla in the grid: no delta
+    assert list(rows) == ['ok'] and rows['ok'][6] == '+0.0000'  # no vanilla: the first variant is the reference
 
 
 @pytest.mark.parametrize('args, fragment', [
