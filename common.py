@@ -1,11 +1,14 @@
-"""Helpers the scripts share: one-line errors, device and dtype choice, checkpoints, tokenizers, peak FLOP/s."""
+"""Helpers the scripts share: one-line errors and interrupts, device and dtype choice, an out_dir's lock,
+log and checkpoints, tokenizers, peak FLOP/s."""
 
+import fcntl
 import json
 import os
+import signal
 import sys
 import time
 from collections import namedtuple
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 
 import torch
@@ -20,6 +23,64 @@ def die(message, code=2):
     """Report a user mistake as one line on stderr and exit: a traceback would only hide it."""
     print(f"error: {message}", file=sys.stderr, flush=True)
     sys.exit(code)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) or `kill` (SIGTERM): the scripts stop with one line, exit 128 + the signal."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.code = 128 + signum
+
+
+_critical, _pending = 0, None
+
+
+def _on_signal(signum, frame):
+    global _pending
+    if _critical:  # inside a write that must finish whole: stop right after it
+        _pending = signum
+    else:
+        raise Interrupted(signum)
+
+
+def catch_interrupts():
+    """Ctrl-C and `kill` raise Interrupted, except inside critical(), which they end; one not caught by the
+    script stops it with one line."""
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    default_hook = sys.excepthook
+
+    def hook(kind, value, tb):
+        if not issubclass(kind, Interrupted):
+            return default_hook(kind, value, tb)
+        print(f"error: interrupted ({value})", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(value.code)
+    sys.excepthook = hook
+
+
+@contextmanager
+def critical():
+    """A block that an interrupt must not cut in two (a checkpoint or log write): it is delivered after."""
+    global _critical, _pending
+    _critical += 1
+    try:
+        yield
+    finally:
+        _critical -= 1
+        if not _critical and _pending is not None:
+            signum, _pending = _pending, None
+            raise Interrupted(signum)
+
+
+def out_of_memory(error):
+    """Whether an exception is the device or the host running out of memory."""
+    if isinstance(error, (MemoryError, getattr(torch, 'OutOfMemoryError', MemoryError))):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and ('out of memory' in text or "can't allocate memory" in text
+                                                or 'not enough memory' in text)
 
 
 # ----------------------------------------------------------------------------- device and dtype
@@ -62,32 +123,115 @@ def autocast(device, dtype):
 
 # ----------------------------------------------------------------------------- checkpoints
 
+TMP = '.tmp'  # in the name of every file written aside before it replaces its target
+
+
 def save_checkpoint(checkpoint, path):
-    """Write atomically: a crash mid-write leaves the previous checkpoint, never a broken file."""
+    """Write atomically: a crash, an interrupt or a full disk mid-write leaves the previous checkpoint, never a
+    broken file (a full disk is one error line)."""
     directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f'.{os.path.basename(path)}.tmp{os.getpid()}')
+    tmp = os.path.join(directory, f'.{os.path.basename(path)}{TMP}{os.getpid()}')
+    with critical():
+        try:
+            with open(tmp, 'wb') as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            fd = os.open(directory, os.O_RDONLY)  # make the rename itself durable
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            die(f"cannot write checkpoint '{path}' ({e.strerror or e}); the previous one is intact", code=1)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+
+# ----------------------------------------------------------------------------- an out_dir: one writer, one log
+
+_locks = {}  # out_dir's real path -> the open lock file: held until this process ends (or release_out_dirs)
+
+
+def claim_out_dir(out_dir):
+    """Lock out_dir for this process, so a second writer is refused (the kernel drops the lock however the
+    holder ends, kill -9 included), and remove the temporary files an earlier crash left there."""
+    if os.path.realpath(out_dir) in _locks:
+        return
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        die(f"out_dir '{out_dir}' is a file, not a directory")
     try:
-        with open(tmp, 'wb') as f:
-            torch.save(checkpoint, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    fd = os.open(directory, os.O_RDONLY)  # make the rename itself durable
+        os.makedirs(out_dir, exist_ok=True)
+        fd = os.open(os.path.join(out_dir, '.lock'), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        die(f"cannot write to out_dir '{out_dir}': {e.strerror or e}")
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 64).decode(errors='replace').strip() or '?'
+        die(f"out_dir '{out_dir}' is in use by another process (pid {holder}); wait for it to end or use "
+            f"another out_dir")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    _locks[os.path.realpath(out_dir)] = fd
+    for name in os.listdir(out_dir):  # ours alone now: what a crash left mid-write is garbage
+        if TMP in name and os.path.isfile(os.path.join(out_dir, name)):
+            os.remove(os.path.join(out_dir, name))
+
+
+def release_out_dirs():
+    """Let go of every out_dir this process claimed (a process that runs scripts in itself, e.g. the tests)."""
+    while _locks:
+        os.close(_locks.popitem()[1])
+
+
+def repair_log(path, last_iter=None):
+    """Make a log.jsonl read as one run: drop torn or repeated lines and, when a run resumes from its
+    checkpoint at last_iter, the records past it (the resumed run logs those iterations again)."""
+    if not os.path.exists(path):
+        return
+    with open(path, encoding='utf-8', errors='replace') as f:
+        lines = f.read().splitlines()
+    keep, seen = [], set()
+    for line in lines:
+        try:
+            record = json.loads(line)
+            it = record['iter']
+        except (ValueError, TypeError, KeyError):
+            continue
+        if last_iter is not None and it > last_iter:
+            continue
+        if not record.get('eval_only'):  # evaluations of a trained model (at other lengths) share its iteration
+            if it in seen:
+                continue
+            seen.add(it)
+        keep.append(line)
+    if keep != lines:
+        with critical():
+            with open(path + TMP, 'w', encoding='utf-8') as f:
+                f.write(''.join(line + '\n' for line in keep))
+            os.replace(path + TMP, path)
+
+
+def append_log(path, record):
+    """Append one record to a log.jsonl, whole (an interrupt waits; a full disk is one error line)."""
+    with critical():
+        try:
+            with open(path, 'a', encoding='utf-8') as f:
+                f.write(json.dumps(record) + '\n')
+        except OSError as e:
+            die(f"cannot write log '{path}' ({e.strerror or e})", code=1)
 
 
 def write_json(path, obj):
     """Write JSON atomically: a reader sees the old file or the new one, never half of it."""
-    tmp = f'{path}.tmp{os.getpid()}'
-    with open(tmp, 'w') as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
+    tmp = f'{path}{TMP}{os.getpid()}'
+    with critical():
+        with open(tmp, 'w') as f:
+            json.dump(obj, f, indent=1)
+        os.replace(tmp, path)
 
 
 def new_checkpoint(model, **fields):

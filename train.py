@@ -1,10 +1,12 @@
 """
-Train a GPT with any mix of vanilla and modern swaps, on one CPU, one GPU, or many with DDP.
+Train a GPT with any mix of vanilla and modern swaps, on one CPU, one GPU, or many with DDP or FSDP.
 
-    python train.py config/shakespeare_modern.py --batch_size=32 --n_kv_head=3
+    python train.py config/shakespeare_modern_cpu.py --batch_size=32
     torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2_modern.py
+    torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2_modern.py --fsdp=True
 
 Settings are the globals below; a config file, then --key=value, override them (configurator.py).
+An out_dir is one run: a second process on it, or a scratch run over a trained checkpoint, is refused.
 """
 
 import json
@@ -23,9 +25,9 @@ out_dir = 'out'
 eval_interval = 2000
 log_interval = 1
 eval_iters = 200
-eval_only = False  # evaluate once and exit
+eval_only = False  # evaluate once (appending to log.jsonl) and exit
 always_save_checkpoint = True  # else save only when val loss improves
-init_from = 'scratch'  # 'scratch', 'resume', or a GPT-2 / Llama name or directory
+init_from = 'scratch'  # 'scratch', 'resume', or a Hugging Face name or directory (GPT-2, Llama, Qwen, ...)
 # wandb (works with WANDB_MODE=offline)
 wandb_log = False
 wandb_project = 'nanoswap'
@@ -53,7 +55,8 @@ warmup_iters = 2000
 lr_decay_iters = 600000
 min_lr = 6e-5
 # system
-backend = 'auto'  # DDP: 'nccl' on CUDA, 'gloo' on CPU
+backend = 'auto'  # DDP/FSDP: 'nccl' on CUDA, 'gloo' on CPU
+fsdp = False  # under torchrun: shard parameters, gradients and optimizer state (FSDP) instead of replicating (DDP)
 device = 'auto'  # 'auto' (cuda, mps, cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'  # 'auto' (bf16, else fp16 on CUDA; fp32 elsewhere), 'float32', 'bfloat16', 'float16'
 compile = None  # None: on for CUDA only
@@ -62,34 +65,55 @@ seed = 1337
 settings = configure(settings_of(globals()), sys.argv[1:], prog='train.py', doc=__doc__)
 globals().update(settings)
 
+
+def check(ok, message):
+    if not ok:
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+# settings that are wrong whatever the machine: said before torch loads
+for name in ('batch_size', 'gradient_accumulation_steps', 'eval_interval', 'log_interval', 'eval_iters'):
+    check(globals()[name] >= 1, f"{name} must be at least 1, got {globals()[name]}")
+for name in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'learning_rate', 'min_lr', 'weight_decay', 'grad_clip'):
+    check(globals()[name] >= 0, f"{name} must be >= 0, got {globals()[name]}")
+for name in ('beta1', 'beta2'):
+    check(0 <= globals()[name] < 1, f"{name} must be in [0, 1), got {globals()[name]}")
+check(0 <= seed < 2 ** 63, f"seed must be in [0, 2**63), got {seed}")
+check(not (os.path.exists(out_dir) and not os.path.isdir(out_dir)), f"out_dir '{out_dir}' is a file, not a directory")
+
 # the heavy imports only now: --help and a mistyped setting answer before torch loads
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from torch.distributed import destroy_process_group, init_process_group  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from common import (autocast, die, load_checkpoint, load_pretrained, model_from_checkpoint,  # noqa: E402
-                    new_checkpoint, peak_flops as measure_peak_flops, pick_device, pick_dtype, save_checkpoint)
+from common import (append_log, autocast, catch_interrupts, claim_out_dir, critical, die,  # noqa: E402
+                    Interrupted, load_checkpoint, load_pretrained, model_from_checkpoint, new_checkpoint,
+                    out_of_memory, peak_flops as measure_peak_flops, pick_device, pick_dtype, repair_log,
+                    save_checkpoint, write_json)
 from model import GPT, RUNTIME_FLAGS, GPTConfig  # noqa: E402
 
+catch_interrupts()
 MODEL_FLAGS = tuple(f.name for f in fields(GPTConfig))
 GPT_DEFAULTS = asdict(GPTConfig())
 SIZES = ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size')  # always shown; other flags when not default
 EVAL_SEED = 20240101  # one fixed set of eval batches for every run, variant and seed
 # -----------------------------------------------------------------------------
 
-# DDP: torchrun sets RANK; one process per device
-ddp = int(os.environ.get('RANK', -1)) != -1
-if ddp:
+# DDP or FSDP: torchrun sets RANK; one process per device
+distributed = int(os.environ.get('RANK', -1)) != -1
+if distributed:
     rank, local_rank, world_size = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
     if backend == 'auto':
         backend = 'nccl' if torch.cuda.is_available() and device != 'cpu' else 'gloo'
-    init_process_group(backend=backend)
+    dist.init_process_group(backend=backend)
     if device != 'cpu' and torch.cuda.is_available():  # one GPU per process, whatever --device named
         device = f'cuda:{local_rank}'
         torch.cuda.set_device(device)
 else:
     rank, local_rank, world_size = 0, 0, 1
+    fsdp = False  # one process: nothing to shard
 master = rank == 0
 device = pick_device(device)
 device_type = device.split(':')[0]
@@ -100,33 +124,60 @@ if gradient_accumulation_steps % world_size != 0:
     die(f"gradient_accumulation_steps ({gradient_accumulation_steps}) must be divisible by the number of "
         f"processes ({world_size})")
 local_accum = gradient_accumulation_steps // world_size
-for name in ('batch_size', 'gradient_accumulation_steps', 'eval_interval', 'log_interval', 'eval_iters'):
-    if globals()[name] < 1:
-        die(f"{name} must be at least 1, got {globals()[name]}")
-if max_iters < 0:
-    die(f"max_iters must be >= 0, got {max_iters}")
 
 torch.manual_seed(seed)
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
 ctx = autocast(device, dtype)
 
+# ----------------------------------------------------------------------------- out_dir: this run's alone
+ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+log_path = os.path.join(out_dir, 'log.jsonl')
+if master:
+    claim_out_dir(out_dir)  # held until the process ends
+    if init_from != 'resume' and not eval_only and (os.path.exists(ckpt_path) or os.path.exists(log_path)):
+        die(f"out_dir '{out_dir}' already holds a run ({'ckpt.pt' if os.path.exists(ckpt_path) else 'log.jsonl'}); "
+            f"continue it with --init_from=resume, or start over with another out_dir (or delete this one)")
+    for stale in ('diverged.json',):  # what the last run said when it stopped
+        if os.path.exists(os.path.join(out_dir, stale)) and not eval_only:
+            os.remove(os.path.join(out_dir, stale))
+
 # ----------------------------------------------------------------------------- data
 data_dir = os.path.join('data', dataset)
+meta_vocab_size, meta = None, {}
+meta_path = os.path.join(data_dir, 'meta.json')
+if os.path.exists(meta_path):
+    try:
+        with open(meta_path) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        die(f"cannot read '{meta_path}' ({type(e).__name__}): rerun python data/{dataset}/prepare.py")
+    if not isinstance(meta, dict) or not isinstance(meta.get('vocab_size'), int) or meta['vocab_size'] < 1:
+        die(f"'{meta_path}' has no vocab_size (a positive int); rerun python data/{dataset}/prepare.py")
+    meta_vocab_size = meta['vocab_size']
+    if meta.get('kind') == 'tiktoken':  # GPT-2's 50257 padded to 50304: a multiple of 64 runs faster on GPUs
+        meta_vocab_size = 64 * math.ceil(meta_vocab_size / 64)
 for split in ('train', 'val'):
     path = os.path.join(data_dir, f'{split}.bin')
-    if not os.path.exists(path):
+    if not os.path.isfile(path):
         die(f"dataset file '{path}' not found; create it with: python data/{dataset}/prepare.py")
-    if os.path.getsize(path) // 2 <= block_size:
-        die(f"'{path}' holds {os.path.getsize(path) // 2} tokens, too few for block_size {block_size}")
+    size = os.path.getsize(path)
+    if size % 2:
+        die(f"'{path}' is {size} bytes, not whole uint16 tokens: rerun python data/{dataset}/prepare.py")
+    if meta.get(f'{split}_tokens', size // 2) != size // 2:
+        die(f"'{path}' holds {size // 2} tokens but meta.json says {meta[f'{split}_tokens']}: the files are from "
+            f"different runs of prepare.py; rerun it")
 
 
 def get_batch(split, generator):
     # a fresh memmap per batch: numpy keeps a long-lived one's pages and memory grows
     data = np.memmap(os.path.join(data_dir, f'{split}.bin'), dtype=np.uint16, mode='r')
-    ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator)
-    x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix.tolist()])
-    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix.tolist()])
+    ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator).tolist()
+    xy = np.stack([data[i:i + 1 + block_size] for i in ix]).astype(np.int64)
+    if xy.max() >= vocab_limit:
+        die(f"'{data_dir}/{split}.bin' holds token id {xy.max()} but the model's vocabulary has {vocab_limit}: the "
+            f"data and meta.json (or the model) do not belong together")
+    x, y = torch.from_numpy(xy[:, :-1]), torch.from_numpy(xy[:, 1:])
     if device_type == 'cuda':
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x.to(device), y.to(device)
@@ -138,97 +189,139 @@ def train_generator(it, micro):
     return torch.Generator().manual_seed(hash((seed, it, micro)) & (2 ** 63 - 1))
 
 
-meta_vocab_size = None
-meta_path = os.path.join(data_dir, 'meta.json')
-if os.path.exists(meta_path):
-    with open(meta_path) as f:
-        meta = json.load(f)
-    meta_vocab_size = meta.get('vocab_size')
-    if meta.get('kind') == 'tiktoken':  # GPT-2's 50257 padded to 50304: a multiple of 64 runs faster on GPUs
-        meta_vocab_size = 64 * math.ceil(meta_vocab_size / 64)
-
 # ----------------------------------------------------------------------------- model
-iter_num, best_val_loss, checkpoint, elapsed_before = 0, float('inf'), None, 0.0
+iter_num, best_val_loss, checkpoint, elapsed_before, last_saved = 0, float('inf'), None, 0.0, None
 trained_args = None  # the model flags a resumed checkpoint was trained with
-model_args = {k: settings[k] for k in MODEL_FLAGS}
-ckpt_path = os.path.join(out_dir, 'ckpt.pt')
-if init_from == 'scratch':
-    model_args['vocab_size'] = vocab_size or meta_vocab_size or 50304
-    try:
-        model = GPT(GPTConfig(**model_args))
-    except ValueError as e:
-        die(str(e))
-elif init_from == 'resume':
-    checkpoint = load_checkpoint(ckpt_path, hint=f"train first with init_from='scratch' into out_dir '{out_dir}'")
-    # the architecture is the checkpoint's; the runtime flags this run sets (a longer block_size with a RoPE
-    # scaling, a window) and dropout, a training choice, are this run's
-    model = model_from_checkpoint(checkpoint, ckpt_path, settings)
-    ignored = [k for k in MODEL_FLAGS if k in settings.given and k not in RUNTIME_FLAGS
-               and checkpoint['model_args'].get(k) != settings[k]]
-    if ignored and master:
-        print(f"resuming with the checkpoint's model flags, not this run's: {', '.join(ignored)}")
-    iter_num, best_val_loss = checkpoint['iter_num'], checkpoint['best_val_loss']
-    elapsed_before = checkpoint.get('elapsed_s', 0.0)
-    trained_args = {**asdict(GPTConfig()), **checkpoint['model_args']}
-else:
-    model = load_pretrained(init_from, settings)
-if meta_vocab_size and meta_vocab_size > model.config.vocab_size:
-    die(f"dataset '{dataset}' has {meta_vocab_size} token ids but the model only {model.config.vocab_size}")
+try:
+    if init_from == 'scratch':
+        model_args = {k: settings[k] for k in MODEL_FLAGS}
+        model_args['vocab_size'] = vocab_size or meta_vocab_size or 50304
+        try:
+            model = GPT(GPTConfig(**model_args))
+        except ValueError as e:
+            die(str(e))
+    elif init_from == 'resume':
+        checkpoint = load_checkpoint(ckpt_path, hint=f"train first with init_from='scratch' into out_dir '{out_dir}'")
+        if not all(k in checkpoint for k in ('optimizer', 'iter_num', 'best_val_loss', 'rng')):
+            die(f"checkpoint '{ckpt_path}' has no training state (optimizer, iteration): it can be sampled or "
+                f"exported, not resumed")
+        # the architecture is the checkpoint's; the runtime flags this run sets (a longer block_size with a
+        # RoPE scaling, a window) and dropout, a training choice, are this run's
+        model = model_from_checkpoint(checkpoint, ckpt_path, settings)
+        ignored = [k for k in MODEL_FLAGS if k in settings.given and k not in RUNTIME_FLAGS
+                   and checkpoint['model_args'].get(k) != settings[k]]
+        if ignored and master:
+            print(f"resuming with the checkpoint's model flags, not this run's: {', '.join(ignored)}")
+        iter_num, best_val_loss = checkpoint['iter_num'], checkpoint['best_val_loss']
+        elapsed_before = checkpoint.get('elapsed_s', 0.0)
+        last_saved = (iter_num, checkpoint.get('val_loss', best_val_loss))
+        trained_args = {**GPT_DEFAULTS, **checkpoint['model_args']}
+    else:
+        model = load_pretrained(init_from, settings)
+    if meta_vocab_size and meta_vocab_size > model.config.vocab_size:
+        die(f"dataset '{dataset}' has {meta_vocab_size} token ids but the model only {model.config.vocab_size}")
+    model.to(device)
+except Exception as e:
+    if not out_of_memory(e):
+        raise
+    die(f"out of memory building the model on {device}: lower n_layer, n_embd or block_size ({type(e).__name__})",
+        code=1)
+vocab_limit = model.config.vocab_size
 trained_args = trained_args or asdict(model.config)
 for k in MODEL_FLAGS:  # what was really built is what gets logged and saved
     settings[k] = getattr(model.config, k)
 block_size = model.config.block_size
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
-model.to(device)
+if master and init_from == 'resume':
+    repair_log(log_path, last_iter=iter_num)  # records a crash left past the checkpoint: this run logs them again
+elif master:
+    repair_log(log_path)
 
-if ddp:  # every rank starts from rank 0's weights (DDP broadcasts them); dropout should differ per rank
+if distributed:  # every rank starts from rank 0's weights; dropout should differ per rank
     torch.manual_seed(seed + rank + iter_num)
+raw_model = model  # what gets saved: no compile prefix, no DDP/FSDP wrapper
+if fsdp:  # each block's parameters sharded over the processes, then the rest of the model
+    from torch.distributed.fsdp import fully_shard
+    for block in model.transformer.h:
+        fully_shard(block)
+    fully_shard(model)
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 if checkpoint is not None:
-    optimizer.load_state_dict(checkpoint['optimizer'])
-    if scaler.is_enabled() and checkpoint['scaler']:  # empty when saved without fp16 (CPU, bf16)
+    try:
+        if fsdp:
+            from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
+                                                                 set_optimizer_state_dict)
+            full = StateDictOptions(full_state_dict=True)
+            names = [n for g in get_optimizer_state_dict(model, optimizer, options=full)['param_groups']
+                     for n in g['params']]
+            state = checkpoint['optimizer']  # ours is keyed by position, FSDP's by parameter name
+            set_optimizer_state_dict(model, optimizer, {
+                'state': {names[i]: v for i, v in state['state'].items()},
+                'param_groups': [{**g, 'params': [names[i] for i in g['params']]} for g in state['param_groups']]},
+                options=full)
+        else:
+            optimizer.load_state_dict(checkpoint['optimizer'])
+    except (ValueError, RuntimeError, KeyError, IndexError) as e:
+        die(f"checkpoint '{ckpt_path}' holds optimizer state for another model: {str(e).splitlines()[0][:200]}")
+    if scaler.is_enabled() and checkpoint.get('scaler'):  # empty when saved without fp16 (CPU, bf16)
         scaler.load_state_dict(checkpoint['scaler'])
     if master:  # other ranks keep the dropout streams seeded above
         torch.set_rng_state(checkpoint['rng']['torch'])
         if device_type == 'cuda' and checkpoint['rng'].get('cuda'):
             torch.cuda.set_rng_state(checkpoint['rng']['cuda'], device)
     checkpoint = None  # free the memory
-raw_model = model  # what gets saved: no compile prefix, no DDP wrapper
+sharded = model  # FSDP's module: what state-dict gathering takes
 if compile:
     model = torch.compile(model)
-eval_model = model  # evaluation runs outside DDP: ranks share out its batches unevenly
-if ddp:
-    # the only buffers are rope tables every rank builds alike: no need to broadcast them each step
+# evaluation: DDP's ranks share out its batches unevenly outside the wrapper; FSDP's must all run each forward
+eval_model = model
+if distributed and not fsdp:
+    # the only buffers are rope tables every rank builds alike (and MoE biases every rank moves alike)
     model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None, broadcast_buffers=False)
 
 
 @torch.no_grad()
 def estimate_loss():
-    """Mean loss on eval_iters fixed batches per split, shared out across DDP processes; with MoE layers,
-    also their load and balancing losses on the val batches (out['moe'])."""
+    """Mean loss on eval_iters fixed batches per split, shared out across processes; with MoE layers, also their
+    load and balancing losses on the val batches (out['moe']). A long evaluation shows a progress bar."""
     eval_model.eval()
     out = {}
+    bar = progress(2 * len(range(rank, eval_iters, world_size)), 'evaluating', slow=eval_seconds > 10)
     for split in ('train', 'val'):
         generator = torch.Generator().manual_seed(EVAL_SEED + (split == 'val'))
         raw_model.moe_report()  # restart the experts' counts
         total = torch.zeros((), device=device)
-        for k in range(eval_iters):
+        for k in range(eval_iters):  # every process draws every batch: the same ones, in order
             x, y = get_batch(split, generator)
             if k % world_size == rank:
                 with ctx:
-                    _, loss = eval_model(x, y)
-                total += loss.float()
-        if ddp:
-            torch.distributed.all_reduce(total)
+                    total += eval_model(x, y)[1].float()
+                bar.update()
+        if fsdp and eval_iters % world_size and rank >= eval_iters % world_size:
+            # FSDP's forwards are collective: a rank short of a batch joins the last round, counted nowhere
+            counters = [(c, c.clone()) for c in raw_model.moe_counters()]
+            with ctx:
+                eval_model(x, y)
+            for c, before in counters:
+                c.copy_(before)
+        if distributed:
+            dist.all_reduce(total)
         out[split] = total.item() / eval_iters
+    bar.close()
     if raw_model.moe_layers():
-        if ddp:
+        if distributed:
             for counter in raw_model.moe_counters():
-                torch.distributed.all_reduce(counter)
+                dist.all_reduce(counter)
         out['moe'] = raw_model.moe_report()
     eval_model.train()
     return out
+
+
+def progress(total, what, slow):
+    """A tqdm bar on the master's stderr when the work is slow, else a stand-in that does nothing."""
+    from tqdm import tqdm
+    return tqdm(total=total, desc=what, leave=False, file=sys.stderr, disable=not (master and slow), mininterval=1)
 
 
 def flat_record(record):
@@ -257,124 +350,184 @@ def get_lr(it):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
 
 
+def last_checkpoint():
+    if last_saved is None:
+        return "no checkpoint was saved"
+    return f"the last checkpoint is '{ckpt_path}' (iter {last_saved[0]}, val loss {last_saved[1]:.4f})"
+
+
 def stop_non_finite(what, value):
     if not math.isfinite(value):
-        if ddp:
-            destroy_process_group()
+        if master:
+            write_json(os.path.join(out_dir, 'diverged.json'), {'iter': iter_num, 'what': what, 'value': str(value)})
+        if distributed:
+            dist.destroy_process_group()
         if not master:
             sys.exit(1)
-        last = f"the last good checkpoint is '{ckpt_path}'" if os.path.exists(ckpt_path) else "no checkpoint was saved"
-        die(f"{what} is {value} at iter {iter_num}: training diverged (try a lower learning_rate or "
-            f"grad_clip); {last}", code=1)
+        die(f"{what} is {value} at iter {iter_num}: training diverged (try a lower learning_rate or grad_clip); "
+            f"{last_checkpoint()}", code=1)
+
+
+def full_state():
+    """(model weights, optimizer state) in our checkpoint's format; with FSDP gathered to rank 0 (all ranks
+    must call), the optimizer state keyed by position as a single process keys it."""
+    if not fsdp:
+        return raw_model.state_dict(), optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(sharded, options=full)
+    state = get_optimizer_state_dict(sharded, optimizer, options=full)
+    position = {n: i for i, n in enumerate(n for g in state['param_groups'] for n in g['params'])}
+    return weights, {'state': {position[n]: v for n, v in state['state'].items()},
+                     'param_groups': [{**g, 'params': [position[n] for n in g['params']]}
+                                      for g in state['param_groups']]}
 
 
 # ----------------------------------------------------------------------------- logging
+flops_per_iter = raw_model.flops_per_token() * tokens_per_iter
+eval_seconds = 0.0  # an estimate, for the progress bar
 if master:
-    os.makedirs(out_dir, exist_ok=True)
-    print(f"device {device}, dtype {dtype}, compile {compile}, {world_size} process(es), "
-          f"{tokens_per_iter:,} tokens per iteration")
-    print(f"model: {raw_model.get_num_params() / 1e6:.2f}M parameters; " + ' '.join(
-        f"{k}={v}" for k, v in asdict(raw_model.config).items() if k in SIZES or v != GPT_DEFAULTS.get(k)))
+    print(f"device {device}, dtype {dtype}, compile {compile}, {world_size} process(es)"
+          f"{' sharded (FSDP)' if fsdp else ''}, {tokens_per_iter:,} tokens per iteration")
+    active = raw_model.get_num_params(active=True)
+    print(f"model: {raw_model.get_num_params() / 1e6:.2f}M parameters"
+          f"{f' ({active / 1e6:.2f}M active)' if active != raw_model.get_num_params() else ''}; " + ' '.join(
+              f"{k}={v}" for k, v in asdict(raw_model.config).items() if k in SIZES or v != GPT_DEFAULTS.get(k)))
     if peak_flops <= 0:
         peak_flops, how = measure_peak_flops(device, dtype)
         print(f"peak {peak_flops / 1e12:.3g} TFLOP/s for MFU ({how})")
+    # at a CPU's usual ~40% MFU: a recipe sized for a GPU says so at once, not after minutes of silence
+    eval_seconds = 2 * eval_iters * batch_size * block_size * raw_model.flops_per_token() / 3 / (0.4 * peak_flops)
+    total_seconds = (max_iters - iter_num) * flops_per_iter / (0.4 * peak_flops) \
+        + eval_seconds * (1 + (max_iters - iter_num) // eval_interval)
+    if device_type == 'cpu' and total_seconds > 1800 and not eval_only:
+        recipe = next((a for a in sys.argv[1:] if a.endswith('.py')), None)
+        cpu_recipe = recipe[:-3] + '_cpu.py' if recipe and os.path.exists(recipe[:-3] + '_cpu.py') else None
+        print(f"note: this run is sized for a GPU: on this CPU it would take about {total_seconds / 3600:.1f} h; "
+              + (f"the CPU recipe is {cpu_recipe}" if cpu_recipe else
+                 "config/shakespeare_modern_cpu.py is a recipe sized for a CPU"), flush=True)
     if wandb_log:
         try:
             import wandb
-            wandb.init(project=wandb_project, name=wandb_run_name, config=settings, dir=out_dir)
+            wandb.init(project=wandb_project, name=wandb_run_name, config=dict(settings), dir=out_dir)
         except ImportError:
             die("wandb_log=True needs wandb: pip install wandb")
         except Exception as e:  # no login, no network: say so in one line (WANDB_MODE=offline works without)
             die(f"wandb could not start ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                 f"try WANDB_MODE=offline")
-log_path = os.path.join(out_dir, 'log.jsonl')
 
 # ----------------------------------------------------------------------------- training loop
 t_start = time.time() - elapsed_before  # elapsed_s continues across resumes
 resumed_at = iter_num if init_from == 'resume' else None
 train_time, train_steps = 0.0, 0  # since the last evaluation, for ms/iter in log.jsonl
 running_mfu, recent_dt = -1.0, []
-while True:
-    lr = get_lr(iter_num)
-    for group in optimizer.param_groups:
-        group['lr'] = lr
+try:
+    while True:
+        lr = get_lr(iter_num)
+        for group in optimizer.param_groups:
+            group['lr'] = lr
 
-    # a resumed run's first iteration was evaluated, logged and saved before it stopped
-    if ((iter_num % eval_interval == 0 or iter_num == max_iters) and iter_num != resumed_at) or eval_only:
-        losses = estimate_loss()
-        stop_non_finite('train loss', losses['train'])
-        stop_non_finite('val loss', losses['val'])
-        if master:
-            print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-            record = {'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val'], 'lr': lr,
-                      'tokens': iter_num * tokens_per_iter, 'elapsed_s': round(time.time() - t_start, 3),
-                      'ms_per_iter': 1000 * train_time / train_steps if train_steps else None}
-            if eval_only:  # an evaluation of the trained model, maybe at another length or scaling: say so
-                record.update(eval_only=True, **{k: getattr(raw_model.config, k) for k in RUNTIME_FLAGS
-                                                 if k != 'dropout' and getattr(raw_model.config, k) != trained_args[k]})
-            if 'moe' in losses:  # the experts' load: a collapsed router shows as an expert with share 0
-                record['moe'] = losses['moe']
-            with open(log_path, 'a') as f:
-                f.write(json.dumps(record) + '\n')
-            if wandb_log:
-                wandb.log({**flat_record(record), 'mfu': running_mfu * 100})
-            improved = losses['val'] < best_val_loss
-            best_val_loss = min(best_val_loss, losses['val'])
-            if (improved or always_save_checkpoint) and iter_num > 0 and not eval_only:
-                rng = {'torch': torch.get_rng_state()}
-                if device_type == 'cuda':
-                    rng['cuda'] = torch.cuda.get_rng_state(device)
-                save_checkpoint(new_checkpoint(raw_model, optimizer=optimizer.state_dict(),
-                                               scaler=scaler.state_dict(), iter_num=iter_num,
-                                               best_val_loss=best_val_loss, config=dict(settings), rng=rng,
-                                               elapsed_s=record['elapsed_s']), ckpt_path)
-                print(f"saved checkpoint to {ckpt_path}")
-        train_time, train_steps = 0.0, 0
-    if eval_only or iter_num >= max_iters:
-        break
+        # a resumed run's first iteration was evaluated, logged and saved before it stopped
+        if ((iter_num % eval_interval == 0 or iter_num == max_iters) and iter_num != resumed_at) or eval_only:
+            losses = estimate_loss()
+            stop_non_finite('train loss', losses['train'])
+            stop_non_finite('val loss', losses['val'])
+            # a loss far above the best is a run blowing up: keep the better checkpoint
+            blown_up = losses['val'] > 2 * best_val_loss
+            save = (losses['val'] < best_val_loss or always_save_checkpoint) and iter_num > 0 and not eval_only \
+                and not blown_up
+            weights, opt_state = full_state() if save else (None, None)  # FSDP: every rank gathers
+            if master:
+                print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+                record = {'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val'], 'lr': lr,
+                          'tokens': iter_num * tokens_per_iter, 'elapsed_s': round(time.time() - t_start, 3),
+                          'ms_per_iter': 1000 * train_time / train_steps if train_steps else None}
+                if eval_only:  # an evaluation of the trained model, maybe at another length or scaling: say so
+                    record.update(eval_only=True, **{k: getattr(raw_model.config, k) for k in RUNTIME_FLAGS
+                                                     if k != 'dropout' and getattr(raw_model.config, k) != trained_args[k]})
+                if 'moe' in losses:  # the experts' load: a collapsed router shows as an expert with share 0
+                    record['moe'] = losses['moe']
+                best_val_loss = min(best_val_loss, losses['val'])
+                if blown_up and not eval_only:
+                    print(f"val loss {losses['val']:.4f} is over twice the best ({best_val_loss:.4f}): not saving; "
+                          f"{last_checkpoint()}")
+                # the log first: a crash before the save leaves records past the checkpoint, which a resume drops
+                append_log(log_path, record)
+                if save:
+                    rng = {'torch': torch.get_rng_state()}
+                    if device_type == 'cuda':
+                        rng['cuda'] = torch.cuda.get_rng_state(device)
+                    checkpoint = new_checkpoint(raw_model, optimizer=opt_state, scaler=scaler.state_dict(),
+                                                iter_num=iter_num, best_val_loss=best_val_loss,
+                                                val_loss=losses['val'], config=dict(settings), rng=rng,
+                                                elapsed_s=record['elapsed_s'])
+                    checkpoint['model'] = weights
+                    save_checkpoint(checkpoint, ckpt_path)
+                    checkpoint, last_saved = None, (iter_num, losses['val'])
+                    print(f"saved checkpoint to {ckpt_path}")
+                if wandb_log:
+                    wandb.log({**flat_record(record), 'mfu': running_mfu * 100})
+            else:
+                best_val_loss = min(best_val_loss, losses['val'])
+            train_time, train_steps = 0.0, 0
+        if eval_only or iter_num >= max_iters:
+            break
 
-    t0 = time.time()
-    loss_sum = torch.zeros((), device=device)
-    for micro in range(local_accum):
-        x, y = get_batch('train', train_generator(iter_num, rank * local_accum + micro))
-        # gradients are all-reduced only after the last micro step
-        no_sync = model.no_sync() if ddp and micro < local_accum - 1 else nullcontext()
-        with no_sync, ctx:
-            _, loss = model(x, y)
-            loss_sum += loss.detach().float()
-            loss = loss / local_accum
-        scaler.scale(loss).backward()
-    if grad_clip > 0.0:
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    scaler.step(optimizer)
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-    if raw_model.moe_layers():  # sigmoid routers' balancing bias follows this step's load, the same on every rank
-        if ddp:
-            for counter in raw_model.moe_counters():
-                torch.distributed.all_reduce(counter)
-        raw_model.balance_experts()
-    iter_num += 1
+        t0 = time.time()
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(local_accum):
+            x, y = get_batch('train', train_generator(iter_num, rank * local_accum + micro))
+            last_micro = micro == local_accum - 1
+            # gradients are reduced across processes only after the last micro step
+            if fsdp:
+                sharded.set_requires_gradient_sync(last_micro)
+            no_sync = model.no_sync() if distributed and not fsdp and not last_micro else nullcontext()
+            with no_sync, ctx:
+                _, loss = model(x, y)
+                loss_sum += loss.detach().float()
+                loss = loss / local_accum
+            scaler.scale(loss).backward()
+        if grad_clip > 0.0:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        if raw_model.moe_layers():  # sigmoid routers' balancing bias follows this step's load, alike on every rank
+            if distributed:
+                for counter in raw_model.moe_counters():
+                    dist.all_reduce(counter)
+            raw_model.balance_experts()
+        iter_num += 1
 
-    logging = iter_num % log_interval == 0 or iter_num == max_iters
-    if logging:  # reading the loss waits for the device, so only on logging iterations
-        if ddp:
-            torch.distributed.all_reduce(loss_sum)
-        lossf = loss_sum.item() / gradient_accumulation_steps  # the mean over every micro step
-    dt = time.time() - t0
-    train_time, train_steps = train_time + dt, train_steps + 1
-    if logging:
-        stop_non_finite('train loss', lossf)
-        if master:
-            recent_dt = (recent_dt + [dt])[-20:]
-            mean_dt = sum(recent_dt) / len(recent_dt)
-            if iter_num >= 5:  # the first iterations include warm-up and compilation
-                mfu = raw_model.estimate_mfu(batch_size * local_accum, dt, peak_flops)  # per device
-                running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
-            eta = time.strftime('%H:%M:%S', time.gmtime(mean_dt * (max_iters - iter_num)))
-            print(f"iter {iter_num}/{max_iters}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
-                  f"{tokens_per_iter / dt:,.0f} tok/s, mfu {max(running_mfu, 0) * 100:.2f}%, eta {eta}")
+        logging = iter_num % log_interval == 0 or iter_num == max_iters
+        if logging:  # reading the loss waits for the device, so only on logging iterations
+            if distributed:
+                dist.all_reduce(loss_sum)
+            lossf = loss_sum.item() / gradient_accumulation_steps  # the mean over every micro step
+        dt = time.time() - t0
+        train_time, train_steps = train_time + dt, train_steps + 1
+        if logging:
+            stop_non_finite('train loss', lossf)
+            if master:
+                recent_dt = (recent_dt + [dt])[-20:]
+                mean_dt = sum(recent_dt) / len(recent_dt)
+                if iter_num >= 5:  # the first iterations include warm-up and compilation
+                    mfu = raw_model.estimate_mfu(batch_size * local_accum, dt, peak_flops)  # per device
+                    running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
+                eta = time.strftime('%H:%M:%S', time.gmtime(mean_dt * (max_iters - iter_num)))
+                print(f"iter {iter_num}/{max_iters}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
+                      f"{tokens_per_iter / dt:,.0f} tok/s, mfu {max(running_mfu, 0) * 100:.2f}%, eta {eta}")
+except Interrupted as e:
+    if master:
+        die(f"interrupted at iter {iter_num}; {last_checkpoint()}", code=e.code)
+    sys.exit(e.code)
+except Exception as e:
+    if not out_of_memory(e):
+        raise
+    die(f"out of memory at iter {iter_num} on {device}: lower batch_size ({batch_size}), block_size "
+        f"({block_size}) or the model (n_layer, n_embd); {last_checkpoint()}", code=1)
 
-if ddp:
-    destroy_process_group()
+if distributed:
+    dist.destroy_process_group()

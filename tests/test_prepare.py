@@ -86,7 +86,8 @@ def test_char_roundtrip(tmp_path):
     assert len(train) == int(n * 0.9) and len(val) == n - int(n * 0.9)
     assert (out / "train.bin").stat().st_size == 2 * len(train)  # raw uint16, no header
     chars = sorted(set(text))
-    assert meta == {"kind": "char", "vocab_size": len(chars), "chars": chars}
+    assert meta == {"kind": "char", "vocab_size": len(chars), "chars": chars, "train_tokens": len(train),
+                    "val_tokens": len(val)}
     ids = np.concatenate([train, val])
     assert ids.max() < meta["vocab_size"]
     assert "".join(meta["chars"][i] for i in ids) == text
@@ -102,7 +103,9 @@ def test_bpe_roundtrip(tmp_path, bpe_env, enc):
     out = tmp_path / "out"
     run_ok(BPE, "--input", src, "--out_dir", out, env=bpe_env)
     train, val, meta = load_bins(out)
-    assert meta == {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 50257}
+    assert {k: meta[k] for k in ("kind", "encoding", "vocab_size")} == {"kind": "tiktoken", "encoding": "gpt2",
+                                                                         "vocab_size": 50257}
+    assert (meta["train_tokens"], meta["val_tokens"]) == (len(train), len(val))
     cut = int(len(text) * 0.9)
     assert train.tolist() == enc.encode_ordinary(text[:cut])
     assert val.tolist() == enc.encode_ordinary(text[cut:])
@@ -118,7 +121,9 @@ def owt_docs():
 
 def check_owt(out, docs, enc):
     train, val, meta = load_bins(out)
-    assert meta == {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 50257}
+    assert {k: meta[k] for k in ("kind", "encoding", "vocab_size")} == {"kind": "tiktoken", "encoding": "gpt2",
+                                                                         "vocab_size": 50257}
+    assert (meta["train_tokens"], meta["val_tokens"]) == (len(train), len(val))
     assert len(val) > 0 and len(train) > 0
     ids = np.concatenate([train, val])
     assert len(ids) == sum(len(enc.encode_ordinary(d)) + 1 for d in docs)
@@ -176,7 +181,7 @@ def test_owt_saved_dataset(tmp_path, bpe_env, enc):
 def test_owt_too_few_documents(tmp_path, bpe_env):
     src = write(tmp_path / "one.txt", "just one document\n")
     r = run(OWT, "--input", src, "--out_dir", tmp_path / "out", "--num_proc", 1, env=bpe_env)
-    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.startswith("error:") and "at least 2" in r.stderr
 
 
@@ -211,7 +216,7 @@ def env_for(script):
 
 
 def assert_one_line_error(r, *fragments):
-    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.returncode == 2, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1, r.stderr
@@ -248,3 +253,31 @@ def test_owt_dir_without_txt(tmp_path):
     (tmp_path / "src").mkdir()
     r = run(OWT, "--input", tmp_path / "src", "--out_dir", tmp_path / "out", env=env)
     assert_one_line_error(r, "no .txt files")
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_failed_rerun_leaves_the_dataset_as_it_was(tmp_path, script):
+    """Written aside, then switched: a rerun that fails while writing (here val.bin's temporary name is
+    taken by a directory, as a full disk would fail it) leaves the earlier train.bin, val.bin and meta.json."""
+    env = env_for(script)
+    out = tmp_path / "out"
+    args = ("--num_proc", 1, "--test_size", 0.5) if script == OWT else ()
+    first = "\n\n".join(f"doc {i}: the first corpus." for i in range(8)) + "\n"
+    run_ok(script, "--input", write(tmp_path / "a.txt", first), "--out_dir", out, *args, env=env)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert json.loads(before["meta.json"])["train_tokens"] * 2 == len(before["train.bin"])
+    (out / "val.bin.tmp").mkdir()
+    second = "\n\n".join(f"another document {i}, longer than the first ones." for i in range(8)) + "\n"
+    r = run(script, "--input", write(tmp_path / "b.txt", second), "--out_dir", out, *args, env=env)
+    assert_one_line_error(r, f"cannot write to '{out}'", "as it was")
+    (out / "val.bin.tmp").rmdir()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+@pytest.mark.parametrize("script", [pytest.param(CHAR, id="shakespeare_char"), pytest.param(BPE, id="shakespeare")])
+def test_a_failed_download_names_the_offline_way(tmp_path, script):
+    env = {**env_for(script), "https_proxy": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9"}
+    copy = tmp_path / "prepare.py"  # a copy: input.txt is fetched next to the script
+    copy.write_text(script.read_text())
+    r = run(copy, "--out_dir", tmp_path / "out", env=env)
+    assert_one_line_error(r, "cannot download", "--input PATH")

@@ -1,11 +1,16 @@
-"""train.py end to end on a tiny self-made character dataset, run as a subprocess like a user would."""
+"""train.py end to end on a tiny self-made character dataset: as a subprocess like a user runs it where the
+process itself matters (exit codes, signals, DDP), else in this process (no torch import to wait for)."""
 
+import errno
 import json
 import math
 import os
 import re
+import runpy
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,6 +39,31 @@ def train(cwd, *args, launcher=None, env=None, check=True):
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
     return result
+
+
+def train_here(cwd, *args, monkeypatch, capsys):
+    """train.py run in this process: (exit code, stdout, stderr); 0 when it ended normally."""
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, 'argv', ['train.py', *TINY, *args])
+    monkeypatch.setattr(common, 'catch_interrupts', lambda: None)  # pytest keeps its own Ctrl-C
+    monkeypatch.setenv('WANDB_MODE', 'offline')
+    try:
+        runpy.run_path(str(REPO / 'train.py'), run_name='__main__')
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    finally:
+        common.release_out_dirs()  # as the end of its process would
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(code, err, *fragments):
+    lines = err.strip().splitlines()
+    assert code not in (0, None) and len(lines) == 1 and lines[0].startswith('error:'), (code, err)
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
 
 
 def log_records(out_dir):
@@ -186,9 +216,183 @@ def test_init_from_local_hf_gpt2(workdir):
     (['--lerning_rate=1'], ["did you mean 'learning_rate'"]),
     (['--init_from=resume', '--out_dir=missing'], ['missing/ckpt.pt']),
     (['--gradient_accumulation_steps=0'], ['gradient_accumulation_steps']),
+    (['--beta1=1.5'], ['beta1', '[0, 1)']),
+    (['--learning_rate=-1e-3'], ['learning_rate', '>= 0']),
+    (['--seed=-1'], ['seed']),
+    (['--out_dir=' + 'x' * 300], ['cannot write to out_dir', 'too long']),
+    (['--mlp=moe', '--n_expert=4', '--n_expert_active=5'], ['n_expert_active']),
+    (['--attn=mla', '--n_kv_head=2'], ['n_kv_head', 'cannot apply']),
+    (['--sliding_window=0'], ['sliding_window']),
+    (['--rope_scaling=yarn'], ['rope_scaling', "pos='rope'"]),
 ])
-def test_user_mistakes_are_one_line(workdir, args, fragments):
-    assert_one_line_error(train(workdir, '--max_iters=1', *args, check=False), *fragments)
+def test_user_mistakes_are_one_line(workdir, args, fragments, monkeypatch, capsys):
+    code, _, err = train_here(workdir, '--max_iters=1', *args, monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err, *fragments)
+
+
+@pytest.mark.parametrize('damage, fragments', [
+    (lambda d: (d / 'train.bin').write_bytes((d / 'train.bin').read_bytes() + b'x'), ['bytes', 'uint16']),
+    (lambda d: (d / 'meta.json').write_text('{"vocab'), ['meta.json', 'prepare.py']),
+    (lambda d: (d / 'meta.json').write_text('[1, 2]'), ['meta.json', 'vocab_size']),
+    (lambda d: (d / 'meta.json').write_text('{"kind": "char"}'), ['meta.json', 'vocab_size']),
+    (lambda d: (d / 'meta.json').write_text('{"vocab_size": 5}'), ['token id', 'vocabulary has 5']),
+    (lambda d: (d / 'meta.json').write_text('{"vocab_size": 64, "train_tokens": 3}'), ['meta.json says 3']),
+], ids=['odd-sized', 'bad-json', 'a-list', 'no-vocab', 'small-vocab', 'out-of-step'])
+def test_damaged_datasets_are_one_line(workdir, damage, fragments, monkeypatch, capsys):
+    damage(workdir / 'data' / 'tiny')
+    code, _, err = train_here(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=out',
+                              monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err, *fragments)
+
+
+def test_out_dir_that_cannot_be_used_is_one_line(workdir, monkeypatch, capsys):
+    (workdir / 'afile').write_text('x')
+    code, _, err = train_here(workdir, '--out_dir=afile', monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err, "out_dir 'afile' is a file")
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, 'Read-only file system')
+    monkeypatch.setattr(os, 'makedirs', read_only)
+    code, _, err = train_here(workdir, '--out_dir=ro', monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err, "cannot write to out_dir 'ro'", 'Read-only')
+
+
+def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(workdir, monkeypatch, capsys):
+    assert train_here(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=out', monkeypatch=monkeypatch,
+                      capsys=capsys)[0] == 0
+    before = (workdir / 'out' / 'ckpt.pt').read_bytes()
+
+    def disk_full(obj, f):
+        f.write(b'part of a checkpoint')
+        raise OSError(errno.ENOSPC, 'No space left on device')
+    monkeypatch.setattr(torch, 'save', disk_full)
+    code, _, err = train_here(workdir, '--max_iters=4', '--eval_interval=2', '--out_dir=out', '--init_from=resume',
+                              monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err, 'No space left', 'previous one is intact')
+    assert (workdir / 'out' / 'ckpt.pt').read_bytes() == before
+    assert sorted(p.name for p in (workdir / 'out').iterdir()) == ['.lock', 'ckpt.pt', 'log.jsonl']
+
+
+def test_out_of_memory_says_what_to_lower(workdir, monkeypatch, capsys):
+    import model
+
+    def too_big(self, *args, **kwargs):
+        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 20.00 GiB')
+    monkeypatch.setattr(model.GPT, 'forward', too_big)
+    code, _, err = train_here(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=out',
+                              monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err, 'out of memory', 'batch_size (4)', 'block_size (16)', 'no checkpoint was saved')
+
+
+def test_resume_needs_a_training_checkpoint_of_this_model(workdir, monkeypatch, capsys):
+    assert train_here(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=a', monkeypatch=monkeypatch,
+                      capsys=capsys)[0] == 0
+    assert train_here(workdir, *MODERN, '--max_iters=2', '--eval_interval=2', '--out_dir=b',
+                      monkeypatch=monkeypatch, capsys=capsys)[0] == 0
+    a, b = (common.load_checkpoint(str(workdir / d / 'ckpt.pt')) for d in 'ab')
+    del a['optimizer']
+    common.save_checkpoint(a, str(workdir / 'a' / 'ckpt.pt'))
+    code, _, err = train_here(workdir, '--out_dir=a', '--init_from=resume', '--max_iters=4',
+                              monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err, 'no training state')
+    b['optimizer']['param_groups'][0]['params'] = b['optimizer']['param_groups'][0]['params'][:-1]  # another model's
+    common.save_checkpoint(b, str(workdir / 'b' / 'ckpt.pt'))
+    code, _, err = train_here(workdir, '--out_dir=b', '--init_from=resume', '--max_iters=4',
+                              monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err, 'optimizer state for another model')
+
+
+# ----------------------------------------------------------------------------- nothing lost, nothing mislabelled
+
+def test_a_scratch_run_over_a_trained_out_dir_is_refused(workdir, monkeypatch, capsys):
+    assert train_here(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=out', monkeypatch=monkeypatch,
+                      capsys=capsys)[0] == 0
+    before = (workdir / 'out' / 'ckpt.pt').read_bytes()
+    code, _, err = train_here(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=out',
+                              monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err, "out_dir 'out' already holds a run", '--init_from=resume', 'another out_dir')
+    assert (workdir / 'out' / 'ckpt.pt').read_bytes() == before
+
+
+def test_the_log_reads_as_one_run_after_a_crash(workdir, monkeypatch, capsys):
+    """Records a crash left past the checkpoint (or a torn last line) are dropped; the resumed run logs them."""
+    assert train_here(workdir, '--max_iters=4', '--eval_interval=2', '--out_dir=out', monkeypatch=monkeypatch,
+                      capsys=capsys)[0] == 0
+    with open(workdir / 'out' / 'log.jsonl', 'a') as f:  # as if it had crashed after logging, before saving
+        f.write(json.dumps({'iter': 6, 'train_loss': 9.0, 'val_loss': 9.0}) + '\n{"iter": 8, "train_lo')
+    (workdir / 'out' / '.ckpt.pt.tmp4242').write_bytes(b'half a checkpoint')  # and mid-write
+    assert train_here(workdir, '--max_iters=8', '--eval_interval=2', '--out_dir=out', '--init_from=resume',
+                      monkeypatch=monkeypatch, capsys=capsys)[0] == 0
+    records = log_records(workdir / 'out')
+    assert [r['iter'] for r in records] == [0, 2, 4, 6, 8] and records[3]['val_loss'] != 9.0
+    assert not (workdir / 'out' / '.ckpt.pt.tmp4242').exists()
+
+
+def test_a_blown_up_run_keeps_its_better_checkpoint_and_says_so(workdir, monkeypatch, capsys):
+    assert train_here(workdir, '--max_iters=20', '--eval_interval=20', '--out_dir=out', monkeypatch=monkeypatch,
+                      capsys=capsys)[0] == 0
+    good = common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
+    code, out, err = train_here(workdir, '--max_iters=40', '--eval_interval=2', '--out_dir=out', '--init_from=resume',
+                                '--learning_rate=30', '--decay_lr=False', '--grad_clip=0', '--warmup_iters=0',
+                                monkeypatch=monkeypatch, capsys=capsys)
+    assert 'not saving' in out, out[-2000:]
+    after = common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
+    assert after['val_loss'] <= 2 * good['best_val_loss']  # never a blown-up one
+    if code:  # it went on to NaN: the message names the checkpoint really kept
+        one_line_error(code, err, 'training diverged', f"(iter {after['iter_num']}, val loss {after['val_loss']:.4f})")
+
+
+def wait_for(predicate, timeout=120):
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, 'timed out'
+        time.sleep(0.2)
+
+
+def test_one_process_per_out_dir_and_ctrl_c_stops_with_one_line(workdir, monkeypatch, capsys):
+    """A second trainer on a busy out_dir is refused; Ctrl-C stops the first with one line and exit 130, its last
+    checkpoint whole; a lock is never left held by a dead process (kill -9)."""
+    cmd = [sys.executable, str(REPO / 'train.py'), *TINY, '--max_iters=100000', '--eval_interval=5',
+           '--out_dir=out']
+    first = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: (workdir / 'out' / 'ckpt.pt').exists())
+    code, _, err = train_here(workdir, '--out_dir=out', '--init_from=resume', monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err, "out_dir 'out' is in use by another process", f'pid {first.pid}')
+    first.send_signal(signal.SIGINT)
+    _, err = first.communicate(timeout=120)
+    assert first.returncode == 130
+    line = one_line_error(first.returncode, err, 'interrupted at iter', "the last checkpoint is 'out/ckpt.pt'")
+    kept = common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
+    assert f"(iter {kept['iter_num']}," in line
+    killed = subprocess.Popen(cmd[:-1] + ['--out_dir=out2'], cwd=workdir, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    wait_for(lambda: (workdir / 'out2' / 'ckpt.pt').exists())
+    killed.kill()
+    killed.wait()
+    code, _, err = train_here(workdir, '--out_dir=out2', '--init_from=resume', '--max_iters=10',
+                              '--eval_interval=5', monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, err
+
+
+def test_an_interrupt_during_a_checkpoint_write_waits_for_it(tmp_path, monkeypatch):
+    path = str(tmp_path / 'ckpt.pt')
+    real_save = torch.save
+
+    def interrupted_midway(obj, f):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the bytes are being written
+        real_save(obj, f)
+    monkeypatch.setattr(torch, 'save', interrupted_midway)
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), sys.excepthook
+    common.catch_interrupts()
+    try:
+        with pytest.raises(common.Interrupted) as e:
+            common.save_checkpoint({'format': common.CKPT_FORMAT, 'iter_num': 3}, path)
+    finally:
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, handlers[1])
+        sys.excepthook = handlers[2]
+    assert e.value.code == 130
+    assert common.load_checkpoint(path)['iter_num'] == 3  # written whole before the interrupt took effect
 
 
 def test_eval_only_at_a_longer_context_with_rope_scaling(workdir):

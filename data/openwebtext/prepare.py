@@ -31,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def fail(msg):
     print(f"error: {msg}", file=sys.stderr)
-    sys.exit(1)
+    sys.exit(2)
 
 
 def reason(e):
@@ -132,7 +132,8 @@ def main():
             ds = load_local(args.input)
     except Exception as e:
         where = "load 'openwebtext' from the Hugging Face hub" if args.input is None else f"read input '{src}'"
-        fail(f"cannot {where}: {reason(e)}")
+        hint = "; offline, give a local corpus with --input PATH" if args.input is None else ""
+        fail(f"cannot {where}: {reason(e)}{hint}")
     if "text" not in ds.column_names:
         fail(f"cannot read input '{src}': no 'text' column (columns: {', '.join(ds.column_names)})")
     n = len(ds)
@@ -159,14 +160,24 @@ def main():
             tokenize, remove_columns=d.column_names, num_proc=procs if procs > 1 else None, desc=f"tokenizing {name}"
         )
 
+    # train.bin, val.bin and meta.json are written aside, then switched: a failed run (a full disk) leaves the
+    # previous dataset whole, never half a new one beside it
+    names = ["train.bin", "val.bin", "meta.json"]
     try:
         os.makedirs(args.out_dir, exist_ok=True)
-        counts = {name: write_split(d, os.path.join(args.out_dir, f"{name}.bin")) for name, d in tokenized.items()}
-        with open(os.path.join(args.out_dir, "meta.json"), "w", encoding="utf-8") as f:
-            json.dump({"kind": "tiktoken", "encoding": "gpt2", "vocab_size": enc.n_vocab}, f)
+        counts = {name: write_split(d, os.path.join(args.out_dir, f"{name}.bin.tmp")) for name, d in tokenized.items()}
+        with open(os.path.join(args.out_dir, "meta.json.tmp"), "w", encoding="utf-8") as f:
+            json.dump({"kind": "tiktoken", "encoding": "gpt2", "vocab_size": enc.n_vocab,
+                       **{f"{name}_tokens": count for name, count in counts.items()}}, f)
             f.write("\n")
+        for name in names:
+            os.replace(os.path.join(args.out_dir, name + ".tmp"), os.path.join(args.out_dir, name))
     except OSError as e:
-        fail(f"cannot write to '{args.out_dir}': {reason(e)}")
+        fail(f"cannot write to '{args.out_dir}': {reason(e)}; the dataset there is as it was")
+    finally:
+        for name in names:
+            if os.path.isfile(os.path.join(args.out_dir, name + ".tmp")):
+                os.remove(os.path.join(args.out_dir, name + ".tmp"))
 
     for name, d in tokenized.items():
         print(f"{name} has {len(d):,} documents, {counts[name]:,} tokens")

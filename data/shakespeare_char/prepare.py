@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def fail(msg):
     print(f"error: {msg}", file=sys.stderr)
-    sys.exit(1)
+    sys.exit(2)
 
 
 def reason(e):
@@ -43,7 +43,7 @@ def download(path):
     except OSError as e:
         if os.path.exists(tmp):
             os.remove(tmp)
-        fail(f"cannot download '{URL}': {reason(e)}")
+        fail(f"cannot download '{URL}': {reason(e)}; offline, give a local copy with --input PATH")
 
 
 def read_text(path):
@@ -53,6 +53,28 @@ def read_text(path):
             return f.read()
     except (OSError, UnicodeDecodeError) as e:
         fail(f"cannot read input '{path}': {reason(e)}")
+
+
+def write_dataset(out_dir, splits, meta):
+    """Write train.bin, val.bin and meta.json (with each split's token count) aside, then switch all three:
+    a failed run (a full disk) leaves the previous dataset whole, never half a new one beside it."""
+    meta = {**meta, **{f"{name}_tokens": len(ids) for name, ids in splits.items()}}
+    names = [f"{name}.bin" for name in splits] + ["meta.json"]
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        for name, ids in splits.items():
+            ids.tofile(os.path.join(out_dir, f"{name}.bin.tmp"))
+        with open(os.path.join(out_dir, "meta.json.tmp"), "w", encoding="utf-8") as f:
+            json.dump(meta, f, ensure_ascii=False)
+            f.write("\n")
+        for name in names:
+            os.replace(os.path.join(out_dir, name + ".tmp"), os.path.join(out_dir, name))
+    except OSError as e:
+        fail(f"cannot write to '{out_dir}': {reason(e)}; the dataset there is as it was")
+    finally:
+        for name in names:
+            if os.path.isfile(os.path.join(out_dir, name + ".tmp")):
+                os.remove(os.path.join(out_dir, name + ".tmp"))
 
 
 def main():
@@ -84,15 +106,7 @@ def main():
         "val": np.array([stoi[c] for c in val_text], dtype=np.uint16),
     }
     meta = {"kind": "char", "vocab_size": len(chars), "chars": chars}
-    try:
-        os.makedirs(args.out_dir, exist_ok=True)
-        for name, ids in splits.items():
-            ids.tofile(os.path.join(args.out_dir, f"{name}.bin"))
-        with open(os.path.join(args.out_dir, "meta.json"), "w", encoding="utf-8") as f:
-            json.dump(meta, f, ensure_ascii=False)
-            f.write("\n")
-    except OSError as e:
-        fail(f"cannot write to '{args.out_dir}': {reason(e)}")
+    write_dataset(args.out_dir, splits, meta)
 
     print(f"vocab size: {len(chars):,}")
     print(f"train has {len(splits['train']):,} tokens")
