@@ -8,7 +8,10 @@ ms/iter, tokens/s and MFU, decoding tokens/s with and without the KV cache, and 
 
 variants: '' benchmarks the one model the flags describe; else a comma-separated list, each applied on top
 of the flags: vanilla (the flags unchanged: with the defaults, GPT-2's block), each swap of model.SWAPS
-(rms, swiglu, gqa: n_kv_head = n_head // 2, rope) and modern (all of them).
+(rms, swiglu, gqa: n_kv_head = n_head // 2, rope), modern (all of them), and on top of modern: mha (n_kv_head
+None), mqa (n_kv_head 1), each of model.BEYOND_MODERN (moe, mla), and mla-rebuild (MLA decoding that rebuilds
+past keys and values instead of attending over the latents with absorbed weights).
+decode_prompt: decoding starts after this many prompt tokens (the cache already holds them: a long context).
 nanogpt_dir: a checkout of karpathy/nanoGPT; its GPT, at the same sizes, is timed as an extra row.
 Training times full steps (forward, backward, AdamW) on random tokens; decoding samples decode_tokens new
 tokens (temperature 1) from a one-token prompt. peak_flops 0: a known GPU's datasheet, else a measured matmul.
@@ -44,6 +47,7 @@ warmup_iters = 3  # untimed: compilation, allocator and cache warm-up
 train_iters = 10
 decode_tokens = 500
 decode_batch = 1
+decode_prompt = 1  # prompt tokens before the timed decoding (block_size must hold prompt + tokens)
 device = 'auto'
 dtype = 'auto'
 compile = None  # None: on for CUDA only (training model only; decoding uses the raw model)
@@ -59,16 +63,19 @@ globals().update(settings)
 import torch  # noqa: E402
 
 from common import DTYPES, autocast, die, peak_flops as measure_peak_flops, pick_device, pick_dtype  # noqa: E402
-from model import GPT, SWAPS, GPTConfig, swap_flags  # noqa: E402
+from model import BEYOND_MODERN, GPT, SWAPS, GPTConfig, swap_flags  # noqa: E402
 
 MODEL_FLAGS = tuple(f.name for f in fields(GPTConfig))
 model_args = {k: settings[k] for k in MODEL_FLAGS}
 # the vanilla block as the flags give it, each swap of model.SWAPS on top of it, and all of them
-VARIANTS = {'vanilla': {}, **{name: swap_flags([name], model_args) for name in SWAPS},
-            'modern': swap_flags('modern', model_args)}
+modern = swap_flags('modern', model_args)
+VARIANTS = {'vanilla': {}, **{name: swap_flags([name], model_args) for name in SWAPS}, 'modern': modern,
+            'mha': {**modern, 'n_kv_head': None}, 'mqa': {**modern, 'n_kv_head': 1},
+            **{name: {**modern, **flags} for name, flags in BEYOND_MODERN.items()},
+            'mla-rebuild': {**modern, **BEYOND_MODERN['mla']}}
 
 # ----------------------------------------------------------------------------- checks first, then minutes of timing
-for name in ('batch_size', 'train_iters', 'decode_tokens', 'decode_batch'):
+for name in ('batch_size', 'train_iters', 'decode_tokens', 'decode_batch', 'decode_prompt'):
     if settings[name] < 1:
         die(f"{name} must be at least 1, got {settings[name]}")
 if warmup_iters < 0:
@@ -86,6 +93,8 @@ for name in names or ['']:
     configs.append((name or f"{cfg.norm}+{cfg.mlp}+kv{cfg.kv_heads}/{cfg.n_head}+{cfg.pos}", cfg))
 if json and not os.path.isdir(os.path.dirname(os.path.abspath(json))):
     die(f"cannot write --json={json}: no directory '{os.path.dirname(os.path.abspath(json))}'")
+if json and os.path.isdir(json):
+    die(f"cannot write --json={json}: it is a directory (give a file name)")
 nanogpt = None
 if nanogpt_dir:
     path = os.path.join(nanogpt_dir, 'model.py')
@@ -120,7 +129,8 @@ else:
 hardware = gpu or platform.processor() or platform.machine()
 print(f"{device} ({hardware}), dtype {dtype}, compile {compile}, torch {torch.__version__}, "
       f"{torch.get_num_threads()} threads, peak {peak / 1e12:.3g} TFLOP/s ({how}); batch {batch_size}x{block_size}, "
-      f"median of {train_iters} steps after {warmup_iters}, decode {decode_batch}x{decode_tokens} tokens", flush=True)
+      f"median of {train_iters} steps after {warmup_iters}, decode {decode_batch}x{decode_tokens} tokens after a "
+      f"{decode_prompt}-token prompt", flush=True)
 
 
 # ----------------------------------------------------------------------------- timing
@@ -141,7 +151,7 @@ def train_step_seconds(model):
     tokens = torch.randint(vocab_size, (batch_size, block_size + 1), generator=torch.Generator().manual_seed(seed))
     x, y = tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
     times = []
-    for it in range(warmup_iters + train_iters):
+    for it in progress(range(warmup_iters + train_iters), warmup_iters + train_iters, 'training steps'):
         sync()
         t0 = time.perf_counter()
         with ctx:
@@ -156,17 +166,35 @@ def train_step_seconds(model):
     return statistics.median(times)
 
 
-def decode_tokens_per_second(model, **use_cache):
+def decode_tokens_per_second(model, ours=True, **use_cache):
+    """Decoding speed after a decode_prompt-token prompt (its prefill not timed; nanoGPT's generate has no
+    steps to time apart, so its row times the whole call)."""
     model.eval()
-    idx = torch.zeros((decode_batch, 1), dtype=torch.long, device=device)
+    idx = torch.randint(vocab_size, (decode_batch, decode_prompt), generator=torch.Generator().manual_seed(seed))
+    idx = idx.to(device)
     with ctx:
-        model.generate(idx, 2, **use_cache)  # first-call overheads stay out of the timing
+        model.generate(idx[:, :1], 2, **use_cache)  # first-call overheads stay out of the timing
         torch.manual_seed(seed)
+        if not ours:
+            sync()
+            t0 = time.perf_counter()
+            model.generate(idx, decode_tokens, temperature=1.0, top_k=None, **use_cache)
+            sync()
+            return decode_batch * decode_tokens / (time.perf_counter() - t0)
+        steps = model.generate_stream(idx, decode_tokens + 1, temperature=1.0, **use_cache)
+        next(steps)  # the prefill and its token
         sync()
         t0 = time.perf_counter()
-        model.generate(idx, decode_tokens, temperature=1.0, top_k=None, **use_cache)
+        for _ in progress(steps, decode_tokens, 'decoding'):
+            pass
         sync()
     return decode_batch * decode_tokens / (time.perf_counter() - t0)
+
+
+def progress(iterable, total, what):
+    """tqdm on stderr when it is a terminal (a long measurement shows it moves), the iterable otherwise."""
+    from tqdm import tqdm
+    return tqdm(iterable, total=total, desc=what, leave=False, file=sys.stderr, disable=None, mininterval=1)
 
 
 def bench(name, model, accounting, ours=True):
@@ -176,9 +204,13 @@ def bench(name, model, accounting, ours=True):
     if compile:
         torch._dynamo.reset()  # compile each row afresh: dynamo's per-function cache would fill and fall back
     dt = train_step_seconds(torch.compile(model) if compile else model)
+    if name == 'mla-rebuild':
+        for block in model.transformer.h:
+            block.attn.absorb = False
     cached = decode_tokens_per_second(model, use_cache=True) if ours else None
-    uncached = decode_tokens_per_second(model, **({'use_cache': False} if ours else {}))
+    uncached = decode_tokens_per_second(model, ours, **({'use_cache': False} if ours else {}))
     return {'variant': name, 'params': sum(p.numel() for p in model.parameters()),
+            'active_params': accounting.get_num_params(active=True),
             'train_ms_per_iter': 1000 * dt, 'train_tokens_per_s': batch_size * block_size / dt,
             'mfu': accounting.estimate_mfu(batch_size, dt, peak),
             'decode_tokens_per_s_cached': cached, 'decode_tokens_per_s_uncached': uncached,
@@ -204,6 +236,7 @@ if nanogpt is not None:
 
 # ----------------------------------------------------------------------------- report
 COLUMNS = [('variant', 'variant', '{}'), ('params (M)', 'params', '{:.2f}', 1e-6),
+           ('active (M)', 'active_params', '{:.2f}', 1e-6),
            ('train ms/iter', 'train_ms_per_iter', '{:.1f}'), ('train tok/s', 'train_tokens_per_s', '{:,.0f}'),
            ('MFU %', 'mfu', '{:.2f}', 100), ('decode tok/s cached', 'decode_tokens_per_s_cached', '{:,.0f}'),
            ('decode tok/s uncached', 'decode_tokens_per_s_uncached', '{:,.0f}'),

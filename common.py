@@ -335,14 +335,18 @@ def load_tokenizer(meta_path=None, pretrained=None):
             return [stoi[c] for c in text]
         return Tokenizer(encode, lambda ids: ''.join(chars[i] for i in ids), len(chars))
     if pretrained is not None and not pretrained.startswith('gpt2'):
-        try:  # a Llama checkpoint brings its own tokenizer; a bare GPT-2 directory may bring none
+        try:  # a Llama checkpoint brings its own tokenizer (an export.py directory too); a bare GPT-2 one may not
             from transformers import AutoTokenizer
             tok = AutoTokenizer.from_pretrained(pretrained)
-            # special tokens on: a Llama prompt starts with its BOS token, as the model was trained
-            return Tokenizer(lambda text: tok.encode(text), lambda ids: tok.decode(ids, skip_special_tokens=True),
-                             len(tok))
         except Exception:
             print(f"note: no tokenizer found with '{pretrained}'; using GPT-2's BPE", file=sys.stderr)
+        else:
+            def encode(text):
+                try:  # special tokens on: a Llama prompt starts with its BOS token, as the model was trained
+                    return tok.encode(text)
+                except Exception as e:  # e.g. a character vocabulary without an unknown token
+                    die(f"the tokenizer of '{pretrained}' cannot encode the prompt: {str(e).splitlines()[0][:200]}")
+            return Tokenizer(encode, lambda ids: tok.decode(ids, skip_special_tokens=True), len(tok))
     import tiktoken
     try:
         enc = tiktoken.get_encoding(meta.get('encoding', 'gpt2'))
@@ -350,6 +354,41 @@ def load_tokenizer(meta_path=None, pretrained=None):
         die(f"cannot load tiktoken encoding {meta.get('encoding', 'gpt2')!r} ({type(e).__name__}); "
             f"offline, point TIKTOKEN_CACHE_DIR at a cache holding it")
     return Tokenizer(lambda text: enc.encode(text, allowed_special={'<|endoftext|>'}), enc.decode, enc.n_vocab)
+
+
+GPT2_FILES = 'https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/'  # tiktoken's source and cache key
+
+
+def hf_tokenizer(config):
+    """A run's tokenizer as transformers loads it, from the run's config (a checkpoint's 'config'): its
+    dataset's character vocabulary, GPT-2's BPE (tiktoken's own files), or the pretrained model's tokenizer;
+    None when the run does not say."""
+    dataset, init_from = config.get('dataset'), config.get('init_from')
+    meta_path = os.path.join('data', dataset, 'meta.json') if dataset else None
+    if meta_path and os.path.exists(meta_path):
+        with open(meta_path) as f:
+            meta = json.load(f)
+        if meta.get('kind') == 'char':  # one token per character, joined back without spaces
+            from tokenizers import Regex, Tokenizer as RawTokenizer, decoders, models, pre_tokenizers
+            from transformers import PreTrainedTokenizerFast
+            raw = RawTokenizer(models.WordLevel({c: i for i, c in enumerate(meta['chars'])}, unk_token=None))
+            raw.pre_tokenizer = pre_tokenizers.Split(Regex(r'[\s\S]'), behavior='isolated')
+            raw.decoder = decoders.Fuse()
+            return PreTrainedTokenizerFast(tokenizer_object=raw)
+        if meta.get('encoding') == 'gpt2':  # GPT-2's vocab.json and merges.txt are tiktoken's (cached) files
+            import tempfile
+
+            from tiktoken.load import read_file_cached
+            from transformers import GPT2Tokenizer
+            with tempfile.TemporaryDirectory() as d:
+                for name, source in (('vocab.json', 'encoder.json'), ('merges.txt', 'vocab.bpe')):
+                    with open(os.path.join(d, name), 'wb') as f:
+                        f.write(read_file_cached(GPT2_FILES + source))
+                return GPT2Tokenizer.from_pretrained(d)
+    if init_from not in (None, 'scratch', 'resume'):
+        from transformers import AutoTokenizer
+        return AutoTokenizer.from_pretrained(init_from)
+    return None
 
 
 # ----------------------------------------------------------------------------- peak FLOP/s

@@ -5,7 +5,9 @@ Export a trained checkpoint as a Hugging Face transformers model:
 
 The model goes to the first family of model.HF_FAMILIES that can carry every one of its flags (GPT-2's
 block becomes GPT2LMHeadModel, the modern block LlamaForCausalLM, ...). A flag no family can carry is
-refused with one line naming it, and nothing is written. to_hf(model) gives the transformers model in memory.
+refused with one line naming it, and nothing is written. The run's tokenizer goes with it (a character
+vocabulary, GPT-2's BPE, or the pretrained model's), so sample.py --init_from=hf_dir and transformers read
+the directory alone. to_hf(model) gives the transformers model in memory.
 """
 
 import os
@@ -29,15 +31,19 @@ def hf_family(config):
         f"{name} cannot carry {', '.join(flags)}" for name, flags in closest))
 
 
-def to_hf(model):
-    """The transformers model computing the same logits as our GPT (fp32, eval mode)."""
+def to_hf(model, bos_token_id=None, eos_token_id=None):
+    """The transformers model computing the same logits as our GPT (fp32, eval mode); its special token ids are
+    the tokenizer's (by default GPT-2's <|endoftext|> where the vocabulary has it, else none)."""
     import transformers
 
     from model import ours_to_hf
     config = model.config
     family = hf_family(config)
     hf_class = getattr(transformers, family.hf_class)
-    hf = hf_class(hf_class.config_class(**family.write_config(config)))
+    eot = 50256 if config.vocab_size > 50256 else None
+    special = dict(bos_token_id=eot if bos_token_id is None else bos_token_id,
+                   eos_token_id=eot if eos_token_id is None else eos_token_id)
+    hf = hf_class(hf_class.config_class(**{**family.write_config(config), **special}))
     hf_state = ours_to_hf(model, hf.state_dict(), family)
     missing, unexpected = hf.load_state_dict(hf_state, strict=False)
     missing = [k for k in missing if not (config.tie_embeddings and k == 'lm_head.weight')
@@ -50,24 +56,42 @@ def to_hf(model):
     return hf.eval()
 
 
-if __name__ == '__main__':
-    from configurator import configure, settings_of
-    out_dir = 'out'  # where train.py wrote ckpt.pt
-    hf_dir = ''  # where to write the transformers model (required)
-    cfg = configure(settings_of(globals()), sys.argv[1:], prog='export.py', doc=__doc__)
-    from common import die, load_checkpoint, model_from_checkpoint
-    if not cfg['hf_dir']:
+def main(out_dir, hf_dir):
+    from common import catch_interrupts, die, hf_tokenizer, load_checkpoint, model_from_checkpoint
+    catch_interrupts()
+    if not hf_dir:
         die("hf_dir is required: python export.py --out_dir=DIR --hf_dir=DIR2")
-    ckpt_path = os.path.join(cfg['out_dir'], 'ckpt.pt')
-    model = model_from_checkpoint(load_checkpoint(ckpt_path), ckpt_path)
+    if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
+        die(f"hf_dir '{hf_dir}' is a file, not a directory")
+    ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+    checkpoint = load_checkpoint(ckpt_path)
+    model = model_from_checkpoint(checkpoint, ckpt_path)
     try:
-        hf = to_hf(model)
+        tokenizer = hf_tokenizer(checkpoint.get('config') or {})
+    except Exception as e:  # a tokenizer we cannot rebuild must not stop the model's export
+        print(f"note: no tokenizer exported ({type(e).__name__}: {str(e).splitlines()[0][:200]})", file=sys.stderr)
+        tokenizer = None
+    try:
+        hf = to_hf(model, *((tokenizer.bos_token_id, tokenizer.eos_token_id) if tokenizer else ()))
     except ValueError as e:
         die(f"cannot export '{ckpt_path}': {e}")
     except ImportError:
         die("export needs transformers: pip install transformers")
     try:
-        hf.save_pretrained(cfg['hf_dir'])
+        hf.save_pretrained(hf_dir)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(hf_dir)
     except OSError as e:
-        die(f"cannot write hf_dir '{cfg['hf_dir']}': {e.strerror or e}")
-    print(f"wrote {type(hf).__name__} ({model.get_num_params() / 1e6:.2f}M parameters) to {cfg['hf_dir']}")
+        die(f"cannot write hf_dir '{hf_dir}': {e.strerror or e}")
+    if not os.path.isfile(os.path.join(hf_dir, 'config.json')):
+        die(f"nothing was written to hf_dir '{hf_dir}'", code=1)
+    print(f"wrote {type(hf).__name__} ({model.get_num_params() / 1e6:.2f}M parameters) "
+          f"{'with its tokenizer' if tokenizer else 'without a tokenizer (its run names none)'} to {hf_dir}")
+
+
+if __name__ == '__main__':
+    from configurator import configure, settings_of
+    out_dir = 'out'  # where train.py wrote ckpt.pt
+    hf_dir = ''  # where to write the transformers model (required)
+    cfg = configure(settings_of(globals()), sys.argv[1:], prog='export.py', doc=__doc__)
+    main(cfg['out_dir'], cfg['hf_dir'])

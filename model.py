@@ -233,6 +233,14 @@ SWAPS = {
 }
 
 
+# The next chapter's swaps, each on top of the modern block, with the published defaults: bench.py's variants
+# (ablate.py's moe and attention groups vary them).
+BEYOND_MODERN = {
+    'moe': {'mlp': 'moe', 'n_expert': 8, 'n_expert_active': 2, 'moe_aux_loss_coef': 0.01},  # Mixtral's shape
+    'mla': {'attn': 'mla', 'n_kv_head': None},  # DeepSeek-V2's proportions to the head width
+}
+
+
 def swap_flags(names, flags, modern=True):
     """The flags that turn on (modern=True) or off the named swaps ('modern': all of them), given the
     config's other flags (a dict holding at least n_head)."""
@@ -1022,15 +1030,20 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
     """Pick the next token of each row of logits (B, vocab)."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits / temperature
+    # in float64, shifted so the largest is 0: a tiny temperature sends the others to -inf, never one to +inf
+    # (and does not round to 0 as in float32)
+    logits = logits.double()
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float('-inf'))
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
-        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        # drop a token once the ones before it already cover top_p (the first is always kept)
-        drop = cumulative - sorted_logits.softmax(dim=-1) >= top_p
+        probs = sorted_logits.softmax(dim=-1)
+        # drop a token once the ones before it already cover top_p; the likeliest always stays (a top_p
+        # below float precision would drop it too)
+        drop = probs.cumsum(dim=-1) - probs >= top_p
+        drop[:, 0] = False
         sorted_logits = sorted_logits.masked_fill(drop, float('-inf'))
         logits = torch.full_like(logits, float('-inf')).scatter(-1, order, sorted_logits)
     probs = F.softmax(logits, dim=-1)

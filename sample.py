@@ -55,6 +55,8 @@ if max_new_tokens < 0:
     die(f"max_new_tokens must be >= 0, got {max_new_tokens}")
 if num_samples < 1:
     die(f"num_samples must be at least 1, got {num_samples}")
+if not 0 <= seed < 2 ** 64:
+    die(f"seed must be in [0, 2**64), got {seed}")
 device = pick_device(device)
 dtype = pick_dtype(device, dtype)
 if start.startswith('FILE:'):

@@ -14,7 +14,7 @@ from model import GPT, GPTConfig  # noqa: E402
 TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=65, bias=False)
 ARGS = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16', '--bias=False', '--batch_size=2',
         '--train_iters=2', '--warmup_iters=1', '--decode_tokens=20', '--device=cpu', '--peak_flops=1e9']
-HEADER = ['variant', 'params (M)', 'train ms/iter', 'train tok/s', 'MFU %', 'decode tok/s cached',
+HEADER = ['variant', 'params (M)', 'active (M)', 'train ms/iter', 'train tok/s', 'MFU %', 'decode tok/s cached',
           'decode tok/s uncached', 'speedup', 'KV bytes/token']
 
 
@@ -77,7 +77,24 @@ def test_json_figures(run):
 
 def test_unknown_variant_is_one_error_line():
     result = bench('--variants=vanilla,llama', cwd=REPO_ROOT)
-    expect_one_error(result, "'llama'", 'vanilla, rms, swiglu, gqa, rope, modern')
+    expect_one_error(result, "'llama'", 'vanilla, rms, swiglu, gqa, rope, modern, mha, mqa, moe, mla, mla-rebuild')
+
+
+def test_json_naming_a_directory_is_refused_before_the_minutes_of_timing(tmp_path):
+    result = bench(f'--json={tmp_path}', cwd=REPO_ROOT)
+    expect_one_error(result, 'is a directory')
+
+
+def test_moe_and_mla_rows_after_a_long_prompt(tmp_path):
+    """MoE's MFU counts only the experts a token uses; MLA's cache is its latent; decoding after a prompt."""
+    result = bench('--variants=modern,moe,mla,mla-rebuild', '--n_head=4', '--n_embd=64', '--block_size=48',
+                   '--decode_prompt=32', '--decode_tokens=8', '--json=b.json', cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = {r['variant']: r for r in json.loads((tmp_path / 'b.json').read_text())['rows']}
+    assert rows['moe']['active_params'] < rows['moe']['params'] and rows['modern']['active_params'] == rows['modern']['params']
+    assert rows['moe']['mfu'] > 0 and rows['mla']['decode_tokens_per_s_cached'] > 0
+    assert rows['mla']['kv_bytes_per_token'] == rows['mla-rebuild']['kv_bytes_per_token'] == (4 * 16 + 8) * 4
+    assert rows['mla']['kv_bytes_per_token'] < rows['modern']['kv_bytes_per_token'] * 2
 
 
 FAKE_NANOGPT = f'''
@@ -116,7 +133,7 @@ def test_nanogpt_dir_adds_a_row(tmp_path):
     assert result.returncode == 0, result.stderr
     rows = table(result.stdout)
     assert list(rows) == ['vanilla', 'nanoGPT']
-    assert rows['nanoGPT'][5] == '-' and rows['nanoGPT'][-1] == '-'  # no KV cache to time or size
+    assert rows['nanoGPT'][6] == '-' and rows['nanoGPT'][-1] == '-'  # no KV cache to time or size
     assert 'number of parameters' not in result.stdout
     data = {r['variant']: r for r in json.loads((tmp_path / 'bench.json').read_text())['rows']}
     assert data['nanoGPT']['params'] == data['vanilla']['params']

@@ -1,5 +1,6 @@
 """export.py: our GPT -> transformers, logits equal in fp32, for both families, and the CLI."""
 
+import json
 import os
 import subprocess
 import sys
@@ -23,7 +24,7 @@ MODERN = dict(norm='rms', mlp='swiglu', pos='rope', bias=False)
 def perturbed(**flags):
     """A small model whose norm gains and biases are not their init values, so a mis-mapped one shows."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**SMALL, **flags)).eval()
+    model = GPT(GPTConfig(**{**SMALL, **flags})).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -93,3 +94,61 @@ def test_export_cli(tmp_path):
         assert result.returncode != 0 and len(lines) == 1 and lines[0].startswith('error:'), result.stderr
         assert fragment in lines[0]
     assert not (tmp_path / 'hf2').exists()
+
+
+def test_a_character_model_exports_with_its_tokenizer_and_samples_back(tmp_path):
+    """The exported directory alone: transformers loads model and tokenizer (no stray bos/eos ids), and
+    sample.py --init_from=DIR decodes the same characters as from the checkpoint."""
+    from conftest import make_char_dataset
+    make_char_dataset(tmp_path, 'chars')
+    chars = json.loads((tmp_path / 'data' / 'chars' / 'meta.json').read_text())['chars']
+    model = perturbed(**{**MODERN, 'vocab_size': len(chars)})
+    (tmp_path / 'out').mkdir()
+    common.save_checkpoint(common.new_checkpoint(model, config={'dataset': 'chars'}), str(tmp_path / 'out' / 'ckpt.pt'))
+    env = {**os.environ, 'HF_HUB_OFFLINE': '1'}
+    result = subprocess.run([sys.executable, str(REPO / 'export.py'), '--out_dir=out', '--hf_dir=hf-chars'],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0 and 'with its tokenizer' in result.stdout, result.stderr
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / 'hf-chars')
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / 'hf-chars').eval()
+    assert hf.config.bos_token_id is None and hf.config.eos_token_id is None
+    prompt = 'the quick'
+    assert tok.encode(prompt) == [chars.index(c) for c in prompt]
+    with torch.no_grad():
+        hf_text = tok.decode(hf.generate(torch.tensor([tok.encode(prompt)]), max_new_tokens=20, do_sample=False,
+                                         pad_token_id=0)[0])
+    sampled = [subprocess.run([sys.executable, str(REPO / 'sample.py'), *source, '--start=the quick',
+                               '--num_samples=1', '--max_new_tokens=20', '--temperature=0', '--device=cpu'],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+               for source in (['--init_from=hf-chars'], ['--out_dir=out'])]
+    for s in sampled:
+        assert s.returncode == 0, s.stderr
+    texts = [s.stdout.split('\n---------------')[0] for s in sampled]
+    assert texts[0] == texts[1] == hf_text and len(hf_text) == len(prompt) + 20
+
+
+def test_export_to_a_file_is_refused_and_writes_nothing(tmp_path):
+    model = perturbed(**MODERN)
+    (tmp_path / 'out').mkdir()
+    common.save_checkpoint(common.new_checkpoint(model, config={}), str(tmp_path / 'out' / 'ckpt.pt'))
+    (tmp_path / 'taken').write_text('not a directory')
+    result = subprocess.run([sys.executable, str(REPO / 'export.py'), '--out_dir=out', '--hf_dir=taken'],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "hf_dir 'taken' is a file" in lines[0]
+    assert (tmp_path / 'taken').read_text() == 'not a directory'
+
+
+def test_a_bpe_run_exports_gpt2s_tokenizer(tmp_path, monkeypatch):
+    cache = REPO.parent / 'shared' / 'data' / 'tiktoken_cache'
+    if not os.environ.get('TIKTOKEN_CACHE_DIR') and not cache.is_dir():
+        pytest.skip('no tiktoken cache: set TIKTOKEN_CACHE_DIR to run the GPT-2 BPE tests offline')
+    monkeypatch.setenv('TIKTOKEN_CACHE_DIR', os.environ.get('TIKTOKEN_CACHE_DIR') or str(cache))
+    (tmp_path / 'data' / 'bpe').mkdir(parents=True)
+    (tmp_path / 'data' / 'bpe' / 'meta.json').write_text('{"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 50257}')
+    monkeypatch.chdir(tmp_path)
+    tok = common.hf_tokenizer({'dataset': 'bpe'})
+    import tiktoken
+    text = 'Hello world, café 日本 <|endoftext|>!'
+    assert tok.encode(text) == tiktoken.get_encoding('gpt2').encode(text, allowed_special='all')
+    assert tok.bos_token_id == tok.eos_token_id == 50256 and len(tok) == 50257

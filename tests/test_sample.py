@@ -218,6 +218,8 @@ BAD_SETTINGS = {  # id: (arguments, what the error line must name)
     'missing_prompt_file': (['--start=FILE:nope.txt'], ["'nope.txt'"]),
     'chars_outside_vocab': (['--start=naïve 日本'], ["'ï'", "'日'", "'本'"]),
     'empty_prompt': (['--start='], ['at least one token']),
+    'seed_past_64_bits': (['--seed=18446744073709551616'], ['seed', '2**64']),
+    'negative_seed': (['--seed=-3'], ['seed']),
 }
 
 
@@ -310,3 +312,12 @@ def test_bpe_stream_holds_back_split_characters_and_never_samples_padding(tmp_pa
     out, _ = sample('--start=Hi', '--num_samples=2', f'--max_new_tokens={n}', '--temperature=0', '--use_cache=False')
     assert parse_samples(out) == [expected] * 2
 
+
+
+@pytest.mark.parametrize('flags', [['--temperature=1e-300'], ['--top_p=1e-300'], ['--temperature=5e-324', '--top_k=3']])
+def test_vanishing_temperature_or_top_p_samples_the_likeliest_token(tmp_path, sample, flags):
+    """Probabilities that underflow (to inf or to nothing) still leave the likeliest token: greedy."""
+    char_checkpoint(tmp_path, 'modern')
+    greedy, _ = sample('--start=ab', '--num_samples=2', '--max_new_tokens=20', '--temperature=0')
+    out, _ = sample('--start=ab', '--num_samples=2', '--max_new_tokens=20', *flags)
+    assert out == greedy
