@@ -10,8 +10,9 @@ extrapolation side by side (out_dir: results.md, results.json, val_loss_vs_iter.
 Each variant x seed (1337, 1338, ...) is a run `python train.py <train_config> <settings> <train_args> --seed=<seed>
 --out_dir=<out_dir>/runs/<variant>/seed<seed>` in run_dir ('': this repo), logged to train.log there; a variant's
 settings are train.py settings, model flags or others (learning_rate in the stability group). A finished run holds
-done.json and is skipped next time; the report is rewritten from every finished run made with this invocation's
-train_config and train_args (runs made with others are left out, and named). train_config must be the vanilla
+done.json and is skipped next time (one made with other arguments is kept, and the new one trains beside it);
+the report is rewritten from every finished run made with this invocation's train_config and train_args (runs
+made with others are left out, and named). train_config must be the vanilla
 GPT-2 block; the swaps come from model.SWAPS.
 Grid groups: default (vanilla, vanilla + each swap, modern), leave_one_out (modern minus each swap),
 norm_position (pre- and post-norm), mlp (relu, gelu, swiglu, geglu on vanilla), kv (modern with each of
@@ -27,6 +28,7 @@ Several ablate.py (one per node) can share an out_dir: each run is claimed, so n
 """
 
 import ast
+import hashlib
 import json
 import os
 import re
@@ -201,6 +203,17 @@ def flag_args(flags):
 def run_args(flags, seed):
     """train.py's arguments but out_dir: what makes two runs the same. seed last, so train_args cannot move it."""
     return [train_config] + flag_args(flags) + shlex.split(train_args) + [f'--seed={seed}', '--wandb_log=False']
+
+
+def run_path(out, name, flags, seed):
+    """runs/<variant>/seed<seed>; a run finished there with other arguments (another train_args) is kept,
+    and this one goes beside it, named by a hash of its arguments."""
+    path = os.path.join(out, 'runs', name, f'seed{seed}')
+    done = os.path.join(path, 'done.json')
+    if os.path.exists(done) and read_json(done)['args'] != run_args(flags, seed):
+        digest = hashlib.sha1(json.dumps(run_args(flags, seed)).encode()).hexdigest()[:8]
+        path = f'{path}-{digest}'
+    return path
 
 
 def made_here(done):
@@ -522,7 +535,7 @@ def main():
     check_settings(cwd, out)
     variants = build_grid(base_recipe(cwd))
     slots = [d.strip() for d in devices.split(',') if d.strip()] or [None]
-    jobs = deque((name, flags, 1337 + s, os.path.join(out, 'runs', name, f'seed{1337 + s}'))
+    jobs = deque((name, flags, 1337 + s, run_path(out, name, flags, 1337 + s))
                  for name, flags in variants.items() for s in range(seeds))
     total, running, durations, failed, busy = len(jobs), {}, [], [], []
     counter = 0
@@ -533,11 +546,8 @@ def main():
                 counter += 1
                 name, flags, seed, path = job
                 label = f"[{counter}/{total}] {name} seed {seed}"
-                done_path = os.path.join(path, 'done.json')
-                if os.path.exists(done_path):
-                    same = read_json(done_path)['args'] == run_args(flags, seed)
-                    print(f"{label} skipped (finished{'' if same else ' with other arguments: not in this report; '}"
-                          f"{'' if same else 'delete its directory, or use another out_dir, to rerun'})", flush=True)
+                if os.path.exists(os.path.join(path, 'done.json')):
+                    print(f"{label} skipped (finished)", flush=True)
                     continue
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 holder = claim(path)

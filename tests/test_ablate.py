@@ -172,3 +172,99 @@ def test_grid_runs_each_flag_set_once(monkeypatch, capsys):
     assert {'mlp=relu', 'mlp=geglu', 'vanilla+postnorm', 'modern-rms', 'modern-gqa'} <= set(variants)
     assert 'runs once, as vanilla' in capsys.readouterr().out
     assert all(os.sep not in name and ' ' not in name for name in variants)
+
+
+def test_groups_are_built_from_the_swap_tables(monkeypatch):
+    monkeypatch.setattr(sys, 'argv', ['ablate.py', '--grid=moe,attention,stability,long_context',
+                                      '--learning_rates=1e-3,1e-2'])
+    monkeypatch.syspath_prepend(str(REPO))
+    sys.modules.pop('ablate', None)
+    ablate_module = importlib.import_module('ablate')
+    variants = ablate_module.build_grid(ablate_module.base_recipe(str(REPO)))  # the CPU recipe: 4 heads of 32
+    sys.modules.pop('ablate', None)
+    modern = variants['modern']
+    assert variants['moe'] == {**modern, 'mlp': 'moe', 'n_expert': 8, 'n_expert_active': 2, 'moe_aux_loss_coef': 0.01}
+    assert variants['dense-as-total']['ffn_hidden'] == 8 * 192  # 8 experts of half the 384-wide SwiGLU
+    assert variants['moe-sigmoid']['router'] == 'sigmoid' and 'moe_aux_loss_coef' not in variants['moe-sigmoid']
+    # MLA's cache: latent + rotated key = GQA's 2 K/V heads x 2 x 32 = 128, MQA's 64
+    mla = variants['mla-gqa-cache']
+    assert mla['attn'] == 'mla' and mla['kv_lora_rank'] + mla['qk_rope_head_dim'] == 128
+    assert variants['mla-mqa-cache']['kv_lora_rank'] + variants['mla-mqa-cache']['qk_rope_head_dim'] == 64
+    assert variants['modern+qk_norm_lr=0.01'] == {**modern, 'qk_norm': True, 'learning_rate': 0.01, 'min_lr': 0.001}
+    assert 'vanilla' in variants and 'mha' in variants and 'mqa' in variants
+
+
+def test_parallel_runs_and_a_report_that_never_mixes_arguments(tmp_path):
+    """Two runs at once (the CPU's threads shared out); runs made with other train_args are left out of the
+    report, and named; a corrupt done.json is one error line."""
+    workdir = make_workdir(tmp_path)
+    out = workdir / 'out'
+    result = ablate(workdir, out, '--grid=custom', f'--custom={TWO_VARIANTS}', '--parallel=2',
+                    '--extrapolation=plain,yarn,window')
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count('started') == 2 and result.stdout.index('[2/2]') < result.stdout.index('done in')
+    md = (out / 'results.md').read_text(encoding='utf-8')
+    length = {(row[0], row[1]): row[2:] for row in tables(md)[1][1:]}
+    assert set(length) == {('vanilla', 'plain'), ('rope', 'plain'), ('rope', 'yarn'), ('rope', 'window')}
+    assert length[('rope', 'yarn')][0] == 'n/a' and float(length[('rope', 'yarn')][3]) > 0  # 1x is plain's
+    result = ablate(workdir, out, '--grid=custom', "--custom={'rope': {'pos': 'rope'}}",
+                    '--train_args=--max_iters=2 --eval_interval=2')
+    assert result.returncode == 0, result.stderr
+    md = (out / 'results.md').read_text(encoding='utf-8')
+    assert list(table_rows(md)) == ['rope'] and '--max_iters=2' in md
+    assert 'Not in this report' in md and 'vanilla seed 1337' in md and 'rope seed 1337' in md
+    (out / 'runs' / 'rope' / 'seed1337' / 'done.json').write_text('{"variant": ')
+    result = ablate(workdir, out, '--grid=custom', f'--custom={TWO_VARIANTS}')
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and 'done.json' in lines[0] and 'delete it' in lines[0]
+
+
+@pytest.mark.parametrize('make, args, fragment', [
+    (lambda d: None, ['--python=/nonexistent/python3'], "python '/nonexistent/python3'"),
+    (lambda d: (d / 'out').write_text('x'), [], 'is a file'),
+    (lambda d: None, ['--extrapolation=plain,ntk'], "'ntk'"),
+    (lambda d: None, ['--parallel=0'], 'parallel'),
+], ids=['python', 'out_dir-file', 'method', 'parallel'])
+def test_more_bad_settings_are_one_line_errors(tmp_path, make, args, fragment):
+    workdir = make_workdir(tmp_path)
+    make(workdir)
+    result = ablate(workdir, workdir / 'out', '--grid=custom', f'--custom={TWO_VARIANTS}', *args)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and fragment in lines[0], result.stderr
+
+
+def test_killing_ablate_stops_its_run_and_a_claimed_run_is_left_alone(tmp_path):
+    """kill -9 ablate.py: its train.py child dies too (no orphan keeps writing); a rerun trains the run anew.
+    A run another live process has claimed is skipped, not trained twice."""
+    import signal
+    import time
+    workdir = make_workdir(tmp_path)
+    out = workdir / 'out'
+    cmd = [sys.executable, str(REPO / 'ablate.py'), f'--run_dir={workdir}', f'--train_config={workdir / "tiny.py"}',
+           f'--out_dir={out}', "--grid=custom", "--custom={'slow': {}}", '--train_args=--max_iters=100000']
+    proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = out / 'runs' / 'slow' / 'seed1337' / 'log.jsonl'
+    deadline = time.time() + 120
+    while not log.exists():
+        assert time.time() < deadline
+        time.sleep(0.2)
+    child = int((out / 'runs' / 'slow' / 'seed1337' / '.lock').read_text())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 30
+    while True:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        assert time.time() < deadline, 'the train.py child outlived ablate.py'
+        time.sleep(0.2)
+    # a claim held by a live process (this test's) is respected
+    (out / 'runs' / 'slow' / 'seed1337.claim').write_text(json.dumps({'host': os.uname().nodename, 'pid': os.getpid()}))
+    result = ablate(workdir, out, '--grid=custom', "--custom={'slow': {}}")
+    assert 'being trained by' in result.stdout and not (out / 'runs' / 'slow' / 'seed1337' / 'done.json').exists()
+    (out / 'runs' / 'slow' / 'seed1337.claim').unlink()
+    result = ablate(workdir, out, '--grid=custom', "--custom={'slow': {}}")
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r['iter'] for r in records] == [0, 2, 4]  # one run's log, not two trainers' mixed
