@@ -378,6 +378,8 @@ def full_state():
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights = get_model_state_dict(sharded, options=full)
     state = get_optimizer_state_dict(sharded, optimizer, options=full)
+    if not master:  # the gathered state lands on rank 0 only
+        return None, None
     position = {n: i for i, n in enumerate(n for g in state['param_groups'] for n in g['params'])}
     return weights, {'state': {position[n]: v for n, v in state['state'].items()},
                      'param_groups': [{**g, 'params': [position[n] for n in g['params']]}

@@ -426,3 +426,22 @@ def test_moe_training_logs_the_experts_load(workdir):
         assert all(len(shares) == 4 and sum(shares) == pytest.approx(1, abs=1e-3) for shares in moe['load'])
         assert all(m >= 1 for m in moe['max_over_mean'])
         assert moe['aux_loss'] >= 1 - 1e-6 and moe['z_loss'] > 0
+
+
+def test_fsdp_matches_one_process_and_its_checkpoint_resumes_on_one(workdir):
+    """FSDP over 2 gloo processes: the losses of one process, to 1e-4; its checkpoint (gathered, in our
+    format) resumes on a single process as if that one had trained all along."""
+    args = ['--gradient_accumulation_steps=2', '--eval_interval=4', '--eval_iters=3', *MODERN]
+    single = train(workdir, *args, '--max_iters=8', '--out_dir=single')
+    launcher = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
+    sharded = train(workdir, *args, '--max_iters=4', '--fsdp=True', '--out_dir=fsdp', launcher=launcher,
+                    env={'OMP_NUM_THREADS': '1'})
+    assert 'sharded (FSDP)' in sharded.stdout
+    resumed = train(workdir, *args, '--max_iters=8', '--out_dir=fsdp', '--init_from=resume')
+    a, b, c = iter_losses(single.stdout), iter_losses(sharded.stdout), iter_losses(resumed.stdout)
+    assert sorted(b) == [1, 2, 3, 4] and sorted(c) == [5, 6, 7, 8], (sharded.stdout[-2000:], sharded.stderr[-2000:])
+    for k, loss in {**b, **c}.items():
+        assert float(loss) == pytest.approx(float(a[k]), rel=1e-4), (k, loss, a[k])
+    va, vb = log_records(workdir / 'single'), log_records(workdir / 'fsdp')
+    assert [r['iter'] for r in vb] == [0, 4, 8]
+    assert vb[-1]['val_loss'] == pytest.approx(va[-1]['val_loss'], rel=1e-4)

@@ -1,0 +1,105 @@
+"""The CUDA paths, on a GPU only (skipped elsewhere; `.ci/gpu` runs them with the recipes and the benchmark):
+bf16 and fp16 + GradScaler training, torch.compile, fused AdamW, flash SDPA with and without GQA, cached
+sampling, the fused grouped matmul of MoE, and FSDP."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import model as M
+from conftest import make_char_dataset
+from model import GPT, GPTConfig
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')]
+REPO = Path(__file__).resolve().parents[1]
+TINY = ['--dataset=tiny', '--device=cuda', '--n_layer=2', '--n_head=4', '--n_embd=64', '--block_size=32',
+        '--batch_size=8', '--gradient_accumulation_steps=1', '--eval_iters=2', '--log_interval=1',
+        '--learning_rate=3e-3', '--warmup_iters=2', '--max_iters=20', '--eval_interval=10']
+MODERN = ['--norm=rms', '--mlp=swiglu', '--n_kv_head=2', '--pos=rope']
+
+
+def train(cwd, *args, launcher=None):
+    result = subprocess.run((launcher or [sys.executable]) + [str(REPO / 'train.py'), *TINY, *args], cwd=cwd,
+                            capture_output=True, text=True, timeout=600, env={**os.environ, 'WANDB_MODE': 'offline'})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def val_losses(out):
+    import json
+    return [json.loads(line)['val_loss'] for line in (out / 'log.jsonl').read_text().splitlines()]
+
+
+@pytest.mark.parametrize('dtype', ['bfloat16', 'float16'])
+@pytest.mark.parametrize('compile', [False, True])
+def test_mixed_precision_training_learns(tmp_path, dtype, compile):
+    make_char_dataset(tmp_path)
+    result = train(tmp_path, *MODERN, f'--dtype={dtype}', f'--compile={compile}', '--out_dir=out')
+    assert f'dtype {dtype}, compile {compile}' in result.stdout
+    losses = val_losses(tmp_path / 'out')
+    assert losses[-1] < losses[0] - 0.5
+
+
+def test_compiled_training_matches_eager(tmp_path):
+    make_char_dataset(tmp_path)
+    for compile in (False, True):
+        train(tmp_path, *MODERN, '--dtype=float32', f'--compile={compile}', f'--out_dir=out{int(compile)}')
+    eager, compiled = val_losses(tmp_path / 'out0'), val_losses(tmp_path / 'out1')
+    assert compiled == pytest.approx(eager, rel=1e-3)
+
+
+def test_fused_adamw_on_cuda():
+    model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=32)).cuda()
+    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cuda')
+    assert optimizer.defaults.get('fused') is True
+
+
+@pytest.mark.parametrize('n_kv_head', [None, 2, 1])
+def test_flash_attention_runs_and_matches_math(n_kv_head):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=64, vocab_size=64, n_layer=2, n_head=4, n_embd=64, n_kv_head=n_kv_head,
+                          pos='rope', norm='rms')).cuda().eval()
+    idx = torch.randint(0, 64, (2, 64), device='cuda')
+    with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            flash = model(idx)[0].float()
+        with sdpa_kernel(SDPBackend.MATH):
+            math = model(idx)[0].float()
+    torch.testing.assert_close(flash, math, atol=5e-2, rtol=0)
+
+
+@pytest.mark.parametrize('flags', [dict(), dict(norm='rms', mlp='swiglu', n_kv_head=2, pos='rope'),
+                                   dict(norm='rms', pos='rope', attn='mla'), dict(norm='rms', pos='rope', mlp='moe')],
+                         ids=['vanilla', 'modern', 'mla', 'moe'])
+def test_cached_sampling_on_cuda_equals_uncached(flags):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, vocab_size=64, n_layer=2, n_head=4, n_embd=64, **flags)).cuda().eval()
+    prompt = torch.randint(0, 64, (3, 5), device='cuda')
+    cached = model.generate(prompt, 60, temperature=0.0, use_cache=True)
+    uncached = model.generate(prompt, 60, temperature=0.0, use_cache=False)
+    assert torch.equal(cached, uncached)
+
+
+def test_moe_grouped_matmul_kernel_equals_the_loop(monkeypatch):
+    torch.manual_seed(0)
+    cfg = GPTConfig(block_size=32, vocab_size=64, n_layer=1, n_head=4, n_embd=64, mlp='moe', n_expert=8)
+    layer = M.MoE(cfg).cuda().to(torch.bfloat16)
+    x = torch.randn(4, 32, 64, device='cuda', dtype=torch.bfloat16)
+    assert M._fused_grouped_mm(x)
+    fused = layer(x)
+    monkeypatch.setattr(M, '_fused_grouped_mm', lambda _: False)
+    torch.testing.assert_close(fused.float(), layer(x).float(), atol=2e-2, rtol=2e-2)
+
+
+def test_fsdp_on_one_process_with_nccl(tmp_path):
+    make_char_dataset(tmp_path)
+    launcher = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=1']
+    result = train(tmp_path, *MODERN, '--fsdp=True', '--out_dir=out', launcher=launcher)
+    assert 'sharded (FSDP)' in result.stdout
+    losses = val_losses(tmp_path / 'out')
+    assert losses[-1] < losses[0] - 0.5
