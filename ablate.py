@@ -61,6 +61,24 @@ python = ''  # '' is this interpreter
 run_dir = ''
 settings = configure(settings_of(globals()), sys.argv[1:], prog='ablate.py', doc=__doc__)
 globals().update(settings)
+METHODS = ('plain', 'linear', 'dynamic', 'yarn', 'window')
+
+
+def check(ok, message):
+    if not ok:
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+# settings that are wrong whatever the machine: said before torch loads
+check(seeds >= 1 and extrapolation_iters >= 1 and parallel >= 1, f"seeds, extrapolation_iters and parallel must be at "
+      f"least 1, got {seeds}, {extrapolation_iters} and {parallel}")
+check(not python or shutil.which(python), f"python '{python}' is not an executable (give a path or a command on PATH, "
+      f"or '' for this one)")
+check(not os.path.exists(out_dir) or os.path.isdir(out_dir), f"out_dir '{out_dir}' is a file, not a directory")
+unknown_methods = [m.strip() for m in extrapolation.split(',') if m.strip() and m.strip() not in METHODS]
+check(not unknown_methods, f"unknown extrapolation method(s) {', '.join(map(repr, unknown_methods))}; methods are "
+      f"{', '.join(METHODS)}")
 
 # the heavy imports only now: --help and a mistyped setting answer before torch loads
 import numpy as np  # noqa: E402
@@ -74,7 +92,6 @@ REPO = os.path.dirname(os.path.abspath(__file__))
 TRAIN_PY = os.path.join(REPO, 'train.py')
 EXTRAPOLATION_SEED = 4242  # one set of batches per length, the same for every variant
 MULTIPLES = (1, 2, 4, 8)
-METHODS = ('plain', 'linear', 'dynamic', 'yarn', 'window')
 SUMMARY_VERSION = 2  # done.json figures older than this are recomputed from the run's files
 CLAIM_STALE_S = 600  # a claim whose owner stopped refreshing it this long ago is free
 
@@ -425,11 +442,7 @@ def aggregate(runs):
 
 
 def methods_asked():
-    methods = [m.strip() for m in extrapolation.split(',') if m.strip()]
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        die(f"unknown extrapolation method(s) {', '.join(map(repr, unknown))}; methods are {', '.join(METHODS)}")
-    return methods
+    return [m.strip() for m in extrapolation.split(',') if m.strip()]
 
 
 def plot(variants, x_index, xlabel, path):
@@ -517,22 +530,10 @@ def fmt_duration(seconds):
     return f'{seconds:.0f} s' if seconds < 90 else f'{seconds / 60:.0f} min'
 
 
-def check_settings(cwd, out):
-    if seeds < 1 or extrapolation_iters < 1 or parallel < 1:
-        die(f"seeds, extrapolation_iters and parallel must be at least 1, got {seeds}, {extrapolation_iters} and "
-            f"{parallel}")
-    if not os.path.isfile(os.path.join(cwd, train_config)):
-        die(f"train_config '{train_config}' not found in run_dir '{cwd}'")
-    if python and not shutil.which(python):
-        die(f"python '{python}' is not an executable (give a path or a command on PATH, or '' for this one)")
-    if os.path.exists(out) and not os.path.isdir(out):
-        die(f"out_dir '{out}' is a file, not a directory")
-    methods_asked()
-
-
 def main():
     cwd, out = os.path.abspath(run_dir or REPO), os.path.abspath(out_dir)
-    check_settings(cwd, out)
+    if not os.path.isfile(os.path.join(cwd, train_config)):
+        die(f"train_config '{train_config}' not found in run_dir '{cwd}'")
     variants = build_grid(base_recipe(cwd))
     slots = [d.strip() for d in devices.split(',') if d.strip()] or [None]
     jobs = deque((name, flags, 1337 + s, run_path(out, name, flags, 1337 + s))

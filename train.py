@@ -531,5 +531,7 @@ except Exception as e:
     die(f"out of memory at iter {iter_num} on {device}: lower batch_size ({batch_size}), block_size "
         f"({block_size}) or the model (n_layer, n_embd); {last_checkpoint()}", code=1)
 
+if master and wandb_log:
+    wandb.finish()
 if distributed:
     dist.destroy_process_group()

@@ -58,6 +58,18 @@ def train_here(cwd, *args, monkeypatch, capsys):
     return code, out, err
 
 
+@pytest.fixture
+def run(monkeypatch, capsys):
+    """train(...) in this process: the same result, without a second of torch import per run."""
+    def run_here(cwd, *args, check=True):
+        code, out, err = train_here(cwd, *args, monkeypatch=monkeypatch, capsys=capsys)
+        result = subprocess.CompletedProcess(['train.py', *args], code or 0, out, err)
+        if check:
+            assert result.returncode == 0, result.stderr[-3000:]
+        return result
+    return run_here
+
+
 def one_line_error(code, err, *fragments):
     lines = err.strip().splitlines()
     assert code not in (0, None) and len(lines) == 1 and lines[0].startswith('error:'), (code, err)
@@ -84,8 +96,8 @@ def assert_one_line_error(result, *fragments):
 
 
 @pytest.mark.parametrize('flags', [[], MODERN], ids=['vanilla', 'modern'])
-def test_training_learns_saves_and_resumes(workdir, flags):
-    train(workdir, *flags, '--max_iters=30', '--eval_interval=15', '--out_dir=out')
+def test_training_learns_saves_and_resumes(workdir, run, flags):
+    run(workdir, *flags, '--max_iters=30', '--eval_interval=15', '--out_dir=out')
     records = log_records(workdir / 'out')
     assert [r['iter'] for r in records] == [0, 15, 30]
     assert records[-1]['val_loss'] < records[0]['val_loss'] - 0.5
@@ -98,17 +110,17 @@ def test_training_learns_saves_and_resumes(workdir, flags):
     expected = dict(norm='rms', mlp='swiglu', n_kv_head=1, pos='rope') if flags else dict(norm='layernorm', pos='learned')
     for k, v in expected.items():
         assert ckpt['model_args'][k] == v and ckpt['config'][k] == v
-    result = train(workdir, *flags, '--max_iters=35', '--eval_interval=15', '--out_dir=out', '--init_from=resume')
+    result = run(workdir, *flags, '--max_iters=35', '--eval_interval=15', '--out_dir=out', '--init_from=resume')
     assert 'iter 35/35' in result.stdout
     assert common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))['iter_num'] == 35
 
 
-def test_resume_is_exact(workdir):
+def test_resume_is_exact(workdir, run):
     """2N iterations straight equal N, resume, N more: losses identical, dropout included."""
     common_args = ['--dropout=0.1', '--eval_interval=6', *MODERN]
-    straight = train(workdir, *common_args, '--max_iters=12', '--out_dir=a')
-    train(workdir, *common_args, '--max_iters=6', '--out_dir=b')
-    resumed = train(workdir, *common_args, '--max_iters=12', '--out_dir=b', '--init_from=resume')
+    straight = run(workdir, *common_args, '--max_iters=12', '--out_dir=a')
+    run(workdir, *common_args, '--max_iters=6', '--out_dir=b')
+    resumed = run(workdir, *common_args, '--max_iters=12', '--out_dir=b', '--init_from=resume')
     a, b = iter_losses(straight.stdout), iter_losses(resumed.stdout)
     assert sorted(b) == list(range(7, 13))
     assert {k: a[k] for k in b} == b
@@ -123,17 +135,17 @@ def test_resume_is_exact(workdir):
         assert torch.equal(final_a[k], final_b[k]), k
 
 
-def test_resume_takes_this_runs_dropout(workdir):
-    train(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=out', '--dropout=0.0')
-    result = train(workdir, '--max_iters=4', '--eval_interval=2', '--out_dir=out', '--dropout=0.2',
+def test_resume_takes_this_runs_dropout(workdir, run):
+    run(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=out', '--dropout=0.0')
+    result = run(workdir, '--max_iters=4', '--eval_interval=2', '--out_dir=out', '--dropout=0.2',
                    '--n_layer=3', '--init_from=resume')
     assert "checkpoint's model flags, not this run's: n_layer" in result.stdout
     ckpt = common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
     assert ckpt['model_args']['dropout'] == 0.2 and ckpt['model_args']['n_layer'] == 2
 
 
-def test_bf16_autocast_on_cpu(workdir):
-    train(workdir, *MODERN, '--dtype=bfloat16', '--max_iters=10', '--eval_interval=10', '--out_dir=out')
+def test_bf16_autocast_on_cpu(workdir, run):
+    run(workdir, *MODERN, '--dtype=bfloat16', '--max_iters=10', '--eval_interval=10', '--out_dir=out')
     records = log_records(workdir / 'out')
     assert records[-1]['val_loss'] < records[0]['val_loss']
     assert common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))['model']['lm_head.weight'].dtype == torch.float32
@@ -175,10 +187,10 @@ def test_interrupted_checkpoint_write_keeps_previous(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == ['ckpt.pt']  # no temporary file left behind
 
 
-def test_diverging_run_stops_and_keeps_last_good_checkpoint(workdir):
-    train(workdir, '--max_iters=4', '--eval_interval=4', '--out_dir=out')
+def test_diverging_run_stops_and_keeps_last_good_checkpoint(workdir, run):
+    run(workdir, '--max_iters=4', '--eval_interval=4', '--out_dir=out')
     before = common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
-    result = train(workdir, '--max_iters=40', '--eval_interval=4', '--out_dir=out', '--init_from=resume',
+    result = run(workdir, '--max_iters=40', '--eval_interval=4', '--out_dir=out', '--init_from=resume',
                    '--learning_rate=1e9', '--decay_lr=False', '--grad_clip=0', '--always_save_checkpoint=True',
                    check=False)
     assert_one_line_error(result, 'training diverged', 'ckpt.pt')
@@ -192,18 +204,21 @@ def test_diverging_run_stops_and_keeps_last_good_checkpoint(workdir):
 
 
 def test_wandb_offline_writes_its_run(workdir):
+    """With MoE layers, wandb gets the log.jsonl record's nested expert load as flat keys."""
     train(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=out', '--wandb_log=True',
-          '--wandb_run_name=tiny')
+          '--wandb_run_name=tiny', '--mlp=moe', '--n_expert=4')
     runs = list((workdir / 'out' / 'wandb').glob('offline-run-*'))
-    assert len(runs) == 1 and any(runs[0].rglob('*.wandb'))
+    assert len(runs) == 1
+    logged = next(runs[0].rglob('*.wandb')).read_bytes()  # the run's records, as wandb sync will send them
+    for key in (b'val_loss', b'moe/load/0/3', b'moe/max_over_mean/1', b'moe/aux_loss'):
+        assert key in logged, key
 
 
-def test_init_from_local_hf_gpt2(workdir):
+def test_init_from_local_hf_gpt2(workdir, run):
     transformers = pytest.importorskip('transformers')
     config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=32, vocab_size=40)
     transformers.GPT2LMHeadModel(config).save_pretrained(workdir / 'hf')
-    train(workdir, f'--init_from={workdir / "hf"}', '--max_iters=2', '--eval_interval=2', '--out_dir=out',
-          env={'HF_HUB_OFFLINE': '1'})
+    run(workdir, f'--init_from={workdir / "hf"}', '--max_iters=2', '--eval_interval=2', '--out_dir=out')
     ckpt = common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
     assert ckpt['model_args']['block_size'] == 16  # cropped from 32 to the run's block_size
     assert ckpt['model_args']['vocab_size'] == 40 and ckpt['model_args']['bias'] is True
@@ -395,12 +410,12 @@ def test_an_interrupt_during_a_checkpoint_write_waits_for_it(tmp_path, monkeypat
     assert common.load_checkpoint(path)['iter_num'] == 3  # written whole before the interrupt took effect
 
 
-def test_eval_only_at_a_longer_context_with_rope_scaling(workdir):
+def test_eval_only_at_a_longer_context_with_rope_scaling(workdir, run):
     """A trained RoPE checkpoint evaluated at 4x its block_size with YaRN: the runtime flags are this run's,
     the result is appended to log.jsonl saying how it was made, and the checkpoint is untouched."""
-    train(workdir, *MODERN, '--max_iters=4', '--eval_interval=4', '--out_dir=out')
+    run(workdir, *MODERN, '--max_iters=4', '--eval_interval=4', '--out_dir=out')
     before = (workdir / 'out' / 'ckpt.pt').read_bytes()
-    train(workdir, *MODERN, '--out_dir=out', '--init_from=resume', '--eval_only=True', '--block_size=64',
+    run(workdir, *MODERN, '--out_dir=out', '--init_from=resume', '--eval_only=True', '--block_size=64',
           '--rope_scaling=yarn', '--rope_factor=4')
     record = log_records(workdir / 'out')[-1]
     assert record['eval_only'] is True and record['iter'] == 4
@@ -408,16 +423,16 @@ def test_eval_only_at_a_longer_context_with_rope_scaling(workdir):
     assert record['rope_original_length'] == 16  # stretched from the trained length
     assert math.isfinite(record['val_loss'])
     assert (workdir / 'out' / 'ckpt.pt').read_bytes() == before
-    result = train(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=learned', check=False)
+    result = run(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=learned', check=False)
     assert result.returncode == 0, result.stderr
-    result = train(workdir, '--out_dir=learned', '--init_from=resume', '--eval_only=True', '--block_size=64',
+    result = run(workdir, '--out_dir=learned', '--init_from=resume', '--eval_only=True', '--block_size=64',
                    check=False)
     assert_one_line_error(result, 'block_size 64', 'learned positions')
 
 
-def test_moe_training_logs_the_experts_load(workdir):
-    train(workdir, *MODERN, '--mlp=moe', '--n_expert=4', '--moe_aux_loss_coef=0.01', '--moe_z_loss_coef=0.001',
-          '--max_iters=6', '--eval_interval=3', '--out_dir=out', '--wandb_log=True')
+def test_moe_training_logs_the_experts_load(workdir, run):
+    run(workdir, *MODERN, '--mlp=moe', '--n_expert=4', '--moe_aux_loss_coef=0.01', '--moe_z_loss_coef=0.001',
+        '--max_iters=6', '--eval_interval=3', '--out_dir=out')
     records = log_records(workdir / 'out')
     assert records[-1]['val_loss'] < records[0]['val_loss']
     for record in records:
