@@ -405,7 +405,9 @@ except TypeError:
 
 def attend(q, k, v, mask, dropout_p=0.0, scale=None):
     """softmax(q k^T * scale) v over (B, heads, T, dim) tensors; k and v may have fewer heads than q,
-    each shared by consecutive query heads. mask None: causal (a single query sees every key)."""
+    each shared by consecutive query heads. mask: a boolean tensor of what each query sees, or True for causal
+    attention, False for none (a Python bool, so a compiled model does not trace the choice); None: causal
+    unless there is a single query."""
     gqa = {}
     if k.size(1) != q.size(1):
         # CUDA's fused kernels take enable_gqa only in half precision (flash); fp32 would fall back to math
@@ -414,8 +416,10 @@ def attend(q, k, v, mask, dropout_p=0.0, scale=None):
         else:
             k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
             v = v.repeat_interleave(q.size(1) // v.size(1), dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and q.size(2) > 1,
-                                          dropout_p=dropout_p, scale=scale, **gqa)
+    if mask is None:
+        mask = q.size(2) > 1
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=None if isinstance(mask, bool) else mask,
+                                          is_causal=mask is True, dropout_p=dropout_p, scale=scale, **gqa)
 
 
 class CausalSelfAttention(nn.Module):
@@ -442,7 +446,8 @@ class CausalSelfAttention(nn.Module):
         """Forward + backward FLOPs per token of the matmuls that are not Linears: q.k and att.v over `keys` keys."""
         return 3 * 2 * 2 * self.n_head * self.head_size * keys
 
-    def forward(self, x, rope=None, mask=None, cache=None, layer=0):
+    def forward(self, x, rope=None, mask=None, cache=None):
+        """cache: this layer's part of a KVCache (LayerCache)."""
         B, T, _ = x.size()
         hs = self.head_size
         q, k, v = self.c_attn(x).split([self.n_head * hs, self.n_kv_head * hs, self.n_kv_head * hs], dim=2)
@@ -454,7 +459,7 @@ class CausalSelfAttention(nn.Module):
         if rope is not None:  # rotate before K/V heads are shared, so each shared head is rotated once
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
-            k, v = cache.update(layer, k=k, v=v)
+            k, v = cache.update(k=k, v=v)
         y = attend(q, k, v, mask, self.dropout if self.training else 0.0)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, self.n_head * hs)))
 
@@ -501,7 +506,8 @@ class LatentAttention(nn.Module):
         """Forward + backward FLOPs per token of q.k and att.v over `keys` rebuilt keys (training's form)."""
         return 3 * 2 * self.n_head * (self.nope + self.rope + self.v) * keys
 
-    def forward(self, x, rope=None, mask=None, cache=None, layer=0):
+    def forward(self, x, rope=None, mask=None, cache=None):
+        """cache: this layer's part of a KVCache (LayerCache)."""
         B, T, _ = x.size()
         H = self.n_head
         q = self.q_b(self.q_a_norm(self.q_a(x))) if hasattr(self, 'q_a') else self.q_proj(x)
@@ -512,9 +518,9 @@ class LatentAttention(nn.Module):
         if rope is not None:
             q_rope, k_rope = apply_rope(q_rope, *rope), apply_rope(k_rope, *rope)
         if cache is not None and self.rope:
-            latent, k_rope = cache.update(layer, latent=latent, k_rope=k_rope)
+            latent, k_rope = cache.update(latent=latent, k_rope=k_rope)
         elif cache is not None:  # learned positions: no rotated part to keep
-            latent, = cache.update(layer, latent=latent)
+            latent, = cache.update(latent=latent)
             k_rope = latent[..., :0]
         if cache is not None and T == 1 and self.absorb:
             y = self._absorbed(q_nope, q_rope, latent, k_rope)
@@ -530,7 +536,7 @@ class LatentAttention(nn.Module):
         """q.k = (q_nope W_uk) . latent + q_rope . k_rope, and att.v = (att . latent) W_uv^T."""
         w = self.kv_b.weight.view(self.n_head, self.nope + self.v, self.latent)
         q_latent = q_nope @ w[:, :self.nope]  # (B, H, T, latent)
-        y = attend(torch.cat((q_latent, q_rope), dim=-1), torch.cat((latent, k_rope), dim=-1), latent, None,
+        y = attend(torch.cat((q_latent, q_rope), dim=-1), torch.cat((latent, k_rope), dim=-1), latent, False,
                    scale=self.scale)
         return y @ w[:, self.nope:].transpose(1, 2)  # (B, H, T, v)
 
@@ -577,15 +583,19 @@ class KVCache:
         past = min(self.pos, self.slots - 1)  # what the first new query can still see
         return torch.arange(self.pos - past, self.pos + T, device=device)
 
-    def update(self, layer, **new):
-        """Store the new tokens' entries (B, heads, T, dim); return, in the order given, every entry the new
-        tokens attend to (all so far, or with a window the ones key_positions names)."""
+    def __getitem__(self, layer):
+        """One layer's part, what its attention writes to and reads from (update)."""
+        return LayerCache(self, self.layers[layer])
+
+    def update(self, stores, **new):
+        """Store the new tokens' entries (B, heads, T, dim) in a layer's stores; return, in the order given,
+        every entry the new tokens attend to (all so far, or with a window the ones key_positions names)."""
         T = next(iter(new.values())).size(2)
         if self.pos + T > self.length:
             raise ValueError(f"KV cache of length {self.length} cannot hold {self.pos + T} positions")
         out = []
         for name, value in new.items():
-            store = self.layers[layer][name]
+            store = stores[name]
             if not self.ring:
                 store[:, :, self.pos:self.pos + T] = value
                 out.append(store[:, :, :self.pos + T])
@@ -605,6 +615,16 @@ class KVCache:
     def reset(self):
         """Forget every position (the next call is a prefill)."""
         self.pos = 0
+
+
+class LayerCache:
+    """A layer's view of a KVCache: the same object for every layer's code, so a compiled block is one graph."""
+
+    def __init__(self, cache, stores):
+        self.cache, self.stores = cache, stores
+
+    def update(self, **new):
+        return self.cache.update(self.stores, **new)
 
 
 def attention_mask(start, T, key_positions, window, device):
@@ -798,11 +818,11 @@ class Block(nn.Module):
         self.ln_2 = make_norm(config)
         self.mlp = MLPS[config.mlp_of(layer)](config)
 
-    def forward(self, x, rope=None, mask=None, cache=None, layer=0):
+    def forward(self, x, rope=None, mask=None, cache=None):
         if self.prenorm:  # the residual path stays an identity from the top to the bottom
-            x = x + self.attn(self.ln_1(x), rope, mask, cache, layer)
+            x = x + self.attn(self.ln_1(x), rope, mask, cache)
             return x + self.mlp(self.ln_2(x))
-        x = self.ln_1(x + self.attn(x, rope, mask, cache, layer))
+        x = self.ln_1(x + self.attn(x, rope, mask, cache))
         return self.ln_2(x + self.mlp(x))
 
 
@@ -898,9 +918,11 @@ class GPT(nn.Module):
         keys = cache.key_positions(T, idx.device) if cache is not None else None
         x, rope = self.transformer.wpe(self.transformer.wte(idx), start)
         mask = attention_mask(start, T, keys, self.config.sliding_window, idx.device)
+        if mask is None:  # decided here, in Python: a compiled block gets a plain bool
+            mask = T > 1
         x = self.transformer.drop(x)
         for i, block in enumerate(self.transformer.h):
-            x = block(x, rope, mask, cache, i)
+            x = block(x, rope, mask, cache[i] if cache is not None else None)
         if cache is not None:
             cache.advance(T)
         return self.transformer.ln_f(x)

@@ -3,6 +3,7 @@
 import importlib
 import json
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -43,12 +44,22 @@ def ablate(workdir, out, *args):
     return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=300)
 
 
+def ablate_here(workdir, out, *args, monkeypatch, capsys):
+    """ablate.py in this process, for what it decides before it starts a run: (exit code, stderr)."""
+    monkeypatch.setattr(sys, 'argv', ['ablate.py', f'--run_dir={workdir}', f'--train_config={workdir / "tiny.py"}',
+                                      f'--out_dir={out}', *args])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(str(REPO / 'ablate.py'), run_name='__main__')
+    return e.value.code, capsys.readouterr().err
+
+
 @pytest.fixture(scope='module')
 def ablated(tmp_path_factory):
-    """One 2-variant x 2-seed ablation shared by the tests that read its report."""
+    """One 2-variant x 2-seed ablation, two runs at once, shared by the tests that read its report."""
     workdir = make_workdir(tmp_path_factory.mktemp('ablate'))
     out = workdir / 'out'
-    result = ablate(workdir, out, '--grid=custom', f'--custom={TWO_VARIANTS}', '--seeds=2')
+    result = ablate(workdir, out, '--grid=custom', f'--custom={TWO_VARIANTS}', '--seeds=2', '--parallel=2',
+                    '--extrapolation=plain,yarn,window')
     assert result.returncode == 0, result.stdout + result.stderr
     return workdir, out, result
 
@@ -76,6 +87,8 @@ def table_rows(md):
 def test_report_has_a_row_per_variant_with_extrapolation(ablated):
     _, out, result = ablated
     assert '[4/4] rope seed 1338' in result.stdout and 'ETA' in result.stdout
+    # two at a time: the second run started before the first finished
+    assert result.stdout.index('[2/4] vanilla seed 1338 started') < result.stdout.index('done in')
     md = (out / 'results.md').read_text(encoding='utf-8')
     assert 'Base recipe' in md and '1337, 1338' in md and 'python ablate.py' in md
     main, length = tables(md)
@@ -90,9 +103,11 @@ def test_report_has_a_row_per_variant_with_extrapolation(ablated):
         assert cells[10] == 'n/a' and cells[11] == '-'  # no experts; nothing diverged
     assert rows['vanilla'][6] == '+0.0000'
     assert length[0] == ['variant', 'method', '1×', '2×', '4×', '8×']
-    length = {row[0]: row[2:] for row in length[1:]}
-    assert length['vanilla'][0] != 'n/a' and length['vanilla'][1:] == ['n/a'] * 3  # learned: 1x only
-    assert all(float(v) > 0 for v in length['rope'])  # rope: 1x to 8x
+    length = {(row[0], row[1]): row[2:] for row in length[1:]}
+    assert set(length) == {('vanilla', 'plain'), ('rope', 'plain'), ('rope', 'yarn'), ('rope', 'window')}
+    assert length['vanilla', 'plain'][0] != 'n/a' and length['vanilla', 'plain'][1:] == ['n/a'] * 3  # learned: 1x
+    assert all(float(v) > 0 for v in length['rope', 'plain'])  # rope: 1x to 8x
+    assert length['rope', 'yarn'][0] == 'n/a' and all(float(v) > 0 for v in length['rope', 'yarn'][1:])  # 1x: plain
     results = json.loads((out / 'results.json').read_text())
     assert set(results['variants']) == {'vanilla', 'rope'} and len(results['runs']) == 4
     rope = results['variants']['rope']
@@ -145,11 +160,10 @@ def test_failed_run_is_reported_and_the_others_finish(tmp_path):
     (['--grid=default,nope'], "unknown grid group 'nope'"),
     (['--grid=kv'], 'n_kv_heads'),
 ], ids=['literal', 'flag', 'group', 'kv'])
-def test_bad_settings_are_one_line_errors(tmp_path, args, fragment):
-    result = ablate(make_workdir(tmp_path), tmp_path / 'out', *args)
-    assert result.returncode != 0
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith('error:') and fragment in lines[0], result.stderr
+def test_bad_settings_are_one_line_errors(tmp_path, args, fragment, monkeypatch, capsys):
+    code, err = ablate_here(make_workdir(tmp_path), tmp_path / 'out', *args, monkeypatch=monkeypatch, capsys=capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith('error:') and fragment in lines[0], err
     assert not (tmp_path / 'out').exists()
 
 
@@ -194,27 +208,21 @@ def test_groups_are_built_from_the_swap_tables(monkeypatch):
     assert 'vanilla' in variants and 'mha' in variants and 'mqa' in variants
 
 
-def test_parallel_runs_and_a_report_that_never_mixes_arguments(tmp_path):
-    """Two runs at once (the CPU's threads shared out); runs made with other train_args are left out of the
-    report, and named; a corrupt done.json is one error line."""
+def test_a_report_never_mixes_arguments(tmp_path):
+    """Runs made with other train_args are left out of the report, and named (the new ones train beside
+    them); a corrupt done.json is one error line."""
     workdir = make_workdir(tmp_path)
     out = workdir / 'out'
-    result = ablate(workdir, out, '--grid=custom', f'--custom={TWO_VARIANTS}', '--parallel=2',
-                    '--extrapolation=plain,yarn,window')
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.count('started') == 2 and result.stdout.index('[2/2]') < result.stdout.index('done in')
-    md = (out / 'results.md').read_text(encoding='utf-8')
-    length = {(row[0], row[1]): row[2:] for row in tables(md)[1][1:]}
-    assert set(length) == {('vanilla', 'plain'), ('rope', 'plain'), ('rope', 'yarn'), ('rope', 'window')}
-    assert length[('rope', 'yarn')][0] == 'n/a' and float(length[('rope', 'yarn')][3]) > 0  # 1x is plain's
-    result = ablate(workdir, out, '--grid=custom', "--custom={'rope': {'pos': 'rope'}}",
-                    '--train_args=--max_iters=2 --eval_interval=2')
+    one = "--custom={'rope': {'pos': 'rope'}}"
+    assert ablate(workdir, out, '--grid=custom', one, '--extrapolation=').returncode == 0
+    result = ablate(workdir, out, '--grid=custom', one, '--extrapolation=', '--train_args=--max_iters=2 --eval_interval=2')
     assert result.returncode == 0, result.stderr
     md = (out / 'results.md').read_text(encoding='utf-8')
     assert list(table_rows(md)) == ['rope'] and '--max_iters=2' in md
-    assert 'Not in this report' in md and 'vanilla seed 1337' in md and 'rope seed 1337' in md
+    assert 'Not in this report' in md and 'rope seed 1337' in md
+    assert len(list(out.glob('runs/rope/seed1337*/done.json'))) == 2  # both kept
     (out / 'runs' / 'rope' / 'seed1337' / 'done.json').write_text('{"variant": ')
-    result = ablate(workdir, out, '--grid=custom', f'--custom={TWO_VARIANTS}')
+    result = ablate(workdir, out, '--grid=custom', one, '--extrapolation=')
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and 'done.json' in lines[0] and 'delete it' in lines[0]
 
@@ -225,12 +233,13 @@ def test_parallel_runs_and_a_report_that_never_mixes_arguments(tmp_path):
     (lambda d: None, ['--extrapolation=plain,ntk'], "'ntk'"),
     (lambda d: None, ['--parallel=0'], 'parallel'),
 ], ids=['python', 'out_dir-file', 'method', 'parallel'])
-def test_more_bad_settings_are_one_line_errors(tmp_path, make, args, fragment):
+def test_more_bad_settings_are_one_line_errors(tmp_path, make, args, fragment, monkeypatch, capsys):
     workdir = make_workdir(tmp_path)
     make(workdir)
-    result = ablate(workdir, workdir / 'out', '--grid=custom', f'--custom={TWO_VARIANTS}', *args)
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1 and fragment in lines[0], result.stderr
+    code, err = ablate_here(workdir, workdir / 'out', '--grid=custom', f'--custom={TWO_VARIANTS}', *args,
+                            monkeypatch=monkeypatch, capsys=capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and fragment in lines[0], err
 
 
 def test_killing_ablate_stops_its_run_and_a_claimed_run_is_left_alone(tmp_path):

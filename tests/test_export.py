@@ -2,6 +2,7 @@
 
 import json
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -69,7 +70,25 @@ def test_unrepresentable_configs_name_the_blocking_flags(flags, named):
         assert fragment in str(e.value)
 
 
-def test_export_cli(tmp_path):
+@pytest.fixture
+def export_here(monkeypatch, capsys):
+    """export.py's main in this process: (exit code, stderr)."""
+    import export
+    monkeypatch.setattr(common, 'catch_interrupts', lambda: None)
+
+    def run(cwd, out_dir, hf_dir):
+        monkeypatch.chdir(cwd)
+        capsys.readouterr()  # what the test printed before is not export's
+        try:
+            export.main(out_dir, hf_dir)
+            code = 0
+        except SystemExit as e:
+            code = e.code
+        return code, capsys.readouterr().err
+    return run
+
+
+def test_export_cli(tmp_path, export_here):
     model = perturbed(**MODERN, n_kv_head=2)
     (tmp_path / 'out').mkdir()
     common.save_checkpoint(common.new_checkpoint(model, config={}), str(tmp_path / 'out' / 'ckpt.pt'))
@@ -84,19 +103,18 @@ def test_export_cli(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(hf(idx).logits, model(idx)[0], atol=1e-4, rtol=0)
 
+
     blocked = perturbed(norm='rms')
     common.save_checkpoint(common.new_checkpoint(blocked, config={}), str(tmp_path / 'out' / 'ckpt.pt'))
-    for args, fragment in [(['--out_dir=out', '--hf_dir=hf2'], "norm='rms'"),
-                           (['--out_dir=nowhere', '--hf_dir=hf2'], 'nowhere/ckpt.pt'),
-                           (['--out_dir=out'], 'hf_dir')]:
-        result = run(*args)
-        lines = result.stderr.strip().splitlines()
-        assert result.returncode != 0 and len(lines) == 1 and lines[0].startswith('error:'), result.stderr
+    for args, fragment in [(('out', 'hf2'), "norm='rms'"), (('nowhere', 'hf2'), 'nowhere/ckpt.pt'), (('out', ''), 'hf_dir')]:
+        code, err = export_here(tmp_path, *args)
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and lines[0].startswith('error:'), err
         assert fragment in lines[0]
     assert not (tmp_path / 'hf2').exists()
 
 
-def test_a_character_model_exports_with_its_tokenizer_and_samples_back(tmp_path):
+def test_a_character_model_exports_with_its_tokenizer_and_samples_back(tmp_path, monkeypatch, capsys):
     """The exported directory alone: transformers loads model and tokenizer (no stray bos/eos ids), and
     sample.py --init_from=DIR decodes the same characters as from the checkpoint."""
     from conftest import make_char_dataset
@@ -117,25 +135,25 @@ def test_a_character_model_exports_with_its_tokenizer_and_samples_back(tmp_path)
     with torch.no_grad():
         hf_text = tok.decode(hf.generate(torch.tensor([tok.encode(prompt)]), max_new_tokens=20, do_sample=False,
                                          pad_token_id=0)[0])
-    sampled = [subprocess.run([sys.executable, str(REPO / 'sample.py'), *source, '--start=the quick',
-                               '--num_samples=1', '--max_new_tokens=20', '--temperature=0', '--device=cpu'],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
-               for source in (['--init_from=hf-chars'], ['--out_dir=out'])]
-    for s in sampled:
-        assert s.returncode == 0, s.stderr
-    texts = [s.stdout.split('\n---------------')[0] for s in sampled]
+    texts = []
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    for source in ('--init_from=hf-chars', '--out_dir=out'):
+        monkeypatch.setattr(sys, 'argv', ['sample.py', source, '--start=the quick', '--num_samples=1',
+                                          '--max_new_tokens=20', '--temperature=0', '--device=cpu'])
+        runpy.run_path(str(REPO / 'sample.py'), run_name='__main__')
+        texts.append(capsys.readouterr().out.split('\n---------------')[0])
     assert texts[0] == texts[1] == hf_text and len(hf_text) == len(prompt) + 20
 
 
-def test_export_to_a_file_is_refused_and_writes_nothing(tmp_path):
+def test_export_to_a_file_is_refused_and_writes_nothing(tmp_path, export_here):
     model = perturbed(**MODERN)
     (tmp_path / 'out').mkdir()
     common.save_checkpoint(common.new_checkpoint(model, config={}), str(tmp_path / 'out' / 'ckpt.pt'))
     (tmp_path / 'taken').write_text('not a directory')
-    result = subprocess.run([sys.executable, str(REPO / 'export.py'), '--out_dir=out', '--hf_dir=taken'],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1 and "hf_dir 'taken' is a file" in lines[0]
+    code, err = export_here(tmp_path, 'out', 'taken')
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "hf_dir 'taken' is a file" in lines[0]
     assert (tmp_path / 'taken').read_text() == 'not a directory'
 
 

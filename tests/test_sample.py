@@ -321,3 +321,19 @@ def test_vanishing_temperature_or_top_p_samples_the_likeliest_token(tmp_path, sa
     greedy, _ = sample('--start=ab', '--num_samples=2', '--max_new_tokens=20', '--temperature=0')
     out, _ = sample('--start=ab', '--num_samples=2', '--max_new_tokens=20', *flags)
     assert out == greedy
+
+
+def test_compiled_sampling_equals_eager_and_compiles_each_block_once(tmp_path, sample):
+    """Blocks compiled with dynamic shapes: the same text as eager, and one graph per kind of call (prefill,
+    decode, the full cache), not one per layer or per decode length. (A prompt as long as the batch is large
+    costs one more: dynamo ties equal sizes.)"""
+    import torch._dynamo
+    char_checkpoint(tmp_path, 'modern')
+    args = ('--start=abc', '--num_samples=2', '--max_new_tokens=60', '--temperature=0')  # past block_size 32
+    eager, _ = sample(*args)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled, _ = sample(*args, '--compile=True')
+    assert compiled == eager
+    assert torch._dynamo.utils.counters['stats']['unique_graphs'] <= 3
+    assert not torch._dynamo.utils.counters['graph_break']

@@ -460,3 +460,15 @@ def test_fsdp_matches_one_process_and_its_checkpoint_resumes_on_one(workdir):
     va, vb = log_records(workdir / 'single'), log_records(workdir / 'fsdp')
     assert [r['iter'] for r in vb] == [0, 4, 8]
     assert vb[-1]['val_loss'] == pytest.approx(va[-1]['val_loss'], rel=1e-4)
+
+
+def test_compiled_training_matches_eager(workdir, run):
+    """torch.compile on the CPU (inductor): the same losses as eager, to float rounding."""
+    for compile in (False, True):
+        result = run(workdir, *MODERN, f'--compile={compile}', '--max_iters=4', '--eval_interval=4',
+                     f'--out_dir=out{int(compile)}')
+        assert f'compile {compile}' in result.stdout
+    eager, compiled = log_records(workdir / 'out0'), log_records(workdir / 'out1')
+    for a, b in zip(eager, compiled):
+        assert b['val_loss'] == pytest.approx(a['val_loss'], rel=1e-4) and b['train_loss'] == pytest.approx(
+            a['train_loss'], rel=1e-4)
