@@ -18,6 +18,7 @@ tokens (temperature 1) from a one-token prompt. peak_flops 0: a known GPU's data
 """
 
 import contextlib
+import copy
 import importlib.util
 import io
 import json as jsonlib  # `json` is a setting
@@ -50,6 +51,7 @@ decode_batch = 1
 decode_prompt = 1  # prompt tokens before the timed decoding (block_size must hold prompt + tokens)
 device = 'auto'
 dtype = 'auto'
+compare_dtype = ''  # e.g. 'bfloat16': training steps in this dtype too, taken in turn with dtype's (an extra row)
 compile = None  # None: on for CUDA only (training model only; decoding uses the raw model)
 peak_flops = 0.0
 seed = 1337
@@ -122,10 +124,13 @@ ctx = autocast(device, dtype)
 cache_dtype = DTYPES[dtype]  # generate keeps the cache in the autocast dtype
 
 gpu = torch.cuda.get_device_name(torch.device(device)) if device_type == 'cuda' else ''
+if compare_dtype and compare_dtype not in DTYPES:
+    die(f"compare_dtype must be '' or one of {', '.join(map(repr, DTYPES))}; got {compare_dtype!r}")
 if peak_flops > 0:
     peak, how = peak_flops, 'from --peak_flops'
 else:
     peak, how = measure_peak_flops(device, dtype)
+compare_peak = (peak_flops or measure_peak_flops(device, compare_dtype)[0]) if compare_dtype else None
 hardware = gpu or platform.processor() or platform.machine()
 print(f"{device} ({hardware}), dtype {dtype}, compile {compile}, torch {torch.__version__}, "
       f"{torch.get_num_threads()} threads, peak {peak / 1e12:.3g} TFLOP/s ({how}); batch {batch_size}x{block_size}, "
@@ -142,28 +147,32 @@ def sync():
         torch.mps.synchronize()
 
 
-def train_step_seconds(model):
-    """Median seconds of a full training step, on one fixed batch of random tokens (the same for every row)."""
-    model.train()
-    with contextlib.redirect_stdout(io.StringIO()):  # nanoGPT's prints its parameter groups
-        optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type)
-    scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
+def train_step_seconds(*runs):
+    """Median seconds of a full training step of each (model, dtype), on one fixed batch of random tokens (the
+    same for every row); several runs take their steps in turn, so a noisy machine slows them alike."""
     tokens = torch.randint(vocab_size, (batch_size, block_size + 1), generator=torch.Generator().manual_seed(seed))
     x, y = tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
-    times = []
+    steppers = []
+    for model, run_dtype in runs:
+        model.train()
+        with contextlib.redirect_stdout(io.StringIO()):  # nanoGPT's prints its parameter groups
+            optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type)
+        scaler = torch.amp.GradScaler(device_type, enabled=run_dtype == 'float16')
+        steppers.append((model, optimizer, scaler, autocast(device, run_dtype), []))
     for it in progress(range(warmup_iters + train_iters), warmup_iters + train_iters, 'training steps'):
-        sync()
-        t0 = time.perf_counter()
-        with ctx:
-            _, loss = model(x, y)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        sync()
-        if it >= warmup_iters:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for model, optimizer, scaler, run_ctx, times in steppers:
+            sync()
+            t0 = time.perf_counter()
+            with run_ctx:
+                _, loss = model(x, y)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            sync()
+            if it >= warmup_iters:
+                times.append(time.perf_counter() - t0)
+    return [statistics.median(times) for *_, times in steppers]
 
 
 def decode_tokens_per_second(model, ours=True, **use_cache):
@@ -198,12 +207,20 @@ def progress(iterable, total, what):
 
 
 def bench(name, model, accounting, ours=True):
-    """One row. accounting: our GPT of the same shape, for MFU and cache size (nanoGPT has no KV cache)."""
+    """One row (two with compare_dtype). accounting: our GPT of the same shape, for MFU and cache size (nanoGPT
+    has no KV cache)."""
     print(f"benchmarking {name} ...", file=sys.stderr, flush=True)
     model.to(device)
     if compile:
         torch._dynamo.reset()  # compile each row afresh: dynamo's per-function cache would fill and fall back
-    dt = train_step_seconds(torch.compile(model) if compile else model)
+    runs = [(model, dtype)] + ([(copy.deepcopy(model), compare_dtype)] if compare_dtype else [])
+    dt, *other = train_step_seconds(*[(torch.compile(m) if compile else m, d) for m, d in runs])
+    if other:  # the same steps in compare_dtype, taken in turn with these
+        rows.append({'variant': f'{name} ({compare_dtype})', 'params': None, 'active_params': None,
+                     'train_ms_per_iter': 1000 * other[0], 'train_tokens_per_s': batch_size * block_size / other[0],
+                     'mfu': accounting.estimate_mfu(batch_size, other[0], compare_peak),
+                     'decode_tokens_per_s_cached': None, 'decode_tokens_per_s_uncached': None,
+                     'cache_speedup': None, 'kv_bytes_per_token': None})
     if name == 'mla-rebuild':
         for block in model.transformer.h:
             block.attn.absorb = False
@@ -222,7 +239,8 @@ rows = []
 for name, cfg in configs:
     torch.manual_seed(seed)  # every variant starts from the same random state
     model = GPT(cfg)
-    rows.append(bench(name, model, model))
+    row = bench(name, model, model)
+    rows.insert(len(rows) - (1 if compare_dtype else 0), row)  # before its compare_dtype row
     del model
 if nanogpt is not None:
     torch.manual_seed(seed)
@@ -232,7 +250,8 @@ if nanogpt is not None:
     with torch.device('meta'):  # the same shape as ours, for the FLOP count only: no memory
         accounting = GPT(GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
                                    n_embd=n_embd, dropout=dropout, bias=bias))
-    rows.append(bench('nanoGPT', model, accounting, ours=False))
+    row = bench('nanoGPT', model, accounting, ours=False)
+    rows.insert(len(rows) - (1 if compare_dtype else 0), row)
 
 # ----------------------------------------------------------------------------- report
 COLUMNS = [('variant', 'variant', '{}'), ('params (M)', 'params', '{:.2f}', 1e-6),

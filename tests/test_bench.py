@@ -143,3 +143,19 @@ def test_nanogpt_dir_adds_a_row(tmp_path):
 def test_missing_nanogpt_dir_is_one_error_line(tmp_path):
     result = bench(f'--nanogpt_dir={tmp_path / "nope"}', cwd=REPO_ROOT)
     expect_one_error(result, 'nope', 'model.py')
+
+
+def test_compare_dtype_times_both_in_turn(tmp_path):
+    """bf16 autocast on the CPU, its steps taken in turn with fp32's, as an extra row."""
+    result = bench('--variants=vanilla,modern', '--compare_dtype=bfloat16', '--json=b.json', cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert list(table(result.stdout)) == ['vanilla', 'vanilla (bfloat16)', 'modern', 'modern (bfloat16)']
+    data = {r['variant']: r for r in json.loads((tmp_path / 'b.json').read_text())['rows']}
+    assert data['modern (bfloat16)']['train_ms_per_iter'] > 0 and data['modern (bfloat16)']['mfu'] > 0
+
+
+def test_compiled_training_is_timed(tmp_path):
+    result = subprocess.run([sys.executable, str(REPO_ROOT / 'bench.py'), *ARGS, '--variants=modern', '--compile=True'],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr
+    assert 'compile True' in result.stdout and float(table(result.stdout)['modern'][3]) > 0
