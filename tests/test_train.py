@@ -472,3 +472,29 @@ def test_compiled_training_matches_eager(workdir, run):
     for a, b in zip(eager, compiled):
         assert b['val_loss'] == pytest.approx(a['val_loss'], rel=1e-4) and b['train_loss'] == pytest.approx(
             a['train_loss'], rel=1e-4)
+
+
+def test_a_gpu_recipe_on_a_cpu_says_so_at_once(workdir):
+    """config/shakespeare_modern.py on a CPU: one line with the estimated time and the CPU recipe, before the
+    long first evaluation, which shows its progress."""
+    (workdir / 'config').mkdir()
+    for name in ('shakespeare_vanilla.py', 'shakespeare_modern.py', 'shakespeare_modern_cpu.py'):
+        (workdir / 'config' / name).write_text((REPO / 'config' / name).read_text())
+    proc = subprocess.Popen([sys.executable, str(REPO / 'train.py'), 'config/shakespeare_modern.py', '--dataset=tiny',
+                             '--device=cpu', '--out_dir=out'], cwd=workdir, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith('note:'):
+                break
+        assert lines and lines[-1].startswith('note: this run is sized for a GPU'), ''.join(lines)
+        assert ' h; the CPU recipe is config/shakespeare_modern_cpu.py' in lines[-1]
+        progress = ''
+        while 'evaluating' not in progress:  # tqdm's bar on stderr
+            progress += proc.stderr.read(64)
+            assert progress, 'no progress shown'
+    finally:
+        proc.kill()
+        proc.wait()
