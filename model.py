@@ -1,18 +1,18 @@
 """
 The whole model in one file: a GPT whose config switches, one flag at a time, each swap that turns a
-GPT-2 block into a LLaMA/Qwen-style block.
+GPT-2 block into a LLaMA/Qwen-style block, and the next ones the field uses.
 
     flag      vanilla        modern        classes (one dict per kind of part)
     norm      'layernorm' -> 'rms'         NORMS: LayerNorm, RMSNorm
-    mlp       'gelu'      -> 'swiglu'      MLPS: MLP, GatedMLP
-    n_kv_head None        -> n_head/2      CausalSelfAttention's K/V head count (ATTENTIONS)
-    pos       'learned'   -> 'rope'        POSITIONS: LearnedPositions, Rotary
+    mlp       'gelu'      -> 'swiglu'      MLPS: MLP, GatedMLP (and 'moe': MoE, Experts)
+    n_kv_head None        -> n_head/2      ATTENTIONS: CausalSelfAttention (and 'mla': LatentAttention)
+    pos       'learned'   -> 'rope'        POSITIONS: LearnedPositions, Rotary (rope_scaling: rope_frequencies)
     prenorm   True        -> False         Block.forward (post-norm as in 2017/BERT)
 
 GPTConfig is the one list of model flags: the scripts read it (each field is a setting, its comment the
-help text), and SWAPS says which values make the vanilla and the modern block. With every default the
-model is nanoGPT's GPT-2, parameter names included, so GPT-2 weights load. transformers is imported
-lazily, only to load or export Hugging Face checkpoints (the tables at the end of this file).
+help text), SWAPS says which values make the vanilla and the modern block, BEYOND_MODERN the next swaps.
+With every default the model is nanoGPT's GPT-2, parameter names included, so GPT-2 weights load.
+transformers is imported lazily, only to load or export Hugging Face checkpoints (HF_FAMILIES, at the end).
 """
 
 import inspect

@@ -10,6 +10,12 @@
 #   python ablate.py config/ablate_shakespeare_char.py --grid=default,kv --n_kv_heads=1,2,4
 #   python ablate.py config/ablate_shakespeare_char.py --grid=default,custom \
 #       --custom="{'rope_theta500': {'pos': 'rope', 'rope_theta': 500.0}}"
+# The next swaps, each in an out_dir of its own (the README's Results; 3 seeds, 2 for stability):
+#   python ablate.py config/ablate_shakespeare_char.py --grid=moe --seeds=3 --out_dir=out-ablate-moe
+#   python ablate.py config/ablate_shakespeare_char.py --grid=attention --seeds=3 --out_dir=out-ablate-attention
+#   python ablate.py config/ablate_shakespeare_char.py --grid=long_context --seeds=3 --out_dir=out-ablate-long \
+#       --extrapolation=plain,linear,dynamic,yarn,window
+#   python ablate.py config/ablate_shakespeare_char.py --grid=stability --seeds=2 --out_dir=out-ablate-stability
 # A quick smoke test of the whole pipeline: --train_args='--max_iters=20 --eval_interval=10' --out_dir=out-smoke
 out_dir = 'out-ablate-shakespeare-char'
 train_config = 'config/shakespeare_vanilla_cpu.py'
