@@ -3,6 +3,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 REPO_ROOT = str(Path(__file__).resolve().parents[1])
 if REPO_ROOT not in sys.path:
@@ -24,3 +25,13 @@ def make_char_dataset(root, name='tiny', text=TINY_TEXT, chars=None):
     ids[n:].tofile(d / 'val.bin')
     (d / 'meta.json').write_text(json.dumps({'kind': 'char', 'vocab_size': len(chars), 'chars': chars}))
     return d
+
+
+@pytest.fixture(scope='module')
+def single_thread():
+    """Tiny models run fastest on one thread, and intra-op threads spin badly when the CPUs are shared."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

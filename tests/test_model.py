@@ -22,13 +22,7 @@ N_EMBD = 32
 N_HEAD = 4
 
 
-@pytest.fixture(scope='module', autouse=True)
-def single_thread():
-    """Tiny models run fastest on one thread, and intra-op threads spin badly when the CPUs are shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures('single_thread')
 
 
 def tiny_config(**overrides):

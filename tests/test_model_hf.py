@@ -20,12 +20,7 @@ VOCAB, BLOCK = 96, 64
 PROMPT, NEW = 10, 30  # 40 positions: past every window and original length below, inside BLOCK
 
 
-@pytest.fixture(scope='module', autouse=True)
-def single_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures('single_thread')
 
 
 def randomized(hf, seed):
