@@ -196,6 +196,7 @@ def model_args(base):
 def build_grid(base):
     """{name: settings} in grid order; a settings set already present (e.g. mlp=gelu is vanilla) runs once."""
     variants, names_by_key = {}, {}
+    in_train_args = {a[2:].partition('=')[0] for a in shlex.split(train_args) if a.startswith('--')}
     for group in [g.strip() for g in grid.split(',') if g.strip()] or die("grid is empty"):
         for name, flags in group_members(group, base):
             name = re.sub(r'[^A-Za-z0-9._+=-]', '_', name).strip('.') or '_'  # a directory name
@@ -207,6 +208,9 @@ def build_grid(base):
                 continue
             if name in variants:
                 die(f"variant name {name!r} stands for two different flag sets")
+            both = sorted(in_train_args & set(flags))
+            if both:  # train_args come last and would win, under the variant's name
+                die(f"train_args set {', '.join(both)}, which variant {name!r} sets itself; leave it to the variants")
             variants[name], names_by_key[key] = flags, name
     return variants
 
@@ -294,7 +298,7 @@ def extrapolation_losses(path, cwd, methods):
         trained = checkpoint['model_args']
         config = checkpoint['config']
         data = np.memmap(os.path.join(cwd, 'data', config['dataset'], 'val.bin'), dtype=np.uint16, mode='r')
-        device = pick_device(config.get('device', 'auto'))
+        device = pick_device('auto')  # this machine's: the run's may have been another node's cuda:3
         for method, multiple in missing:
             T = multiple * trained['block_size']
             loss = None
@@ -327,28 +331,63 @@ def finished(path, cwd):
 # ----------------------------------------------------------------------------- claims: one trainer per run
 
 def claim(path):
-    """Claim a run for this process (a file beside its directory), or say who holds it. A claim whose owner
-    died (on this host), or stopped refreshing it (any host), is taken over."""
+    """Claim a run for this process (a file beside its directory, written whole before it appears), or say
+    who holds it. A claim whose owner died (on this host), or stopped refreshing it (any host), is taken over
+    by one process only: the first to rename it aside."""
     claim_path, me = path + '.claim', {'host': socket.gethostname(), 'pid': os.getpid()}
-    for _ in range(2):
-        try:
-            fd = os.open(claim_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            with os.fdopen(fd, 'w') as f:
-                json.dump(me, f)
-            return None
-        except FileExistsError:
+    mine = f'{claim_path}.{me["host"]}.{me["pid"]}'
+    with open(mine, 'w') as f:
+        json.dump(me, f)
+    try:
+        for _ in range(2):
+            try:
+                os.link(mine, claim_path)  # atomic: fails if a claim is there, never shows it half-written
+                return None
+            except FileExistsError:
+                pass
             try:
                 with open(claim_path) as f:
                     owner = json.load(f)
                 age = time.time() - os.path.getmtime(claim_path)
-            except (OSError, ValueError):
-                owner, age = {}, CLAIM_STALE_S + 1  # half-written by a crash
+            except (OSError, ValueError):  # gone meanwhile, or damaged: look again
+                owner, age = {}, CLAIM_STALE_S + 1
             alive = owner.get('host') == me['host'] and _alive(owner.get('pid'))
-            if owner.get('host') == me['host'] and not alive or age > CLAIM_STALE_S:
-                os.remove(claim_path)
-                continue
-            return f"{owner.get('host')}:{owner.get('pid')}"
-    return 'another process'
+            if not (owner.get('host') == me['host'] and not alive or age > CLAIM_STALE_S):
+                return f"{owner.get('host')}:{owner.get('pid')}"
+            try:  # stale: of all the processes that see it so, the one whose rename succeeds removes it
+                os.rename(claim_path, f'{mine}.stale')
+                os.remove(f'{mine}.stale')
+            except FileNotFoundError:
+                pass
+        return 'another process'
+    finally:
+        os.remove(mine)
+
+
+def trainer_inside(path):
+    """Whether a train.py holds the run directory's lock (an orphan of a process that died without taking its
+    runs with it, on a system where they do not die together)."""
+    import fcntl
+    try:
+        fd = os.open(os.path.join(path, '.lock'), os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def refresh(path):
+    """Tell other nodes this run's claim is alive (its mtime); False if it was taken over meanwhile."""
+    try:
+        os.utime(path + '.claim')
+        return True
+    except FileNotFoundError:
+        return False
 
 
 def _alive(pid):
@@ -539,7 +578,7 @@ def main():
     jobs = deque((name, flags, 1337 + s, run_path(out, name, flags, 1337 + s))
                  for name, flags in variants.items() for s in range(seeds))
     total, running, durations, failed, busy = len(jobs), {}, [], [], []
-    counter = 0
+    counter, last_refresh = 0, time.time()
     try:
         while jobs or running:
             while jobs and len(running) < parallel:
@@ -552,6 +591,9 @@ def main():
                     continue
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 holder = claim(path)
+                if not holder and trainer_inside(path):
+                    release(path)
+                    holder = 'a train.py still running there'
                 if holder:
                     print(f"{label} skipped (being trained by {holder})", flush=True)
                     busy.append(f'{name} seed {seed}')
@@ -574,9 +616,10 @@ def main():
                 eta = f", ETA {fmt_duration(statistics.mean(durations) * left / parallel)}" if left and durations else ''
                 print(f"{label} " + (f"FAILED {why}" if why else f"done in {fmt_duration(durations[-1])}") + eta,
                       flush=True)
-            for job, *_ in running.values():  # keep the claims fresh for other nodes
-                if time.time() - os.path.getmtime(job[3] + '.claim') > 60:
-                    os.utime(job[3] + '.claim')
+            if time.time() - last_refresh > 60:  # keep the claims fresh for other nodes
+                last_refresh = time.time()
+                for job, *_ in running.values():
+                    refresh(job[3])
     finally:
         for proc, (job, log, *_) in running.items():  # interrupted: stop the runs, keep what finished
             proc.terminate()

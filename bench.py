@@ -46,9 +46,9 @@ nanogpt_dir = ''
 batch_size = 12
 warmup_iters = 3  # untimed: compilation, allocator and cache warm-up
 train_iters = 10
-decode_tokens = 500
+decode_tokens = 200  # decoding steps timed (the prompt and they must fit in block_size: no context shift)
 decode_batch = 1
-decode_prompt = 1  # prompt tokens before the timed decoding (block_size must hold prompt + tokens)
+decode_prompt = 1  # prompt tokens before the timed decoding
 device = 'auto'
 dtype = 'auto'
 compare_dtype = ''  # e.g. 'bfloat16': training steps in this dtype too, taken in turn with dtype's (an extra row)
@@ -82,6 +82,9 @@ for name in ('batch_size', 'train_iters', 'decode_tokens', 'decode_batch', 'deco
         die(f"{name} must be at least 1, got {settings[name]}")
 if warmup_iters < 0:
     die(f"warmup_iters must be >= 0, got {warmup_iters}")
+if decode_prompt + decode_tokens > block_size:
+    die(f"decode_prompt + decode_tokens ({decode_prompt} + {decode_tokens}) must fit in block_size ({block_size}): "
+        f"past it the context shifts and re-prefills, which is not decoding speed")
 names = [v.strip() for v in variants.split(',') if v.strip()]
 unknown = [v for v in names if v not in VARIANTS]
 if unknown:

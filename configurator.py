@@ -89,6 +89,8 @@ def script_defaults(path):
         tree = ast.parse(f.read())
     defaults = {}
     for node in tree.body:
+        if 'configure(' in ast.unparse(node):  # what comes after the settings are read is not a setting
+            break
         if isinstance(node, ast.Expr) and 'model_flags(' in ast.unparse(node):
             defaults.update(model_flags())
         elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):

@@ -683,8 +683,10 @@ class GatedMLP(nn.Module):
 
 
 def _fused_grouped_mm(x):
-    """PyTorch's grouped matmul is a fused kernel on CUDA in bf16 (on the CPU a slower loop of its own)."""
-    return x.is_cuda and x.dtype == torch.bfloat16 and hasattr(F, 'grouped_mm')
+    """PyTorch's grouped matmul is a fused kernel on CUDA in bf16 (on the CPU a slower loop of its own): for
+    bf16 inputs, or under bf16 autocast (which does not cover it)."""
+    return x.is_cuda and hasattr(F, 'grouped_mm') and (x.dtype == torch.bfloat16 or (
+        torch.is_autocast_enabled('cuda') and torch.get_autocast_dtype('cuda') == torch.bfloat16))
 
 
 class Experts(nn.Module):
@@ -697,9 +699,13 @@ class Experts(nn.Module):
         self.c_fc = nn.Parameter(torch.randn(E, 2 * h, d) * 0.02)
         self.c_proj = nn.Parameter(torch.randn(E, d, h) * 0.02)  # GPT rescales it with the other c_proj
 
+    def per_expert(self):
+        """Parameters of one expert (from the shapes: a sharded stack needs no gathering)."""
+        return math.prod(self.c_fc.shape[1:]) + math.prod(self.c_proj.shape[1:])
+
     def token_flops(self, seq_len):
         """Forward + backward FLOPs per token: the k experts it goes to, not the others."""
-        return 6 * self.k * (self.c_fc[0].numel() + self.c_proj[0].numel())
+        return 6 * self.k * self.per_expert()
 
     def forward(self, x, experts, weights):
         """x (N, d); experts, weights (N, k): each token's sum of weight * expert(token), dropless.
@@ -709,10 +715,11 @@ class Experts(nn.Module):
         tokens = order // k
         counts = torch.bincount(experts.flatten(), minlength=self.c_fc.size(0))
         xs = x[tokens]
-        if _fused_grouped_mm(xs):  # one kernel for all experts
+        if _fused_grouped_mm(xs):  # one kernel for all experts, in bf16
             ends = counts.cumsum(0).to(torch.int32)
-            gate, up = F.grouped_mm(xs, self.c_fc.transpose(1, 2), offs=ends).chunk(2, dim=-1)
-            ys = F.grouped_mm(F.silu(gate) * up, self.c_proj.transpose(1, 2), offs=ends)
+            bf16 = torch.bfloat16
+            gate, up = F.grouped_mm(xs.to(bf16), self.c_fc.to(bf16).transpose(1, 2), offs=ends).chunk(2, dim=-1)
+            ys = F.grouped_mm(F.silu(gate) * up, self.c_proj.to(bf16).transpose(1, 2), offs=ends).to(xs.dtype)
         else:  # a loop over experts, not tokens
             ys, start = torch.empty_like(xs), 0
             for e, n in enumerate(counts.tolist()):
@@ -792,7 +799,7 @@ class MoE(nn.Module):
 
     def inactive_params(self):
         """Parameters of the experts a token does not go to."""
-        return (self.E - self.k) * (self.experts.c_fc[0].numel() + self.experts.c_proj[0].numel())
+        return (self.E - self.k) * self.experts.per_expert()
 
     @torch.no_grad()
     def balance(self, rate):
@@ -926,16 +933,6 @@ class GPT(nn.Module):
         if cache is not None:
             cache.advance(T)
         return self.transformer.ln_f(x)
-
-    def crop_block_size(self, block_size):
-        """Shrink the context window, e.g. to fine-tune GPT-2 (1024) at 256."""
-        if block_size > self.config.block_size:
-            raise ValueError(f"block_size can only shrink: {block_size} > {self.config.block_size}")
-        self.config.block_size = block_size
-        wpe = self.transformer.wpe
-        if isinstance(wpe, LearnedPositions):
-            wpe.weight = nn.Parameter(wpe.weight[:block_size])
-            wpe.num_embeddings = block_size
 
     # ------------------------------------------------------------------------- accounting
 
@@ -1456,11 +1453,11 @@ def hf_to_ours(hf_state, model, family):
 
 def ours_to_hf(model, hf_state, family):
     """A transformers state dict from ours, shaped like hf_state (the target model's own)."""
-    out = {}
+    out, ours = {}, model.state_dict()
     for name, hf_names, how in _rows(family, model.config):
-        if name not in model.state_dict():
+        if name not in ours:
             continue
-        tensor = model.state_dict()[name].detach().clone()
+        tensor = ours[name].detach().clone()
         tensor = _TRANSFORMS[how][1](tensor, model.config) if how else tensor
         parts = tensor.split([hf_state[h].size(0) for h in hf_names]) if len(hf_names) > 1 else (tensor,)
         out.update(zip(hf_names, parts))

@@ -117,8 +117,9 @@ with torch.no_grad(), autocast(device, dtype):
         for token in model.generate_stream(idx, max_new_tokens, temperature, top_k, top_p, use_cache, vocab_limit):
             pending.append(token.item())
             text = decode(pending)
-            # a character split across tokens decodes to a trailing U+FFFD until its last byte arrives
-            if not text.endswith('\ufffd'):
+            # a character split across tokens decodes to a trailing U+FFFD until its last byte arrives (at most
+            # 4 bytes: past that it is a lone byte that will not complete)
+            if not text.endswith('\ufffd') or len(pending) > 4:
                 sys.stdout.write(text)
                 sys.stdout.flush()
                 pending = []

@@ -135,9 +135,10 @@ ckpt_path = os.path.join(out_dir, 'ckpt.pt')
 log_path = os.path.join(out_dir, 'log.jsonl')
 if master:
     claim_out_dir(out_dir)  # held until the process ends
-    if init_from != 'resume' and not eval_only and (os.path.exists(ckpt_path) or os.path.exists(log_path)):
+    if init_from != 'resume' and (os.path.exists(ckpt_path) or os.path.exists(log_path)):
         die(f"out_dir '{out_dir}' already holds a run ({'ckpt.pt' if os.path.exists(ckpt_path) else 'log.jsonl'}); "
-            f"continue it with --init_from=resume, or start over with another out_dir (or delete this one)")
+            f"continue (or evaluate) it with --init_from=resume, or start over with another out_dir (or delete "
+            f"this one)")
     for stale in ('diverged.json',):  # what the last run said when it stopped
         if os.path.exists(os.path.join(out_dir, stale)) and not eval_only:
             os.remove(os.path.join(out_dir, stale))
@@ -227,12 +228,16 @@ except Exception as e:
     die(f"out of memory building the model on {device}: lower n_layer, n_embd or block_size ({type(e).__name__})",
         code=1)
 vocab_limit = model.config.vocab_size
+for split in ('train', 'val'):
+    tokens = os.path.getsize(os.path.join(data_dir, f'{split}.bin')) // 2
+    if tokens <= model.config.block_size:
+        die(f"'{data_dir}/{split}.bin' holds {tokens} tokens, too few for block_size {model.config.block_size}")
 trained_args = trained_args or asdict(model.config)
 for k in MODEL_FLAGS:  # what was really built is what gets logged and saved
     settings[k] = getattr(model.config, k)
 block_size = model.config.block_size
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
-if master and init_from == 'resume':
+if master and init_from == 'resume' and not eval_only:
     repair_log(log_path, last_iter=iter_num)  # records a crash left past the checkpoint: this run logs them again
 elif master:
     repair_log(log_path)
@@ -498,8 +503,8 @@ try:
         optimizer.zero_grad(set_to_none=True)
         if raw_model.moe_layers():  # sigmoid routers' balancing bias follows this step's load, alike on every rank
             if distributed:
-                for counter in raw_model.moe_counters():
-                    dist.all_reduce(counter)
+                for m in raw_model.moe_layers():
+                    dist.all_reduce(m.load)
             raw_model.balance_experts()
         iter_num += 1
 

@@ -159,7 +159,8 @@ def test_failed_run_is_reported_and_the_others_finish(tmp_path):
     (['--grid=custom', "--custom={'a': {'posn': 'rope'}}"], "unknown flag(s) 'posn'"),
     (['--grid=default,nope'], "unknown grid group 'nope'"),
     (['--grid=kv'], 'n_kv_heads'),
-], ids=['literal', 'flag', 'group', 'kv'])
+    (['--grid=stability', '--train_args=--learning_rate=1e-3'], 'train_args set learning_rate'),
+], ids=['literal', 'flag', 'group', 'kv', 'train_args'])
 def test_bad_settings_are_one_line_errors(tmp_path, args, fragment, monkeypatch, capsys):
     code, err = ablate_here(make_workdir(tmp_path), tmp_path / 'out', *args, monkeypatch=monkeypatch, capsys=capsys)
     lines = err.strip().splitlines()
@@ -277,3 +278,23 @@ def test_killing_ablate_stops_its_run_and_a_claimed_run_is_left_alone(tmp_path):
     assert result.returncode == 0, result.stderr
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r['iter'] for r in records] == [0, 2, 4]  # one run's log, not two trainers' mixed
+
+
+def test_claims_are_whole_and_stale_ones_are_taken_over(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, 'argv', ['ablate.py'])
+    monkeypatch.syspath_prepend(str(REPO))
+    sys.modules.pop('ablate', None)
+    ablate_module = importlib.import_module('ablate')
+    sys.modules.pop('ablate', None)
+    run = str(tmp_path / 'seed1337')
+    assert ablate_module.claim(run) is None  # ours now
+    owner = json.loads((tmp_path / 'seed1337.claim').read_text())
+    assert owner['pid'] == os.getpid()
+    assert ablate_module.claim(run) == f"{owner['host']}:{os.getpid()}"  # held by a live process
+    (tmp_path / 'seed1337.claim').write_text(json.dumps({'host': owner['host'], 'pid': 2 ** 22 + 12345}))
+    assert ablate_module.claim(run) is None  # its owner on this host is dead
+    (tmp_path / 'seed1337.claim').write_text(json.dumps({'host': 'elsewhere', 'pid': 1}))
+    assert ablate_module.claim(run) == 'elsewhere:1'  # another node, refreshing it
+    os.utime(tmp_path / 'seed1337.claim', (0, 0))
+    assert ablate_module.claim(run) is None  # another node that stopped refreshing it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['seed1337.claim']  # nothing else left beside it

@@ -13,7 +13,7 @@ from model import GPT, GPTConfig  # noqa: E402
 
 TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=65, bias=False)
 ARGS = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16', '--bias=False', '--batch_size=2',
-        '--train_iters=2', '--warmup_iters=1', '--decode_tokens=20', '--device=cpu', '--peak_flops=1e9']
+        '--train_iters=2', '--warmup_iters=1', '--decode_tokens=10', '--device=cpu', '--peak_flops=1e9']
 HEADER = ['variant', 'params (M)', 'active (M)', 'train ms/iter', 'train tok/s', 'MFU %', 'decode tok/s cached',
           'decode tok/s uncached', 'speedup', 'KV bytes/token']
 

@@ -85,15 +85,21 @@ def test_cached_sampling_on_cuda_equals_uncached(flags):
     assert torch.equal(cached, uncached)
 
 
-def test_moe_grouped_matmul_kernel_equals_the_loop(monkeypatch):
+@pytest.mark.parametrize('autocast', [True, False], ids=['fp32-weights-under-bf16-autocast', 'bf16-weights'])
+def test_moe_grouped_matmul_kernel_equals_the_loop(monkeypatch, autocast):
+    """As training runs it (fp32 weights, bf16 autocast), and with bf16 weights."""
     torch.manual_seed(0)
     cfg = GPTConfig(block_size=32, vocab_size=64, n_layer=1, n_head=4, n_embd=64, mlp='moe', n_expert=8)
-    layer = M.MoE(cfg).cuda().to(torch.bfloat16)
-    x = torch.randn(4, 32, 64, device='cuda', dtype=torch.bfloat16)
-    assert M._fused_grouped_mm(x)
-    fused = layer(x)
-    monkeypatch.setattr(M, '_fused_grouped_mm', lambda _: False)
-    torch.testing.assert_close(fused.float(), layer(x).float(), atol=2e-2, rtol=2e-2)
+    layer = M.MoE(cfg).cuda()
+    x = torch.randn(4, 32, 64, device='cuda')
+    if not autocast:
+        layer, x = layer.to(torch.bfloat16), x.to(torch.bfloat16)
+    with torch.autocast('cuda', dtype=torch.bfloat16, enabled=autocast):
+        assert M._fused_grouped_mm(x)
+        fused = layer(x)
+        monkeypatch.setattr(M, '_fused_grouped_mm', lambda _: False)
+        looped = layer(x)
+    torch.testing.assert_close(fused.float(), looped.float(), atol=2e-2, rtol=2e-2)
 
 
 def test_fsdp_on_one_process_with_nccl(tmp_path):

@@ -239,6 +239,7 @@ def test_init_from_local_hf_gpt2(workdir, run):
     (['--attn=mla', '--n_kv_head=2'], ['n_kv_head', 'cannot apply']),
     (['--sliding_window=0'], ['sliding_window']),
     (['--rope_scaling=yarn'], ['rope_scaling', "pos='rope'"]),
+    (['--block_size=2000'], ['val.bin', 'too few for block_size 2000']),
 ])
 def test_user_mistakes_are_one_line(workdir, args, fragments, monkeypatch, capsys):
     code, _, err = train_here(workdir, '--max_iters=1', *args, monkeypatch=monkeypatch, capsys=capsys)
@@ -327,6 +328,21 @@ def test_a_scratch_run_over_a_trained_out_dir_is_refused(workdir, monkeypatch, c
                               monkeypatch=monkeypatch, capsys=capsys)
     one_line_error(code, err, "out_dir 'out' already holds a run", '--init_from=resume', 'another out_dir')
     assert (workdir / 'out' / 'ckpt.pt').read_bytes() == before
+    code, _, err = train_here(workdir, '--eval_only=True', '--out_dir=out', monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err, "already holds a run")  # a fresh model's loss would enter the trained run's log
+
+
+def test_an_evaluation_keeps_the_records_past_the_checkpoint(workdir, monkeypatch, capsys):
+    """With always_save_checkpoint=False the checkpoint may be older than the last records: evaluating it
+    (eval_only) must not take them for a crash's leftovers."""
+    assert train_here(workdir, '--max_iters=4', '--eval_interval=2', '--out_dir=out', monkeypatch=monkeypatch,
+                      capsys=capsys)[0] == 0
+    with open(workdir / 'out' / 'log.jsonl', 'a') as f:
+        f.write(json.dumps({'iter': 6, 'train_loss': 2.0, 'val_loss': 2.5}) + '\n')
+    assert train_here(workdir, '--out_dir=out', '--init_from=resume', '--eval_only=True', monkeypatch=monkeypatch,
+                      capsys=capsys)[0] == 0
+    records = log_records(workdir / 'out')
+    assert [r['iter'] for r in records] == [0, 2, 4, 6, 4] and records[-1]['eval_only']
 
 
 def test_the_log_reads_as_one_run_after_a_crash(workdir, monkeypatch, capsys):
