@@ -49,7 +49,7 @@ def test_compiled_training_matches_eager(tmp_path):
     for compile in (False, True):
         train(tmp_path, *MODERN, '--dtype=float32', f'--compile={compile}', f'--out_dir=out{int(compile)}')
     eager, compiled = val_losses(tmp_path / 'out0'), val_losses(tmp_path / 'out1')
-    assert compiled == pytest.approx(eager, rel=1e-3)
+    assert compiled == pytest.approx(eager, rel=5e-3)  # TF32 matmuls in both, fused differently
 
 
 def test_fused_adamw_on_cuda():
