@@ -618,8 +618,11 @@ def explicit_attend(q, k, v, mask, dropout_p=0.0, scale=None):
     k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
     v = v.repeat_interleave(q.size(1) // v.size(1), dim=1)
     scores = q @ k.transpose(-2, -1) * (q.size(-1) ** -0.5 if scale is None else scale)
-    if mask is None:  # causal, the queries being the last positions
-        mask = torch.ones(q.size(2), k.size(2), dtype=torch.bool).tril(diagonal=k.size(2) - q.size(2))
+    if mask is None:
+        mask = q.size(2) > 1
+    if isinstance(mask, bool):  # True: causal, the queries being the last positions; False: sees everything
+        full = torch.ones(q.size(2), k.size(2), dtype=torch.bool)
+        mask = full.tril(diagonal=k.size(2) - q.size(2)) if mask else full
     return scores.masked_fill(~mask, float('-inf')).softmax(dim=-1) @ v
 
 
@@ -970,7 +973,8 @@ def test_moe_routes_like_the_reference(router, norm_topk, groups, topk_group, sc
 
 def test_moe_fused_grouped_matmul_equals_the_loop(monkeypatch):
     """The fused path (CUDA) and the loop (elsewhere) compute the same outputs and gradients; torch runs its
-    grouped matmul on the CPU too, so both are checked here."""
+    grouped matmul on the CPU too, so both are checked here. The fused path computes in bf16 (8 bits of
+    mantissa), so they agree to 2% of each tensor's scale; a token sent to the wrong expert is off by ~100%."""
     layer = moe()
     x = torch.randn(3, 5, N_EMBD, generator=torch.Generator().manual_seed(62))
     results = []
@@ -980,8 +984,8 @@ def test_moe_fused_grouped_matmul_equals_the_loop(monkeypatch):
         y = layer(x)
         (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
         results.append((y.detach(), layer.experts.c_fc.grad.clone(), layer.experts.c_proj.grad.clone()))
-    for a, b in zip(*results):
-        assert_close(a, b, atol=1e-5)
+    for loop, fused in zip(*results):
+        assert_close(fused, loop, atol=0.02 * loop.abs().max().item())
 
 
 def test_active_parameters_are_what_one_token_touches():
