@@ -470,8 +470,9 @@ try:
                                                 val_loss=losses['val'], config=dict(settings), rng=rng,
                                                 elapsed_s=record['elapsed_s'])
                     checkpoint['model'] = weights
-                    save_checkpoint(checkpoint, ckpt_path)
-                    checkpoint, last_saved = None, (iter_num, losses['val'])
+                    with critical():  # an interrupt during the write stops us once last_saved names it
+                        save_checkpoint(checkpoint, ckpt_path)
+                        checkpoint, last_saved = None, (iter_num, losses['val'])
                     print(f"saved checkpoint to {ckpt_path}")
                 if wandb_log:
                     wandb.log({**flat_record(record), 'mfu': running_mfu * 100})

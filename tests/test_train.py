@@ -426,6 +426,24 @@ def test_an_interrupt_during_a_checkpoint_write_waits_for_it(tmp_path, monkeypat
     assert common.load_checkpoint(path)['iter_num'] == 3  # written whole before the interrupt took effect
 
 
+def test_an_interrupt_during_a_save_names_the_checkpoint_just_written(workdir, monkeypatch, capsys):
+    """Ctrl-C while iter 10's checkpoint is written: that write ends whole and the one line names iter 10."""
+    real_save, saves = common.save_checkpoint, []
+
+    def save_then_ctrl_c(checkpoint, path):
+        with common.critical():
+            real_save(checkpoint, path)
+            saves.append(checkpoint['iter_num'])
+            if len(saves) == 2:
+                common._on_signal(signal.SIGINT, None)  # as the handler does when the signal comes mid-write
+    monkeypatch.setattr(common, 'save_checkpoint', save_then_ctrl_c)
+    code, _, err = train_here(workdir, '--max_iters=100', '--eval_interval=5', '--out_dir=out',
+                              monkeypatch=monkeypatch, capsys=capsys)
+    line = one_line_error(code, err, 'interrupted at iter 10', "'out/ckpt.pt' (iter 10,")
+    assert code == 130 and saves == [5, 10], line
+    assert common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))['iter_num'] == 10
+
+
 def test_eval_only_at_a_longer_context_with_rope_scaling(workdir, run):
     """A trained RoPE checkpoint evaluated at 4x its block_size with YaRN: the runtime flags are this run's,
     the result is appended to log.jsonl saying how it was made, and the checkpoint is untouched."""
