@@ -136,7 +136,7 @@ else:
 compare_peak = (peak_flops or measure_peak_flops(device, compare_dtype)[0]) if compare_dtype else None
 hardware = gpu or platform.processor() or platform.machine()
 print(f"{device} ({hardware}), dtype {dtype}, compile {compile}, torch {torch.__version__}, "
-      f"{torch.get_num_threads()} threads, peak {peak / 1e12:.3g} TFLOP/s ({how}); batch {batch_size}x{block_size}, "
+      f"{torch.get_num_threads()} threads; batch {batch_size}x{block_size}, "
       f"median of {train_iters} steps after {warmup_iters}, decode {decode_batch}x{decode_tokens} tokens after a "
       f"{decode_prompt}-token prompt", flush=True)
 
@@ -256,7 +256,22 @@ if nanogpt is not None:
     row = bench('nanoGPT', model, accounting, ours=False)
     rows.insert(len(rows) - (1 if compare_dtype else 0), row)
 
+# a measured peak is the best of a matmul before and after the runs: one slowed for a moment by another job would
+# put MFU over 100%
+if how.startswith('measured'):
+    again = measure_peak_flops(device, dtype)[0]
+    compare_again = measure_peak_flops(device, compare_dtype)[0] if compare_dtype else None
+    for row in rows:
+        compared = compare_dtype and row['variant'].endswith(f'({compare_dtype})')
+        before, after = (compare_peak, compare_again) if compared else (peak, again)
+        if row['mfu'] and after > before:
+            row['mfu'] *= before / after
+    peak, how = max(peak, again), how + ', the best of before and after the runs'
+    compare_peak = max(compare_peak, compare_again) if compare_dtype else None
+
 # ----------------------------------------------------------------------------- report
+print(f"peak {peak / 1e12:.3g} TFLOP/s ({how})" + (f"; {compare_dtype} {compare_peak / 1e12:.3g} TFLOP/s"
+                                                   if compare_dtype else ''))
 COLUMNS = [('variant', 'variant', '{}'), ('params (M)', 'params', '{:.2f}', 1e-6),
            ('active (M)', 'active_params', '{:.2f}', 1e-6),
            ('train ms/iter', 'train_ms_per_iter', '{:.1f}'), ('train tok/s', 'train_tokens_per_s', '{:,.0f}'),
