@@ -268,6 +268,13 @@ if how.startswith('measured'):
             row['mfu'] *= before / after
     peak, how = max(peak, again), how + ', the best of before and after the runs'
     compare_peak = max(compare_peak, compare_again) if compare_dtype else None
+    # a square matmul can be slower than the model's own shapes (bf16 on a CPU without bf16 units): no peak
+    beyond = [row['variant'] for row in rows if row['mfu'] and row['mfu'] > 1]
+    for row in rows:
+        if row['variant'] in beyond:
+            row['mfu'] = None
+    if beyond:
+        how += f"; MFU not shown for {', '.join(beyond)}: it ran faster than the measured matmul, so that is no peak"
 
 # ----------------------------------------------------------------------------- report
 print(f"peak {peak / 1e12:.3g} TFLOP/s ({how})" + (f"; {compare_dtype} {compare_peak / 1e12:.3g} TFLOP/s"

@@ -76,22 +76,36 @@ def test_json_figures(run):
         assert rows[name]['params'] == GPT(GPTConfig(**TINY, **swap)).get_num_params()
 
 
-def test_a_measured_peak_is_the_best_of_before_and_after(tmp_path, monkeypatch, capsys):
-    """A matmul measured slow at the start (another job ran then) does not put MFU over 100%: bench measures
-    the peak again after the runs and rescales MFU by the better one. In-process, with a fake measurement."""
+def measured_bench(tmp_path, monkeypatch, capsys, peaks):
+    """bench.py in this process, one variant, its matmul 'measured' at the given FLOP/s in turn: (stdout, json)."""
     import runpy
     import common
-    peaks = iter([1e6, 4e6])  # FLOP/s before the runs, after them
+    peaks = iter(peaks)
     monkeypatch.setattr(common, 'peak_flops', lambda device, dtype='float32': (next(peaks), 'measured fake'))
     args = [a for a in ARGS if not a.startswith('--peak_flops')]
     monkeypatch.setattr(sys, 'argv', ['bench.py', *args, '--variants=vanilla', f'--json={tmp_path / "b.json"}'])
     runpy.run_path(str(REPO_ROOT / 'bench.py'), run_name='__main__')
-    assert 'peak 4e-06 TFLOP/s (measured fake, the best of before and after the runs)' in capsys.readouterr().out
-    data = json.loads((tmp_path / 'b.json').read_text())
+    return capsys.readouterr().out, json.loads((tmp_path / 'b.json').read_text())
+
+
+def test_a_measured_peak_is_the_best_of_before_and_after(tmp_path, monkeypatch, capsys):
+    """A matmul measured slow at the start (another job ran then) does not put MFU over 100%: bench measures
+    the peak again after the runs and rescales MFU by the better one."""
+    out, data = measured_bench(tmp_path, monkeypatch, capsys, [1e12, 4e12])
+    assert 'peak 4 TFLOP/s (measured fake, the best of before and after the runs)' in out
     row = data['rows'][0]
-    flops = GPT(GPTConfig(**TINY)).flops_per_token(TINY['block_size']) * 2 * TINY['block_size']
-    assert data['peak_flops'] == 4e6
-    assert row['mfu'] == pytest.approx(flops / (row['train_ms_per_iter'] / 1000) / 4e6)
+    flops = GPT(GPTConfig(**TINY)).flops_per_token(TINY['block_size']) * 2 * TINY['block_size']  # batch 2
+    assert data['peak_flops'] == 4e12
+    assert row['mfu'] == pytest.approx(flops / (row['train_ms_per_iter'] / 1000) / 4e12)
+
+
+def test_no_mfu_against_a_matmul_slower_than_the_model(tmp_path, monkeypatch, capsys):
+    """bf16 on a CPU without bf16 units: the model's own shapes run faster than the square matmul, which is then
+    no peak; MFU is left out, and the line says why, instead of showing over 100%."""
+    out, data = measured_bench(tmp_path, monkeypatch, capsys, [1e3, 1e3])
+    assert data['rows'][0]['mfu'] is None
+    assert 'MFU not shown for vanilla: it ran faster than the measured matmul' in out
+    assert table(out)['vanilla'][HEADER.index('MFU %')] == '-'
 
 
 def test_unknown_variant_is_one_error_line():
