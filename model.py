@@ -535,10 +535,12 @@ class LatentAttention(nn.Module):
     def _absorbed(self, q_nope, q_rope, latent, k_rope):
         """q.k = (q_nope W_uk) . latent + q_rope . k_rope, and att.v = (att . latent) W_uv^T."""
         w = self.kv_b.weight.view(self.n_head, self.nope + self.v, self.latent)
-        q_latent = q_nope @ w[:, :self.nope]  # (B, H, T, latent)
-        y = attend(torch.cat((q_latent, q_rope), dim=-1), torch.cat((latent, k_rope), dim=-1), latent, False,
-                   scale=self.scale)
-        return y @ w[:, self.nope:].transpose(1, 2)  # (B, H, T, v)
+        q_latent = q_nope @ w[:, :self.nope]  # (B, H, 1, latent)
+        # one query per head at the same position: the heads become the queries of one shared "head", so the
+        # cache is read once, not repeated per head
+        q = torch.cat((q_latent, q_rope), dim=-1).transpose(1, 2)  # (B, 1, H, latent + rope)
+        y = attend(q, torch.cat((latent, k_rope), dim=-1), latent, False, scale=self.scale).transpose(1, 2)
+        return y @ w[:, self.nope:].transpose(1, 2)  # (B, H, 1, v)
 
 
 ATTENTIONS = {'mha': CausalSelfAttention, 'mla': LatentAttention}
