@@ -500,7 +500,7 @@ class LatentAttention(nn.Module):
 
     def cache_entries(self):
         """What the KV cache keeps per past token: the latent and the shared rotated key, for all heads."""
-        return {'latent': (1, self.latent), **({'k_rope': (1, self.rope)} if self.rope else {})}
+        return {'latent': (1, self.latent + self.rope)}  # [latent | rotated key], as decoding reads them
 
     def token_flops(self, keys):
         """Forward + backward FLOPs per token of q.k and att.v over `keys` rebuilt keys (training's form)."""
@@ -517,14 +517,13 @@ class LatentAttention(nn.Module):
         k_rope = k_rope.unsqueeze(1)
         if rope is not None:
             q_rope, k_rope = apply_rope(q_rope, *rope), apply_rope(k_rope, *rope)
-        if cache is not None and self.rope:
-            latent, k_rope = cache.update(latent=latent, k_rope=k_rope)
-        elif cache is not None:  # learned positions: no rotated part to keep
-            latent, = cache.update(latent=latent)
-            k_rope = latent[..., :0]
+        keys = torch.cat((latent, k_rope), dim=-1)  # what the cache keeps of each token
+        if cache is not None:
+            keys, = cache.update(latent=keys)
         if cache is not None and T == 1 and self.absorb:
-            y = self._absorbed(q_nope, q_rope, latent, k_rope)
+            y = self._absorbed(q_nope, q_rope, keys)
         else:
+            latent, k_rope = keys.split([self.latent, self.rope], dim=-1)
             kv = self.kv_b(latent.squeeze(1)).view(B, -1, H, self.nope + self.v).transpose(1, 2)
             k_nope, v = kv.split([self.nope, self.v], dim=-1)
             k = torch.cat((k_nope, k_rope.expand(-1, H, -1, -1)), dim=-1)
@@ -532,14 +531,15 @@ class LatentAttention(nn.Module):
                        self.scale)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, H * self.v)))
 
-    def _absorbed(self, q_nope, q_rope, latent, k_rope):
-        """q.k = (q_nope W_uk) . latent + q_rope . k_rope, and att.v = (att . latent) W_uv^T."""
+    def _absorbed(self, q_nope, q_rope, keys):
+        """q.k = (q_nope W_uk) . latent + q_rope . k_rope, and att.v = (att . latent) W_uv^T; keys: the cached
+        [latent | k_rope] of every past token."""
         w = self.kv_b.weight.view(self.n_head, self.nope + self.v, self.latent)
         q_latent = q_nope @ w[:, :self.nope]  # (B, H, 1, latent)
         # one query per head at the same position: the heads become the queries of one shared "head", so the
         # cache is read once, not repeated per head
         q = torch.cat((q_latent, q_rope), dim=-1).transpose(1, 2)  # (B, 1, H, latent + rope)
-        y = attend(q, torch.cat((latent, k_rope), dim=-1), latent, False, scale=self.scale).transpose(1, 2)
+        y = attend(q, keys, keys[..., :self.latent], False, scale=self.scale).transpose(1, 2)
         return y @ w[:, self.nope:].transpose(1, 2)  # (B, H, 1, v)
 
 
