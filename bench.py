@@ -210,40 +210,39 @@ def progress(iterable, total, what):
 
 
 def bench(name, model, accounting, ours=True):
-    """One row (two with compare_dtype). accounting: our GPT of the same shape, for MFU and cache size (nanoGPT
-    has no KV cache)."""
+    """The variant's rows (a second with compare_dtype). accounting: our GPT of the same shape, for MFU and cache
+    size (nanoGPT has no KV cache). 'mfu' holds the achieved FLOP/s until the peaks are known (below)."""
     print(f"benchmarking {name} ...", file=sys.stderr, flush=True)
     model.to(device)
     if compile:
         torch._dynamo.reset()  # compile each row afresh: dynamo's per-function cache would fill and fall back
     runs = [(model, dtype)] + ([(copy.deepcopy(model), compare_dtype)] if compare_dtype else [])
     dt, *other = train_step_seconds(*[(torch.compile(m) if compile else m, d) for m, d in runs])
-    if other:  # the same steps in compare_dtype, taken in turn with these
-        rows.append({'variant': f'{name} ({compare_dtype})', 'params': None, 'active_params': None,
-                     'train_ms_per_iter': 1000 * other[0], 'train_tokens_per_s': batch_size * block_size / other[0],
-                     'mfu': accounting.estimate_mfu(batch_size, other[0], compare_peak),
-                     'decode_tokens_per_s_cached': None, 'decode_tokens_per_s_uncached': None,
-                     'cache_speedup': None, 'kv_bytes_per_token': None})
+    compared = [{'variant': f'{name} ({compare_dtype})', 'params': None, 'active_params': None,
+                 'train_ms_per_iter': 1000 * t, 'train_tokens_per_s': batch_size * block_size / t,
+                 'mfu': accounting.estimate_mfu(batch_size, t, 1.0), 'decode_tokens_per_s_cached': None,
+                 'decode_tokens_per_s_uncached': None, 'cache_speedup': None, 'kv_bytes_per_token': None}
+                for t in other]  # the same steps in compare_dtype, taken in turn with these
     if name == 'mla-rebuild':
         for block in model.transformer.h:
             block.attn.absorb = False
     cached = decode_tokens_per_second(model, use_cache=True) if ours else None
     uncached = decode_tokens_per_second(model, ours, **({'use_cache': False} if ours else {}))
-    return {'variant': name, 'params': sum(p.numel() for p in model.parameters()),
-            'active_params': accounting.get_num_params(active=True),
-            'train_ms_per_iter': 1000 * dt, 'train_tokens_per_s': batch_size * block_size / dt,
-            'mfu': accounting.estimate_mfu(batch_size, dt, peak),
-            'decode_tokens_per_s_cached': cached, 'decode_tokens_per_s_uncached': uncached,
-            'cache_speedup': cached / uncached if ours else None,
-            'kv_bytes_per_token': accounting.kv_cache_bytes(1, block_size, cache_dtype) // block_size if ours else None}
+    row = {'variant': name, 'params': sum(p.numel() for p in model.parameters()),
+           'active_params': accounting.get_num_params(active=True),
+           'train_ms_per_iter': 1000 * dt, 'train_tokens_per_s': batch_size * block_size / dt,
+           'mfu': accounting.estimate_mfu(batch_size, dt, 1.0),
+           'decode_tokens_per_s_cached': cached, 'decode_tokens_per_s_uncached': uncached,
+           'cache_speedup': cached / uncached if ours else None,
+           'kv_bytes_per_token': accounting.kv_cache_bytes(1, block_size, cache_dtype) // block_size if ours else None}
+    return [row] + compared
 
 
 rows = []
 for name, cfg in configs:
     torch.manual_seed(seed)  # every variant starts from the same random state
     model = GPT(cfg)
-    row = bench(name, model, model)
-    rows.insert(len(rows) - (1 if compare_dtype else 0), row)  # before its compare_dtype row
+    rows += bench(name, model, model)
     del model
 if nanogpt is not None:
     torch.manual_seed(seed)
@@ -253,28 +252,23 @@ if nanogpt is not None:
     with torch.device('meta'):  # the same shape as ours, for the FLOP count only: no memory
         accounting = GPT(GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
                                    n_embd=n_embd, dropout=dropout, bias=bias))
-    row = bench('nanoGPT', model, accounting, ours=False)
-    rows.insert(len(rows) - (1 if compare_dtype else 0), row)
+    rows += bench('nanoGPT', model, accounting, ours=False)
 
 # a measured peak is the best of a matmul before and after the runs: one slowed for a moment by another job would
 # put MFU over 100%
-if how.startswith('measured'):
-    again = measure_peak_flops(device, dtype)[0]
-    compare_again = measure_peak_flops(device, compare_dtype)[0] if compare_dtype else None
-    for row in rows:
-        compared = compare_dtype and row['variant'].endswith(f'({compare_dtype})')
-        before, after = (compare_peak, compare_again) if compared else (peak, again)
-        if row['mfu'] and after > before:
-            row['mfu'] *= before / after
-    peak, how = max(peak, again), how + ', the best of before and after the runs'
-    compare_peak = max(compare_peak, compare_again) if compare_dtype else None
-    # a square matmul can be slower than the model's own shapes (bf16 on a CPU without bf16 units): no peak
-    beyond = [row['variant'] for row in rows if row['mfu'] and row['mfu'] > 1]
-    for row in rows:
-        if row['variant'] in beyond:
-            row['mfu'] = None
-    if beyond:
-        how += f"; MFU not shown for {', '.join(beyond)}: it ran faster than the measured matmul, so that is no peak"
+measured = how.startswith('measured')
+if measured:
+    peak = max(peak, measure_peak_flops(device, dtype)[0])
+    compare_peak = max(compare_peak, measure_peak_flops(device, compare_dtype)[0]) if compare_dtype else None
+    how += ', the best of before and after the runs'
+beyond = []
+for row in rows:
+    row['mfu'] /= compare_peak if compare_dtype and row['variant'].endswith(f'({compare_dtype})') else peak
+    if measured and row['mfu'] > 1:  # a square matmul slower than the model's shapes (bf16 on a CPU without
+        beyond.append(row['variant'])  # bf16 units) is no peak
+        row['mfu'] = None
+if beyond:
+    how += f"; MFU not shown for {', '.join(beyond)}: it ran faster than the measured matmul, so that is no peak"
 
 # ----------------------------------------------------------------------------- report
 print(f"peak {peak / 1e12:.3g} TFLOP/s ({how})" + (f"; {compare_dtype} {compare_peak / 1e12:.3g} TFLOP/s"
