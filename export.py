@@ -3,7 +3,7 @@ Export a trained checkpoint as a Hugging Face transformers model:
 
     python export.py --out_dir=out-shakespeare-modern --hf_dir=hf-shakespeare-modern
 
-The model goes to the first family of model.HF_FAMILIES that can carry every one of its flags (GPT-2's
+The model goes to the first family of hf.HF_FAMILIES that can carry every one of its flags (GPT-2's
 block becomes GPT2LMHeadModel, the modern block LlamaForCausalLM, ...). A flag no family can carry is
 refused with one line naming it, and nothing is written. The run's tokenizer goes with it (a character
 vocabulary, GPT-2's BPE, or the pretrained model's), so sample.py --init_from=hf_dir and transformers read
@@ -18,7 +18,7 @@ import sys
 
 def hf_family(config):
     """The family that represents config, or ValueError naming the flags that keep it out of each."""
-    from model import HF_FAMILIES
+    from hf import HF_FAMILIES
     blocked = {}
     for name, family in HF_FAMILIES.items():
         flags = family.blocking(config)
@@ -36,7 +36,7 @@ def to_hf(model, bos_token_id=None, eos_token_id=None):
     the tokenizer's (by default GPT-2's <|endoftext|> where the vocabulary has it, else none)."""
     import transformers
 
-    from model import ours_to_hf
+    from hf import ours_to_hf
     config = model.config
     family = hf_family(config)
     hf_class = getattr(transformers, family.hf_class)

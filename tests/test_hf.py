@@ -1,4 +1,4 @@
-"""The Hugging Face families of model.py, both ways: tiny random checkpoints built here and saved locally load
+"""The Hugging Face families of hf.py, both ways: tiny random checkpoints built here and saved locally load
 with logits equal to transformers' (fp32, 1e-4), greedy decoding token-identical to transformers' generate, and
 export back to the same class. Each family's shapes exercise its features (a window shorter than the test
 sequence, an original RoPE length shorter than it, head_dim different from n_embd / n_head)."""
@@ -12,6 +12,7 @@ import torch  # noqa: E402
 
 transformers = pytest.importorskip('transformers')
 
+import hf as H  # noqa: E402
 import model as M  # noqa: E402
 from export import to_hf  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -122,9 +123,9 @@ def test_a_checkpoint_feature_we_lack_is_refused_not_dropped(tmp_path):
     """A Llama checkpoint with a q_norm weight we would not use: refused, naming it."""
     hf = transformers.LlamaForCausalLM(tiny(transformers.LlamaConfig))
     state = hf.state_dict()
-    ours = GPT(GPTConfig(**M._llama_read(hf.config)))
+    ours = GPT(GPTConfig(**H._llama_read(hf.config)))
     state['model.layers.0.self_attn.q_norm.weight'] = torch.ones(8)
-    _, unused = M.hf_to_ours(state, ours, M.HF_FAMILIES['llama'])
+    _, unused = H.hf_to_ours(state, ours, H.HF_FAMILIES['llama'])
     assert unused == {'model.layers.0.self_attn.q_norm.weight'}
 
 
@@ -133,7 +134,7 @@ def test_a_checkpoint_feature_we_lack_is_refused_not_dropped(tmp_path):
 def test_rope_frequencies_equal_transformers(rope, length):
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     hf_config = tiny(transformers.LlamaConfig, max_position_embeddings=24, rope_parameters=dict(ROPES[rope]))
-    ours = GPTConfig(**{**M._llama_read(hf_config), 'n_kv_head': 2})
+    ours = GPTConfig(**{**H._llama_read(hf_config), 'n_kv_head': 2})
     inv, factor = M.rope_frequencies(ours, 8, length)
     hf_inv, hf_factor = ROPE_INIT_FUNCTIONS[ROPES[rope]['rope_type']](hf_config, 'cpu', torch.tensor(length))
     torch.testing.assert_close(inv, hf_inv.float(), atol=0, rtol=1e-6)

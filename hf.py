@@ -1,0 +1,428 @@
+"""
+The Hugging Face families: which transformers architectures our GPT can be loaded from and exported to, and
+how their configs and weight names map onto GPTConfig's flags and our parameter names. model.py is the model;
+this file only translates, so adding a family is a change here alone. Entry points: GPT.from_pretrained
+(model.py, which calls from_pretrained below) and export.to_hf.
+"""
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from model import GPT, ROPE_SCALINGS, GPTConfig
+
+# One entry per transformers architecture: the flag values it can carry (every other flag must keep its
+# default), its config read into our flags and written back, and one name table used both ways.
+# A table row is (our name, HF name or names, how): several HF names are concatenated along dim 0 in our
+# tensor (q, k, v into c_attn; gate, up into c_fc); `how` names a transform of _TRANSFORMS ('T': GPT-2's Conv1D
+# matrices are transposed; 'rope_q', 'rope_kv': DeepSeek's rotated rows reordered). {i} is the layer, {b}
+# 'weight' or 'bias'; rows whose tensor a model does not have are skipped.
+
+ANY = None  # in a family's `carries`: any value of that flag
+_MOE_SETTINGS = ('n_expert', 'n_expert_active', 'moe_hidden', 'n_shared_expert', 'router', 'router_norm_topk',
+                 'n_expert_group', 'topk_group', 'routed_scaling', 'first_dense_layers', 'moe_aux_loss_coef',
+                 'moe_z_loss_coef', 'moe_bias_update_rate')
+
+
+@dataclass
+class HFFamily:
+    model_type: str
+    hf_class: str  # the transformers class export builds
+    carries: dict  # flag -> tuple of values it can represent, or ANY
+    names: list  # the name table
+    read_config: callable  # HF config -> our flags
+    write_config: callable  # GPTConfig -> HF config kwargs
+
+    def blocking(self, config):
+        """The flags (name=value) of config this family cannot represent (a dense model's MoE settings, which
+        change nothing, aside)."""
+        defaults = GPTConfig.__dataclass_fields__
+        out = []
+        for f in fields(config):
+            if f.name in _MOE_SETTINGS and config.mlp != 'moe':
+                continue
+            value = getattr(config, f.name)
+            allowed = self.carries.get(f.name, (defaults[f.name].default,))
+            if allowed is not ANY and value not in allowed:
+                out.append(f"{f.name}={value!r}")
+        return out
+
+
+def _gpt2_read(c):
+    if c.activation_function not in ('gelu_new', 'gelu_pytorch_tanh'):
+        raise ValueError(f"GPT-2 checkpoint uses activation {c.activation_function!r}; only the tanh GELU "
+                         f"('gelu_new') is supported")
+    return dict(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, block_size=c.n_positions,
+                vocab_size=c.vocab_size, bias=True, norm_eps=c.layer_norm_epsilon,
+                ffn_hidden=None if getattr(c, 'n_inner', None) in (None, 4 * c.n_embd) else c.n_inner,
+                tie_embeddings=bool(getattr(c, 'tie_word_embeddings', True)))
+
+
+def _gpt2_write(cfg):
+    eot = 50256  # GPT-2's <|endoftext|>, only where the vocabulary has it (not a character one)
+    special = eot if cfg.vocab_size > eot else None
+    return dict(vocab_size=cfg.vocab_size, n_positions=cfg.block_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
+                n_head=cfg.n_head, n_inner=cfg.hidden_size, activation_function='gelu_new',
+                layer_norm_epsilon=cfg.norm_eps, resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout,
+                attn_pdrop=cfg.dropout, tie_word_embeddings=cfg.tie_embeddings, bos_token_id=special,
+                eos_token_id=special)
+
+
+def _rope_read(c):
+    """Our RoPE flags from a transformers 5 config (its rope_parameters also hold an old rope_scaling)."""
+    params = dict(getattr(c, 'rope_parameters', None) or {})
+    kind = params.get('rope_type', params.get('type', 'default'))
+    flags = dict(pos='rope', rope_theta=float(params.get('rope_theta', getattr(c, 'rope_theta', 10000.0))))
+    if kind == 'default':
+        return flags
+    if kind not in ROPE_SCALINGS:
+        raise ValueError(f"rope_type {kind!r} is not supported ({', '.join(map(repr, ROPE_SCALINGS[1:]))} are)")
+    if params.get('partial_rotary_factor', 1.0) != 1.0 or params.get('truncate', True) is not True:
+        raise ValueError("partial rotary factors and yarn's truncate=False are not supported")
+    # 'dynamic' stretches past max_position_embeddings; yarn and llama3 past their own original length
+    original = c.max_position_embeddings if kind == 'dynamic' else params.get('original_max_position_embeddings')
+    flags.update(rope_scaling=kind, rope_factor=float(params['factor']) if params.get('factor') else None,
+                 rope_original_length=int(original or c.max_position_embeddings))
+    if kind in ('dynamic', 'yarn') and flags['rope_factor']:
+        # the context the stretch reaches: a checkpoint may give only the original length as its maximum
+        flags['block_size'] = max(c.max_position_embeddings, int(flags['rope_factor'] * flags['rope_original_length']))
+    if kind == 'llama3':
+        flags.update(rope_low_freq_factor=float(params['low_freq_factor']),
+                     rope_high_freq_factor=float(params['high_freq_factor']))
+    if kind == 'yarn':
+        flags.update(yarn_beta_fast=float(params.get('beta_fast') or 32.0),
+                     yarn_beta_slow=float(params.get('beta_slow') or 1.0),
+                     yarn_mscale=float(params.get('mscale') or 0.0),
+                     yarn_mscale_all_dim=float(params.get('mscale_all_dim') or 0.0),
+                     rope_attention_factor=params.get('attention_factor'))
+    return flags
+
+
+def _rope_write(cfg):
+    """rope_parameters (and max_position_embeddings) for a transformers config."""
+    params = {'rope_type': cfg.rope_scaling or 'default', 'rope_theta': cfg.rope_theta}
+    if cfg.rope_scaling:
+        params['factor'] = float(cfg.rope_scale)
+    if cfg.rope_scaling in ('yarn', 'llama3'):
+        params['original_max_position_embeddings'] = cfg.rope_length
+    if cfg.rope_scaling == 'llama3':
+        params.update(low_freq_factor=cfg.rope_low_freq_factor, high_freq_factor=cfg.rope_high_freq_factor)
+    if cfg.rope_scaling == 'yarn':
+        params.update(beta_fast=cfg.yarn_beta_fast, beta_slow=cfg.yarn_beta_slow)
+        params.update({k: v for k, v in (('mscale', cfg.yarn_mscale), ('mscale_all_dim', cfg.yarn_mscale_all_dim),
+                                         ('attention_factor', cfg.rope_attention_factor)) if v})
+    # transformers' 'dynamic' stretches past max_position_embeddings itself
+    length = cfg.rope_length if cfg.rope_scaling == 'dynamic' else cfg.block_size
+    return dict(rope_parameters=params, max_position_embeddings=length)
+
+
+def _qwen_window(c):
+    """Qwen2/3 slide only when use_sliding_window, on layers from max_window_layers on: all or none for us."""
+    if not getattr(c, 'use_sliding_window', False):
+        return None
+    if c.max_window_layers != 0 and c.max_window_layers < c.num_hidden_layers:
+        raise ValueError(f"sliding windows on some layers only (max_window_layers={c.max_window_layers}) "
+                         f"are not supported")
+    return c.sliding_window if c.max_window_layers == 0 else None
+
+
+def _llama_like_read(c):
+    """The flags every Llama-style family shares (rms, swiglu, rope, n_kv_head, head_dim)."""
+    if c.hidden_act != 'silu':
+        raise ValueError(f"hidden_act {c.hidden_act!r} is not supported (only 'silu': SwiGLU)")
+    head_dim = getattr(c, 'head_dim', None)
+    flags = dict(n_layer=c.num_hidden_layers, n_head=c.num_attention_heads, n_embd=c.hidden_size,
+                 n_kv_head=c.num_key_value_heads or c.num_attention_heads, block_size=c.max_position_embeddings,
+                 head_dim=None if head_dim in (None, c.hidden_size // c.num_attention_heads) else head_dim,
+                 vocab_size=c.vocab_size, bias=False, norm='rms', norm_eps=c.rms_norm_eps, mlp='swiglu',
+                 ffn_hidden=c.intermediate_size, tie_embeddings=bool(c.tie_word_embeddings))
+    flags.update(_rope_read(c))  # it may set block_size
+    return flags
+
+
+def _llama_like_write(cfg):
+    return dict(vocab_size=cfg.vocab_size, hidden_size=cfg.n_embd, intermediate_size=cfg.hidden_size,
+                num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head, num_key_value_heads=cfg.kv_heads,
+                head_dim=cfg.head_size, rms_norm_eps=cfg.norm_eps, hidden_act='silu', attention_dropout=cfg.dropout,
+                tie_word_embeddings=cfg.tie_embeddings, **_rope_write(cfg))
+
+
+def _llama_read(c):
+    attention_bias, mlp_bias = getattr(c, 'attention_bias', False), getattr(c, 'mlp_bias', False)
+    if attention_bias != mlp_bias:
+        raise ValueError("attention_bias != mlp_bias is not supported")
+    return {**_llama_like_read(c), 'bias': bool(attention_bias)}
+
+
+def _llama_write(cfg):
+    return {**_llama_like_write(cfg), 'attention_bias': cfg.bias, 'mlp_bias': cfg.bias}
+
+
+def _mistral_read(c):
+    return {**_llama_like_read(c), 'sliding_window': c.sliding_window}
+
+
+def _mistral_write(cfg):
+    return {**_llama_like_write(cfg), 'sliding_window': cfg.sliding_window}
+
+
+def _qwen_write(cfg):
+    return {**_llama_like_write(cfg), 'use_sliding_window': cfg.sliding_window is not None,
+            'sliding_window': cfg.sliding_window, 'max_window_layers': 0}
+
+
+def _qwen2_read(c):  # q, k and v always have biases, o none
+    return {**_llama_like_read(c), 'qkv_bias': True, 'sliding_window': _qwen_window(c)}
+
+
+def _qwen3_write(cfg):
+    return {**_qwen_write(cfg), 'attention_bias': False}
+
+
+def _qwen3_read(c):
+    if getattr(c, 'attention_bias', False):
+        raise ValueError("Qwen3 with attention_bias is not supported")
+    return {**_llama_like_read(c), 'qk_norm': True, 'sliding_window': _qwen_window(c)}
+
+
+def _moe_read(c, experts, hidden, **flags):
+    return dict(mlp='moe', n_expert=experts, n_expert_active=c.num_experts_per_tok, moe_hidden=hidden,
+                router='softmax', **flags)
+
+
+def _moe_write(cfg):
+    return dict(num_experts_per_tok=cfg.n_expert_active, router_aux_loss_coef=cfg.moe_aux_loss_coef)
+
+
+def _mixtral_read(c):
+    return {**_mistral_read(c), **_moe_read(c, c.num_local_experts, c.intermediate_size, router_norm_topk=True)}
+
+
+def _mixtral_write(cfg):
+    return {**_mistral_write(cfg), **_moe_write(cfg), 'num_local_experts': cfg.n_expert,
+            'intermediate_size': cfg.expert_hidden}
+
+
+def _qwen3_moe_read(c):
+    dense = list(getattr(c, 'mlp_only_layers', None) or [])
+    if c.decoder_sparse_step != 1 or dense != list(range(len(dense))):
+        raise ValueError(f"dense layers other than the first ones (decoder_sparse_step={c.decoder_sparse_step}, "
+                         f"mlp_only_layers={dense}) are not supported")
+    return {**_qwen3_read(c), **_moe_read(c, c.num_experts, c.moe_intermediate_size,
+                                          router_norm_topk=bool(c.norm_topk_prob), first_dense_layers=len(dense))}
+
+
+def _qwen3_moe_write(cfg):
+    return {**_qwen3_write(cfg), **_moe_write(cfg), 'num_experts': cfg.n_expert, 'moe_intermediate_size': cfg.expert_hidden,
+            'norm_topk_prob': cfg.router_norm_topk, 'decoder_sparse_step': 1,
+            'mlp_only_layers': list(range(cfg.first_dense_layers))}
+
+
+def _deepseek_read(c):
+    if getattr(c, 'rope_interleave', True) is not True:
+        raise ValueError("rope_interleave=False is not supported (DeepSeek's checkpoints rotate pairs)")
+    if c.hidden_act != 'silu' or getattr(c, 'mlp_bias', False) or getattr(c, 'attention_bias', False):
+        raise ValueError("DeepSeek checkpoints with biases or an activation other than silu are not supported")
+    flags = {**_llama_like_read(c), 'n_kv_head': None, 'head_dim': None, 'attn': 'mla', 'kv_lora_rank': c.kv_lora_rank,
+             'q_lora_rank': c.q_lora_rank or None, 'qk_nope_head_dim': c.qk_nope_head_dim,
+             'qk_rope_head_dim': c.qk_rope_head_dim, 'v_head_dim': c.v_head_dim}
+    if c.first_k_dense_replace < c.num_hidden_layers:  # MoE layers after the first dense ones
+        v3 = c.model_type == 'deepseek_v3'
+        if not v3 and c.topk_method not in ('greedy', 'group_limited_greedy'):
+            raise ValueError(f"topk_method {c.topk_method!r} is not supported")
+        groups = (c.n_group or 1) if v3 or c.topk_method == 'group_limited_greedy' else 1
+        flags.update(mlp='moe', n_expert=c.n_routed_experts, n_expert_active=c.num_experts_per_tok,
+                     moe_hidden=c.moe_intermediate_size, n_shared_expert=c.n_shared_experts or 0,
+                     router='sigmoid' if v3 else 'softmax', router_norm_topk=bool(c.norm_topk_prob) if v3 else False,
+                     n_expert_group=groups, topk_group=(c.topk_group or 1) if groups > 1 else 1,
+                     routed_scaling=float(c.routed_scaling_factor), first_dense_layers=c.first_k_dense_replace)
+    return flags
+
+
+def _deepseek_write(cfg):
+    dims = cfg.mla_dims
+    moe = cfg.mlp == 'moe'
+    out = {**_llama_like_write(cfg), 'num_key_value_heads': cfg.n_head, 'kv_lora_rank': dims['latent'],
+           'q_lora_rank': dims['q_latent'] or None, 'qk_nope_head_dim': dims['nope'],
+           'qk_rope_head_dim': dims['rope'], 'v_head_dim': dims['v'],
+           'first_k_dense_replace': cfg.first_dense_layers if moe else cfg.n_layer,
+           'n_routed_experts': cfg.n_expert, 'num_experts_per_tok': cfg.n_expert_active,
+           'moe_intermediate_size': cfg.expert_hidden, 'n_shared_experts': cfg.n_shared_expert,
+           'routed_scaling_factor': float(cfg.routed_scaling), 'n_group': cfg.n_expert_group,
+           'topk_group': cfg.topk_group, 'norm_topk_prob': cfg.router_norm_topk}
+    del out['head_dim']  # DeepSeek derives its own
+    return out
+
+
+def _deepseek_v2_write(cfg):
+    return {**_deepseek_write(cfg), 'topk_method': 'group_limited_greedy' if cfg.n_expert_group > 1 else 'greedy'}
+
+
+def _rope_rows(tensor, config, rows_of, inverse):
+    """DeepSeek's checkpoints rotate pairs (x[2j], x[2j+1]); we rotate halves (x[j], x[j + d/2]): reorder the
+    rows that make the rotated parts (the same rotation, so the same attention)."""
+    d = config.mla_dims['rope']
+    order = torch.cat((torch.arange(0, d, 2), torch.arange(1, d, 2)))
+    order = order.argsort() if inverse else order
+    tensor = tensor.clone()
+    for start in rows_of(config):
+        tensor[start:start + d] = tensor[start:start + d][order]
+    return tensor
+
+
+def _q_rope_rows(config):
+    dims = config.mla_dims
+    width = dims['nope'] + dims['rope']
+    return [h * width + dims['nope'] for h in range(config.n_head)]
+
+
+def _kv_rope_rows(config):
+    return [config.mla_dims['latent']]
+
+
+_TRANSFORMS = {  # how -> (HF to ours, ours to HF), each (tensor, config) -> tensor
+    'T': (lambda t, c: t.t() if t.dim() == 2 else t, lambda t, c: t.t().contiguous() if t.dim() == 2 else t),
+    'rope_q': (lambda t, c: _rope_rows(t, c, _q_rope_rows, False), lambda t, c: _rope_rows(t, c, _q_rope_rows, True)),
+    'rope_kv': (lambda t, c: _rope_rows(t, c, _kv_rope_rows, False),
+                lambda t, c: _rope_rows(t, c, _kv_rope_rows, True)),
+}
+
+
+_SIZES = {k: ANY for k in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'dropout', 'norm_eps',
+                           'ffn_hidden', 'multiple_of', 'tie_embeddings')}
+_ROPE = {k: ANY for k in ('rope_theta', 'rope_scaling', 'rope_factor', 'rope_original_length', 'rope_low_freq_factor',
+                          'rope_high_freq_factor', 'yarn_beta_fast', 'yarn_beta_slow', 'yarn_mscale',
+                          'yarn_mscale_all_dim', 'rope_attention_factor')}
+_LLAMA_LIKE = {**_SIZES, **_ROPE, 'norm': ('rms',), 'mlp': ('swiglu',), 'pos': ('rope',), 'n_kv_head': ANY,
+               'head_dim': ANY}
+_GPT2_NAMES = [(n, n, None) for n in ('transformer.wte.weight', 'transformer.wpe.weight', 'transformer.ln_f.{b}',
+                                      'transformer.h.{i}.ln_1.{b}', 'transformer.h.{i}.ln_2.{b}', 'lm_head.weight')] + [
+    (n, n, 'T') for n in ('transformer.h.{i}.attn.c_attn.{b}', 'transformer.h.{i}.attn.c_proj.{b}',
+                          'transformer.h.{i}.mlp.c_fc.{b}', 'transformer.h.{i}.mlp.c_proj.{b}')]
+_LLAMA_NAMES = [
+    ('transformer.wte.weight', 'model.embed_tokens.weight', None),
+    ('transformer.ln_f.weight', 'model.norm.weight', None),
+    ('lm_head.weight', 'lm_head.weight', None),
+    ('transformer.h.{i}.ln_1.weight', 'model.layers.{i}.input_layernorm.weight', None),
+    ('transformer.h.{i}.ln_2.weight', 'model.layers.{i}.post_attention_layernorm.weight', None),
+    ('transformer.h.{i}.attn.c_attn.{b}', tuple(f'model.layers.{{i}}.self_attn.{n}_proj.{{b}}' for n in 'qkv'), None),
+    ('transformer.h.{i}.attn.c_proj.{b}', 'model.layers.{i}.self_attn.o_proj.{b}', None),
+    ('transformer.h.{i}.attn.q_norm.weight', 'model.layers.{i}.self_attn.q_norm.weight', None),
+    ('transformer.h.{i}.attn.k_norm.weight', 'model.layers.{i}.self_attn.k_norm.weight', None),
+    ('transformer.h.{i}.mlp.c_fc.{b}', ('model.layers.{i}.mlp.gate_proj.{b}', 'model.layers.{i}.mlp.up_proj.{b}'), None),
+    ('transformer.h.{i}.mlp.c_proj.{b}', 'model.layers.{i}.mlp.down_proj.{b}', None),
+    # MoE layers: transformers keeps its experts stacked as we do, [gate | up] too
+    ('transformer.h.{i}.mlp.router.weight', 'model.layers.{i}.mlp.gate.weight', None),
+    ('transformer.h.{i}.mlp.expert_bias', 'model.layers.{i}.mlp.gate.e_score_correction_bias', None),
+    ('transformer.h.{i}.mlp.experts.c_fc', 'model.layers.{i}.mlp.experts.gate_up_proj', None),
+    ('transformer.h.{i}.mlp.experts.c_proj', 'model.layers.{i}.mlp.experts.down_proj', None),
+    ('transformer.h.{i}.mlp.shared.c_fc.weight', ('model.layers.{i}.mlp.shared_experts.gate_proj.weight',
+                                                  'model.layers.{i}.mlp.shared_experts.up_proj.weight'), None),
+    ('transformer.h.{i}.mlp.shared.c_proj.weight', 'model.layers.{i}.mlp.shared_experts.down_proj.weight', None),
+]
+_MOE = {k: ANY for k in ('n_expert', 'n_expert_active', 'moe_hidden', 'moe_aux_loss_coef', 'moe_z_loss_coef')}
+_DEEPSEEK_NAMES = [row for row in _LLAMA_NAMES if '.attn.' not in row[0]] + [
+    ('transformer.h.{i}.attn.q_proj.weight', 'model.layers.{i}.self_attn.q_proj.weight', 'rope_q'),
+    ('transformer.h.{i}.attn.q_a.weight', 'model.layers.{i}.self_attn.q_a_proj.weight', None),
+    ('transformer.h.{i}.attn.q_a_norm.weight', 'model.layers.{i}.self_attn.q_a_layernorm.weight', None),
+    ('transformer.h.{i}.attn.q_b.weight', 'model.layers.{i}.self_attn.q_b_proj.weight', 'rope_q'),
+    ('transformer.h.{i}.attn.kv_a.weight', 'model.layers.{i}.self_attn.kv_a_proj_with_mqa.weight', 'rope_kv'),
+    ('transformer.h.{i}.attn.kv_norm.weight', 'model.layers.{i}.self_attn.kv_a_layernorm.weight', None),
+    ('transformer.h.{i}.attn.kv_b.weight', 'model.layers.{i}.self_attn.kv_b_proj.weight', None),
+    ('transformer.h.{i}.attn.c_proj.weight', 'model.layers.{i}.self_attn.o_proj.weight', None),
+]
+_DEEPSEEK = {**_LLAMA_LIKE, **_MOE, 'bias': (False,), 'attn': ('mla',), 'n_kv_head': (None,), 'head_dim': (None,),
+             'mlp': ('swiglu', 'moe'), 'n_shared_expert': ANY, 'routed_scaling': ANY, 'n_expert_group': ANY,
+             'topk_group': ANY, 'first_dense_layers': ANY, 'kv_lora_rank': ANY, 'q_lora_rank': ANY,
+             'qk_nope_head_dim': ANY, 'qk_rope_head_dim': ANY, 'v_head_dim': ANY}
+
+HF_FAMILIES = {  # in the order export tries them: the first that carries every flag is used
+    'gpt2': HFFamily('gpt2', 'GPT2LMHeadModel', {**_SIZES, 'bias': ANY}, _GPT2_NAMES, _gpt2_read, _gpt2_write),
+    'llama': HFFamily('llama', 'LlamaForCausalLM', {**_LLAMA_LIKE, 'bias': ANY}, _LLAMA_NAMES, _llama_read,
+                      _llama_write),
+    'mistral': HFFamily('mistral', 'MistralForCausalLM', {**_LLAMA_LIKE, 'bias': (False,), 'sliding_window': ANY},
+                        _LLAMA_NAMES, _mistral_read, _mistral_write),
+    'qwen2': HFFamily('qwen2', 'Qwen2ForCausalLM',
+                      {**_LLAMA_LIKE, 'bias': (False,), 'qkv_bias': (True,), 'sliding_window': ANY},
+                      _LLAMA_NAMES, _qwen2_read, _qwen_write),
+    'qwen3': HFFamily('qwen3', 'Qwen3ForCausalLM',
+                      {**_LLAMA_LIKE, 'bias': (False,), 'qk_norm': (True,), 'sliding_window': ANY},
+                      _LLAMA_NAMES, _qwen3_read, _qwen3_write),
+    'mixtral': HFFamily('mixtral', 'MixtralForCausalLM', {**_LLAMA_LIKE, **_MOE, 'bias': (False,), 'mlp': ('moe',),
+                                                          'sliding_window': ANY}, _LLAMA_NAMES, _mixtral_read,
+                        _mixtral_write),
+    'qwen3_moe': HFFamily('qwen3_moe', 'Qwen3MoeForCausalLM',
+                          {**_LLAMA_LIKE, **_MOE, 'bias': (False,), 'qk_norm': (True,), 'mlp': ('moe',),
+                           'sliding_window': ANY, 'router_norm_topk': ANY, 'first_dense_layers': ANY},
+                          _LLAMA_NAMES, _qwen3_moe_read, _qwen3_moe_write),
+    'deepseek_v3': HFFamily('deepseek_v3', 'DeepseekV3ForCausalLM',
+                            {**_DEEPSEEK, 'router': ('sigmoid',), 'router_norm_topk': ANY, 'moe_bias_update_rate': ANY},
+                            _DEEPSEEK_NAMES, _deepseek_read, _deepseek_write),
+    'deepseek_v2': HFFamily('deepseek_v2', 'DeepseekV2ForCausalLM', {**_DEEPSEEK, 'router': ('softmax',),
+                                                                      'router_norm_topk': (False,)},
+                            _DEEPSEEK_NAMES, _deepseek_read, _deepseek_v2_write),
+}
+
+
+def _rows(family, config):
+    """(our name, HF names, how) for every concrete tensor name of this config's depth."""
+    for ours, hf, how in family.names:
+        hf = hf if isinstance(hf, tuple) else (hf,)
+        for i in range(config.n_layer) if '{i}' in ours else [None]:
+            for b in ('weight', 'bias') if '{b}' in ours else [None]:
+                yield ours.format(i=i, b=b), tuple(h.format(i=i, b=b) for h in hf), how
+
+
+def hf_to_ours(hf_state, model, family):
+    """Our state dict from a transformers one; and the HF tensors nothing used (a feature we lack)."""
+    ours = model.state_dict()
+    state, used = {}, set()
+    for name, hf_names, how in _rows(family, model.config):
+        if name not in ours or not all(h in hf_state for h in hf_names):
+            continue
+        tensor = torch.cat([hf_state[h] for h in hf_names]) if len(hf_names) > 1 else hf_state[hf_names[0]]
+        state[name] = _TRANSFORMS[how][0](tensor, model.config) if how else tensor
+        used.update(hf_names)
+    if model.config.tie_embeddings:
+        state['lm_head.weight'] = state['transformer.wte.weight']
+        used.add('lm_head.weight')
+    # causal-mask buffers of older GPT-2 checkpoints and rotary tables are not weights
+    unused = {k for k in hf_state if k not in used and not k.endswith(('.attn.bias', '.attn.masked_bias', 'inv_freq'))}
+    return state, unused
+
+
+def ours_to_hf(model, hf_state, family):
+    """A transformers state dict from ours, shaped like hf_state (the target model's own)."""
+    out, ours = {}, model.state_dict()
+    for name, hf_names, how in _rows(family, model.config):
+        if name not in ours:
+            continue
+        tensor = ours[name].detach().clone()
+        tensor = _TRANSFORMS[how][1](tensor, model.config) if how else tensor
+        parts = tensor.split([hf_state[h].size(0) for h in hf_names]) if len(hf_names) > 1 else (tensor,)
+        out.update(zip(hf_names, parts))
+    # a family whose layers always have biases (GPT-2) gets zeros where our bias=False model has none
+    out.update({k: torch.zeros_like(v) for k, v in hf_state.items() if k not in out and k.endswith('.bias')})
+    return out
+
+
+def from_pretrained(name_or_path, override_args=None):
+    """Our GPT holding a Hugging Face checkpoint (a hub name or a local directory) of one of HF_FAMILIES, in the
+    config that computes the same logits (GPT.from_pretrained calls this)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    override_args = dict(override_args or {})
+    unknown = set(override_args) - {'dropout'}
+    if unknown:
+        raise ValueError(f"override_args may only set 'dropout', got {sorted(unknown)}")
+    hf_config = AutoConfig.from_pretrained(name_or_path)
+    family = HF_FAMILIES.get(hf_config.model_type)
+    if family is None:
+        raise ValueError(f"{name_or_path}: model_type {hf_config.model_type!r} is not supported "
+                         f"({', '.join(map(repr, HF_FAMILIES))})")
+    model = GPT(GPTConfig(**{**family.read_config(hf_config), **override_args}))
+    hf_state = AutoModelForCausalLM.from_pretrained(name_or_path).state_dict()
+    state, unused = hf_to_ours(hf_state, model, family)
+    if unused:
+        raise ValueError(f"{name_or_path}: weights this model has no place for: {sorted(unused)[:5]}")
+    model.load_state_dict(state)
+    return model
