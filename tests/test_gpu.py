@@ -85,21 +85,31 @@ def test_cached_sampling_on_cuda_equals_uncached(flags):
     assert torch.equal(cached, uncached)
 
 
+@pytest.mark.parametrize('hidden', [344, 341])
 @pytest.mark.parametrize('autocast', [True, False], ids=['fp32-weights-under-bf16-autocast', 'bf16-weights'])
-def test_moe_grouped_matmul_kernel_equals_the_loop(monkeypatch, autocast):
-    """As training runs it (fp32 weights, bf16 autocast), and with bf16 weights."""
+def test_moe_grouped_matmul_kernel_equals_the_loop(monkeypatch, autocast, hidden):
+    """As training runs it (fp32 weights, bf16 autocast), and with bf16 weights; at an expert width of a
+    multiple of 8 the grouped matmul runs, at 341 (1024 // 3) it cannot read the rows and the loop runs."""
     torch.manual_seed(0)
-    cfg = GPTConfig(block_size=32, vocab_size=64, n_layer=1, n_head=4, n_embd=64, mlp='moe', n_expert=8)
+    cfg = GPTConfig(block_size=32, vocab_size=64, n_layer=1, n_head=4, n_embd=64, mlp='moe', n_expert=8,
+                    moe_hidden=hidden)
     layer = M.MoE(cfg).cuda()
     x = torch.randn(4, 32, 64, device='cuda')
     if not autocast:
         layer, x = layer.to(torch.bfloat16), x.to(torch.bfloat16)
     with torch.autocast('cuda', dtype=torch.bfloat16, enabled=autocast):
-        assert M._fused_grouped_mm(x)
+        assert M._fused_grouped_mm(x, (64, hidden)) is (hidden % 8 == 0)
         fused = layer(x)
-        monkeypatch.setattr(M, '_fused_grouped_mm', lambda _: False)
+        r = torch.randn_like(fused.float())  # a gradient that is not the same everywhere
+        (fused.float() * r).sum().backward()
+        grads = [p.grad.clone() for p in (layer.experts.c_fc, layer.experts.c_proj)]
+        layer.zero_grad()
+        monkeypatch.setattr(M, '_fused_grouped_mm', lambda *_: False)
         looped = layer(x)
+        (looped.float() * r).sum().backward()
     torch.testing.assert_close(fused.float(), looped.float(), atol=2e-2, rtol=2e-2)
+    for g, p in zip(grads, (layer.experts.c_fc, layer.experts.c_proj)):
+        torch.testing.assert_close(g.float(), p.grad.float(), atol=2e-2 * p.grad.abs().max().item(), rtol=0)
 
 
 def test_fsdp_on_one_process_with_nccl(tmp_path):
