@@ -21,6 +21,17 @@ def test_mfu_peak_is_the_running_dtypes(monkeypatch, name, dtype, peak):
     assert flops == peak and name in source
 
 
+@pytest.mark.parametrize('name, dtype, peak', [
+    ('NVIDIA H200 NVL', 'bfloat16', 835.5e12),  # the PCIe card at lower power: not the SXM's 989
+    ('NVIDIA H200 NVL', 'float32', 417.5e12),
+    ('NVIDIA H200', 'bfloat16', 989e12),
+    ('NVIDIA H100 PCIe', 'float16', 756e12),
+    ('Some Future GPU', 'bfloat16', None),
+])
+def test_datasheet_peak_takes_the_most_specific_name(name, dtype, peak):
+    assert common.datasheet_peak(name, dtype) == peak
+
+
 def test_a_gpu_without_that_dtypes_datasheet_figure_is_measured(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'Tesla T4')
     monkeypatch.setattr(common, 'measure_matmul_flops', lambda device, dtype: 7e12)
