@@ -121,6 +121,15 @@ def autocast(device, dtype):
     return torch.autocast(device_type=device.split(':')[0], dtype=DTYPES[dtype])
 
 
+def grad_scaler(device_type, dtype, sharded=False):
+    """fp16's loss scaler (a no-op otherwise). Under FSDP each rank holds only its shard of the gradients, so
+    the sharded scaler all-reduces the overflow check: every rank skips the same steps and keeps one scale."""
+    if sharded and dtype == 'float16':
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+        return ShardedGradScaler(device_type)
+    return torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 TMP = '.tmp'  # in the name of every file written aside before it replaces its target

@@ -89,7 +89,7 @@ import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from common import (append_log, autocast, catch_interrupts, claim_out_dir, critical, die,  # noqa: E402
-                    Interrupted, load_checkpoint, load_pretrained, model_from_checkpoint, new_checkpoint,
+                    grad_scaler, Interrupted, load_checkpoint, load_pretrained, model_from_checkpoint, new_checkpoint,
                     out_of_memory, peak_flops as measure_peak_flops, pick_device, pick_dtype, repair_log,
                     save_checkpoint, write_json)
 from model import GPT, RUNTIME_FLAGS, GPTConfig  # noqa: E402
@@ -250,7 +250,7 @@ if fsdp:  # each block's parameters sharded over the processes, then the rest of
     for block in model.transformer.h:
         fully_shard(block)
     fully_shard(model)
-scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
+scaler = grad_scaler(device_type, dtype, sharded=fsdp)
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 if checkpoint is not None:
     try:

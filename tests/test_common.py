@@ -38,6 +38,16 @@ def test_a_gpu_without_that_dtypes_datasheet_figure_is_measured(monkeypatch):
     assert common.peak_flops('cuda', 'float32') == (7e12, 'measured float32 matmul')
 
 
+@pytest.mark.parametrize('dtype, sharded, kind', [
+    ('float16', True, 'ShardedGradScaler'),  # FSDP: the overflow check covers every rank's shard
+    ('float16', False, 'GradScaler'),
+    ('bfloat16', True, 'GradScaler'),  # no scaling needed: a disabled plain scaler
+])
+def test_fp16_under_fsdp_takes_the_sharded_grad_scaler(dtype, sharded, kind):
+    scaler = common.grad_scaler('cpu', dtype, sharded)
+    assert type(scaler).__name__ == kind and scaler.is_enabled() is (dtype == 'float16')
+
+
 def test_repair_log_keeps_one_run(tmp_path):
     path = tmp_path / 'log.jsonl'
     records = [{'iter': 0}, {'iter': 2}, {'iter': 2, 'eval_only': True, 'block_size': 64}, {'iter': 2},

@@ -112,10 +112,11 @@ def test_moe_grouped_matmul_kernel_equals_the_loop(monkeypatch, autocast, hidden
         torch.testing.assert_close(g.float(), p.grad.float(), atol=2e-2 * p.grad.abs().max().item(), rtol=0)
 
 
-def test_fsdp_on_one_process_with_nccl(tmp_path):
+@pytest.mark.parametrize('dtype', ['bfloat16', 'float16'])  # float16: with the sharded grad scaler
+def test_fsdp_on_one_process_with_nccl(tmp_path, dtype):
     make_char_dataset(tmp_path)
     launcher = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=1']
-    result = train(tmp_path, *MODERN, '--fsdp=True', '--out_dir=out', launcher=launcher)
+    result = train(tmp_path, *MODERN, '--fsdp=True', f'--dtype={dtype}', '--out_dir=out', launcher=launcher)
     assert 'sharded (FSDP)' in result.stdout
     losses = val_losses(tmp_path / 'out')
     assert losses[-1] < losses[0] - 0.5
