@@ -130,6 +130,15 @@ def grad_scaler(device_type, dtype, sharded=False):
     return torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
 
 
+def all_reduce_sum(tensors):
+    """Sums these tensors (of one dtype) over the processes in place, with one all-reduce for all of them."""
+    import torch.distributed as dist
+    flat = torch.cat([t.flatten() for t in tensors])
+    dist.all_reduce(flat)
+    for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
+        t.copy_(part.view_as(t))
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 TMP = '.tmp'  # in the name of every file written aside before it replaces its target
@@ -405,10 +414,10 @@ def hf_tokenizer(config):
 # dense tensor-core peaks from the vendors' datasheets, by a substring of the device name: (bf16/fp16, tf32).
 # fp32 runs with allow_tf32 (as train.py and bench.py set) use the TF32 peak; None: no such datasheet figure.
 # The first match wins, so a variant's name ('H200 NVL') comes before its family's ('H200').
-GPU_PEAK_FLOPS = [('H200 NVL', 835.5e12, 417.5e12), ('H200', 989e12, 494.7e12), ('H100 PCIe', 756e12, 378e12), ('H100', 989e12, 494.7e12),
-                  ('A100', 312e12, 156e12), ('L40S', 362e12, 183e12), ('A10G', 70e12, None), ('L4', 121e12, 60e12),
-                  ('4090', 165e12, None), ('3090', 71e12, None), ('V100', 125e12, None), ('T4', 65e12, None),
-                  ('A6000', 155e12, None)]
+GPU_PEAK_FLOPS = [('H200 NVL', 835.5e12, 417.5e12), ('H200', 989e12, 494.7e12), ('H100 PCIe', 756e12, 378e12),
+                  ('H100', 989e12, 494.7e12), ('A100', 312e12, 156e12), ('L40S', 362e12, 183e12),
+                  ('A10G', 70e12, None), ('L4', 121e12, 60e12), ('4090', 165e12, None), ('3090', 71e12, None),
+                  ('V100', 125e12, None), ('T4', 65e12, None), ('A6000', 155e12, None)]
 
 
 def measure_matmul_flops(device, dtype=torch.float32, n=1024, seconds=0.3):

@@ -927,6 +927,11 @@ class GPT(nn.Module):
         for m in self.moe_layers():
             m.balance(self.config.moe_bias_update_rate)
 
+    def balances_experts(self):
+        """Whether balance_experts reads the load (sigmoid routers with a bias step): only then do DDP ranks
+        need to sum it every step."""
+        return bool(self.moe_layers()) and self.config.router == 'sigmoid' and self.config.moe_bias_update_rate > 0
+
     def moe_counters(self):
         """The MoE layers' running counts (load, losses): what DDP ranks sum before using them."""
         return [t for m in self.moe_layers() for t in (m.load, m.losses)]

@@ -64,3 +64,16 @@ def test_an_out_dir_is_one_processs(tmp_path):
         assert (tmp_path / 'out' / '.lock').read_text() == str(os.getpid())
     finally:
         common.release_out_dirs()
+
+
+def test_all_reduce_sum_is_one_collective_for_many_tensors(monkeypatch):
+    calls = []
+
+    def fake_all_reduce(tensor):  # as if a second process held the same values
+        calls.append(tensor.shape)
+        tensor.mul_(2)
+    monkeypatch.setattr(torch.distributed, 'all_reduce', fake_all_reduce)
+    loads = [torch.arange(4.0), torch.ones(2, 3), torch.zeros(3)]
+    common.all_reduce_sum(loads)
+    assert calls == [(4 + 6 + 3,)]
+    assert torch.equal(loads[0], 2 * torch.arange(4.0)) and torch.equal(loads[1], torch.full((2, 3), 2.0))

@@ -1105,6 +1105,16 @@ def test_balance_experts_moves_every_sigmoid_layer_and_restarts_the_counts():
         assert torch.equal(m.expert_bias, 0.1 * torch.sign(load.mean() - load)) and m.load.sum() == 0
 
 
+@pytest.mark.parametrize('flags, balances', [
+    (dict(mlp='moe', router='sigmoid', moe_bias_update_rate=0.1), True),
+    (dict(mlp='moe', router='sigmoid', moe_bias_update_rate=0.0), False),  # a frozen bias
+    (dict(mlp='moe', router='softmax'), False),  # never reads the load
+    (dict(mlp='swiglu'), False),
+])
+def test_only_balancing_sigmoid_routers_need_the_load_summed_across_ranks(flags, balances):
+    assert build(n_expert=4, **flags).balances_experts() is balances
+
+
 # ----------------------------------------------------------------------------- 11: config validation
 
 @pytest.mark.parametrize('overrides,field', [
