@@ -1,6 +1,7 @@
 """The CUDA paths, on a GPU only (skipped elsewhere; `.ci/gpu` runs them with the recipes and the benchmark):
-bf16 and fp16 + GradScaler training, torch.compile, fused AdamW, flash SDPA with and without GQA, cached
-sampling, the fused grouped matmul of MoE, and FSDP."""
+bf16 and fp16 + GradScaler training, torch.compile, fused AdamW, flash SDPA with and without GQA, the SDPA
+backend torch picks (with a window mask) against math, cached sampling, the fused grouped matmul of MoE (and
+the loop at widths it cannot read), and FSDP in bf16 and fp16."""
 
 import os
 import subprocess
@@ -71,6 +72,34 @@ def test_flash_attention_runs_and_matches_math(n_kv_head):
         with sdpa_kernel(SDPBackend.MATH):
             math = model(idx)[0].float()
     torch.testing.assert_close(flash, math, atol=5e-2, rtol=0)
+
+
+@pytest.mark.parametrize('n_kv_head', [8, 2])
+@pytest.mark.parametrize('window', [None, 48], ids=['causal', 'sliding-window-mask'])
+def test_the_backend_torch_picks_matches_math_in_values_and_gradients(window, n_kv_head):
+    """No backend forced, as training runs (on Hopper cuDNN may win over flash): bf16 outputs and q, k, v
+    gradients against the math backend in fp32, at a length of 64 mod 128 (192), with the causal flag and
+    with the explicit boolean mask a sliding window passes."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    torch.manual_seed(0)
+    T = 192
+    q = torch.randn(2, 8, T, 64, device='cuda')
+    k, v = torch.randn(2, 2, 2, n_kv_head, T, 64, device='cuda').unbind(0)
+    mask = M.attention_mask(0, T, None, window, 'cuda')
+    mask = True if mask is None else mask
+    r = torch.randn(2, 8, T, 64, device='cuda')
+
+    def run(dtype):
+        inputs = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        out = M.attend(*inputs, mask)
+        (out.float() * r).sum().backward()
+        return [out.float()] + [t.grad.float() for t in inputs]
+    picked = run(torch.bfloat16)
+    with sdpa_kernel(SDPBackend.MATH):
+        reference = run(torch.float32)
+    for name, got, want in zip(('out', 'dq', 'dk', 'dv'), picked, reference):
+        assert torch.isfinite(got).all(), name
+        torch.testing.assert_close(got, want, atol=3e-2 * want.abs().max().item(), rtol=0, msg=name)
 
 
 @pytest.mark.parametrize('flags', [dict(), dict(norm='rms', mlp='swiglu', n_kv_head=2, pos='rope'),
