@@ -121,6 +121,24 @@ def autocast(device, dtype):
     return torch.autocast(device_type=device.split(':')[0], dtype=DTYPES[dtype])
 
 
+def grad_scaler(device_type, dtype, sharded=False):
+    """fp16's loss scaler (a no-op otherwise). Under FSDP each rank holds only its shard of the gradients, so
+    the sharded scaler all-reduces the overflow check: every rank skips the same steps and keeps one scale."""
+    if sharded and dtype == 'float16':
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+        return ShardedGradScaler(device_type)
+    return torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
+
+
+def all_reduce_sum(tensors):
+    """Sums these tensors (of one dtype) over the processes in place, with one all-reduce for all of them."""
+    import torch.distributed as dist
+    flat = torch.cat([t.flatten() for t in tensors])
+    dist.all_reduce(flat)
+    for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
+        t.copy_(part.view_as(t))
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 TMP = '.tmp'  # in the name of every file written aside before it replaces its target
@@ -395,10 +413,11 @@ def hf_tokenizer(config):
 
 # dense tensor-core peaks from the vendors' datasheets, by a substring of the device name: (bf16/fp16, tf32).
 # fp32 runs with allow_tf32 (as train.py and bench.py set) use the TF32 peak; None: no such datasheet figure.
-GPU_PEAK_FLOPS = [('H200', 989e12, 494.7e12), ('H100 PCIe', 756e12, 378e12), ('H100', 989e12, 494.7e12),
-                  ('A100', 312e12, 156e12), ('L40S', 362e12, 183e12), ('A10G', 70e12, None), ('L4', 121e12, 60e12),
-                  ('4090', 165e12, None), ('3090', 71e12, None), ('V100', 125e12, None), ('T4', 65e12, None),
-                  ('A6000', 155e12, None)]
+# The first match wins, so a variant's name ('H200 NVL') comes before its family's ('H200').
+GPU_PEAK_FLOPS = [('H200 NVL', 835.5e12, 417.5e12), ('H200', 989e12, 494.7e12), ('H100 PCIe', 756e12, 378e12),
+                  ('H100', 989e12, 494.7e12), ('A100', 312e12, 156e12), ('L40S', 362e12, 183e12),
+                  ('A10G', 70e12, None), ('L4', 121e12, 60e12), ('4090', 165e12, None), ('3090', 71e12, None),
+                  ('V100', 125e12, None), ('T4', 65e12, None), ('A6000', 155e12, None)]
 
 
 def measure_matmul_flops(device, dtype=torch.float32, n=1024, seconds=0.3):
@@ -415,15 +434,20 @@ def measure_matmul_flops(device, dtype=torch.float32, n=1024, seconds=0.3):
     return best
 
 
+def datasheet_peak(name, dtype):
+    """The datasheet's dense FLOP/s for a GPU of this name in this dtype (fp32: TF32), or None."""
+    for key, half, tf32 in GPU_PEAK_FLOPS:
+        if key in name:
+            return tf32 if dtype == 'float32' else half
+    return None
+
+
 def peak_flops(device, dtype='float32'):
     """(FLOP/s, where it came from) for the dtype that runs: a known GPU's datasheet peak, else a measured
     matmul (CPU, MPS, other GPUs, or a datasheet without that dtype)."""
     if device.startswith('cuda'):
         name = torch.cuda.get_device_name(torch.device(device))
-        for key, half, tf32 in GPU_PEAK_FLOPS:
-            if key in name:
-                flops = tf32 if dtype == 'float32' else half
-                if flops:
-                    return flops, f"datasheet of {name}, {'tf32' if dtype == 'float32' else dtype}"
-                break
+        flops = datasheet_peak(name, dtype)
+        if flops:
+            return flops, f"datasheet of {name}, {'tf32' if dtype == 'float32' else dtype}"
     return measure_matmul_flops(device, DTYPES.get(dtype, torch.float32)), f"measured {dtype} matmul"

@@ -684,11 +684,18 @@ class GatedMLP(nn.Module):
         return self.dropout(self.c_proj(gate * up))
 
 
-def _fused_grouped_mm(x):
+def grouped_mm_fits(widths, dtype=torch.bfloat16):
+    """F.grouped_mm reads rows that start on 16-byte boundaries: every row stride of its inputs and weights (the
+    widths n_embd and the expert's hidden width) must be a multiple of 16 bytes, 8 bf16 values; else it raises."""
+    return all(w * dtype.itemsize % 16 == 0 for w in widths)
+
+
+def _fused_grouped_mm(x, widths):
     """PyTorch's grouped matmul is a fused kernel on CUDA in bf16 (on the CPU a slower loop of its own): for
-    bf16 inputs, or under bf16 autocast (which does not cover it)."""
+    bf16 inputs, or under bf16 autocast (which does not cover it), at widths it can read."""
     return x.is_cuda and hasattr(F, 'grouped_mm') and (x.dtype == torch.bfloat16 or (
-        torch.is_autocast_enabled('cuda') and torch.get_autocast_dtype('cuda') == torch.bfloat16))
+        torch.is_autocast_enabled('cuda') and torch.get_autocast_dtype('cuda') == torch.bfloat16)) \
+        and grouped_mm_fits(widths)
 
 
 class Experts(nn.Module):
@@ -715,14 +722,18 @@ class Experts(nn.Module):
         N, k = experts.shape
         order = experts.flatten().argsort(stable=True)  # the N*k (token, expert) pairs, grouped by expert
         tokens = order // k
-        counts = torch.bincount(experts.flatten(), minlength=self.c_fc.size(0))
+        # tokens per expert: a fixed-size scatter, not bincount (whose data-dependent size syncs with the host
+        # and breaks a compiled graph)
+        flat = experts.flatten()
+        counts = torch.zeros(self.c_fc.size(0), dtype=flat.dtype, device=flat.device).scatter_add_(
+            0, flat, torch.ones_like(flat))
         xs = x[tokens]
-        if _fused_grouped_mm(xs):  # one kernel for all experts, in bf16
+        if _fused_grouped_mm(xs, (self.c_fc.size(2), self.c_proj.size(2))):  # one kernel for all experts, in bf16
             ends = counts.cumsum(0).to(torch.int32)
             bf16 = torch.bfloat16
             gate, up = F.grouped_mm(xs.to(bf16), self.c_fc.to(bf16).transpose(1, 2), offs=ends).chunk(2, dim=-1)
             ys = F.grouped_mm(F.silu(gate) * up, self.c_proj.to(bf16).transpose(1, 2), offs=ends).to(xs.dtype)
-        else:  # a loop over experts, not tokens
+        else:  # a loop over experts, not tokens: the slices' sizes are read on the host (one sync per layer)
             ys, start = torch.empty_like(xs), 0
             for e, n in enumerate(counts.tolist()):
                 if n:
@@ -915,6 +926,11 @@ class GPT(nn.Module):
         by the load since the last step, then restart the counts. With DDP, all-reduce moe_counters() first."""
         for m in self.moe_layers():
             m.balance(self.config.moe_bias_update_rate)
+
+    def balances_experts(self):
+        """Whether balance_experts reads the load (sigmoid routers with a bias step): only then do DDP ranks
+        need to sum it every step."""
+        return bool(self.moe_layers()) and self.config.router == 'sigmoid' and self.config.moe_bias_update_rate > 0
 
     def moe_counters(self):
         """The MoE layers' running counts (load, losses): what DDP ranks sum before using them."""

@@ -23,7 +23,7 @@ from configurator import configure, model_flags, settings_of
 # I/O
 out_dir = 'out'
 eval_interval = 2000
-log_interval = 1
+log_interval = 10  # iterations between printed losses: reading one waits for the device
 eval_iters = 200
 eval_only = False  # evaluate once (appending to log.jsonl) and exit
 always_save_checkpoint = True  # else save only when val loss improves
@@ -92,6 +92,7 @@ from common import (append_log, autocast, catch_interrupts, claim_out_dir, criti
                     Interrupted, load_checkpoint, load_pretrained, model_from_checkpoint, new_checkpoint,
                     out_of_memory, peak_flops as measure_peak_flops, pick_device, pick_dtype, repair_log,
                     save_checkpoint, write_json)
+from common import all_reduce_sum, grad_scaler  # noqa: E402
 from model import GPT, RUNTIME_FLAGS, GPTConfig  # noqa: E402
 
 catch_interrupts()
@@ -170,18 +171,21 @@ for split in ('train', 'val'):
             f"different runs of prepare.py; rerun it")
 
 
-def get_batch(split, generator):
+def get_batch(split, generator, fetch=True):
+    """(x, y) on the device; fetch=False only draws the batch's offsets (the generator moves alike) -> None."""
     # a fresh memmap per batch: numpy keeps a long-lived one's pages and memory grows
     data = np.memmap(os.path.join(data_dir, f'{split}.bin'), dtype=np.uint16, mode='r')
     ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator).tolist()
+    if not fetch:
+        return None
     xy = np.stack([data[i:i + 1 + block_size] for i in ix]).astype(np.int64)
     if xy.max() >= vocab_limit:
         die(f"'{data_dir}/{split}.bin' holds token id {xy.max()} but the model's vocabulary has {vocab_limit}: the "
             f"data and meta.json (or the model) do not belong together")
-    x, y = torch.from_numpy(xy[:, :-1]), torch.from_numpy(xy[:, 1:])
-    if device_type == 'cuda':
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
+    # one contiguous (B, T+1) block pinned and sent once; inputs and targets are its views on the device
+    xy = torch.from_numpy(xy)
+    xy = xy.pin_memory().to(device, non_blocking=True) if device_type == 'cuda' else xy.to(device)
+    return xy[:, :-1], xy[:, 1:]
 
 
 def train_generator(it, micro):
@@ -250,7 +254,7 @@ if fsdp:  # each block's parameters sharded over the processes, then the rest of
     for block in model.transformer.h:
         fully_shard(block)
     fully_shard(model)
-scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
+scaler = grad_scaler(device_type, dtype, sharded=fsdp)
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 if checkpoint is not None:
     try:
@@ -296,18 +300,20 @@ def estimate_loss():
     for split in ('train', 'val'):
         generator = torch.Generator().manual_seed(EVAL_SEED + (split == 'val'))
         raw_model.moe_report()  # restart the experts' counts
-        total = torch.zeros((), device=device)
-        for k in range(eval_iters):  # every process draws every batch: the same ones, in order
-            x, y = get_batch(split, generator)
-            if k % world_size == rank:
+        total, batch = torch.zeros((), device=device), None
+        for k in range(eval_iters):  # every process draws every batch (the same ones, in order), reads its own
+            own = k % world_size == rank
+            # FSDP: a rank short of a batch runs the last one too (below), so it reads that one
+            batch = get_batch(split, generator, fetch=own or (fsdp and k == eval_iters - 1)) or batch
+            if own:
                 with ctx:
-                    total += eval_model(x, y)[1].float()
+                    total += eval_model(*batch)[1].float()
                 bar.update()
         if fsdp and eval_iters % world_size and rank >= eval_iters % world_size:
             # FSDP's forwards are collective: a rank short of a batch joins the last round, counted nowhere
             counters = [(c, c.clone()) for c in raw_model.moe_counters()]
             with ctx:
-                eval_model(x, y)
+                eval_model(*batch)
             for c, before in counters:
                 c.copy_(before)
         if distributed:
@@ -316,8 +322,7 @@ def estimate_loss():
     bar.close()
     if raw_model.moe_layers():
         if distributed:
-            for counter in raw_model.moe_counters():
-                dist.all_reduce(counter)
+            all_reduce_sum(raw_model.moe_counters())
         out['moe'] = raw_model.moe_report()
     eval_model.train()
     return out
@@ -503,9 +508,8 @@ try:
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
         if raw_model.moe_layers():  # sigmoid routers' balancing bias follows this step's load, alike on every rank
-            if distributed:
-                for m in raw_model.moe_layers():
-                    dist.all_reduce(m.load)
+            if distributed and raw_model.balances_experts():  # a softmax router never reads the load
+                all_reduce_sum([m.load for m in raw_model.moe_layers()])
             raw_model.balance_experts()
         iter_num += 1
 

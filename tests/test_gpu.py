@@ -1,6 +1,7 @@
 """The CUDA paths, on a GPU only (skipped elsewhere; `.ci/gpu` runs them with the recipes and the benchmark):
-bf16 and fp16 + GradScaler training, torch.compile, fused AdamW, flash SDPA with and without GQA, cached
-sampling, the fused grouped matmul of MoE, and FSDP."""
+bf16 and fp16 + GradScaler training, torch.compile, fused AdamW, flash SDPA with and without GQA, the SDPA
+backend torch picks (with a window mask) against math, cached sampling, the fused grouped matmul of MoE (and
+the loop at widths it cannot read), and FSDP in bf16 and fp16."""
 
 import os
 import subprocess
@@ -73,6 +74,34 @@ def test_flash_attention_runs_and_matches_math(n_kv_head):
     torch.testing.assert_close(flash, math, atol=5e-2, rtol=0)
 
 
+@pytest.mark.parametrize('n_kv_head', [8, 2])
+@pytest.mark.parametrize('window', [None, 48], ids=['causal', 'sliding-window-mask'])
+def test_the_backend_torch_picks_matches_math_in_values_and_gradients(window, n_kv_head):
+    """No backend forced, as training runs (on Hopper cuDNN may win over flash): bf16 outputs and q, k, v
+    gradients against the math backend in fp32, at a length of 64 mod 128 (192), with the causal flag and
+    with the explicit boolean mask a sliding window passes."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    torch.manual_seed(0)
+    T = 192
+    q = torch.randn(2, 8, T, 64, device='cuda')
+    k, v = torch.randn(2, 2, 2, n_kv_head, T, 64, device='cuda').unbind(0)
+    mask = M.attention_mask(0, T, None, window, 'cuda')
+    mask = True if mask is None else mask
+    r = torch.randn(2, 8, T, 64, device='cuda')
+
+    def run(dtype):
+        inputs = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        out = M.attend(*inputs, mask)
+        (out.float() * r).sum().backward()
+        return [out.float()] + [t.grad.float() for t in inputs]
+    picked = run(torch.bfloat16)
+    with sdpa_kernel(SDPBackend.MATH):
+        reference = run(torch.float32)
+    for name, got, want in zip(('out', 'dq', 'dk', 'dv'), picked, reference):
+        assert torch.isfinite(got).all(), name
+        torch.testing.assert_close(got, want, atol=3e-2 * want.abs().max().item(), rtol=0, msg=name)
+
+
 @pytest.mark.parametrize('flags', [dict(), dict(norm='rms', mlp='swiglu', n_kv_head=2, pos='rope'),
                                    dict(norm='rms', pos='rope', attn='mla'), dict(norm='rms', pos='rope', mlp='moe')],
                          ids=['vanilla', 'modern', 'mla', 'moe'])
@@ -85,27 +114,38 @@ def test_cached_sampling_on_cuda_equals_uncached(flags):
     assert torch.equal(cached, uncached)
 
 
+@pytest.mark.parametrize('hidden', [344, 341])
 @pytest.mark.parametrize('autocast', [True, False], ids=['fp32-weights-under-bf16-autocast', 'bf16-weights'])
-def test_moe_grouped_matmul_kernel_equals_the_loop(monkeypatch, autocast):
-    """As training runs it (fp32 weights, bf16 autocast), and with bf16 weights."""
+def test_moe_grouped_matmul_kernel_equals_the_loop(monkeypatch, autocast, hidden):
+    """As training runs it (fp32 weights, bf16 autocast), and with bf16 weights; at an expert width of a
+    multiple of 8 the grouped matmul runs, at 341 (1024 // 3) it cannot read the rows and the loop runs."""
     torch.manual_seed(0)
-    cfg = GPTConfig(block_size=32, vocab_size=64, n_layer=1, n_head=4, n_embd=64, mlp='moe', n_expert=8)
+    cfg = GPTConfig(block_size=32, vocab_size=64, n_layer=1, n_head=4, n_embd=64, mlp='moe', n_expert=8,
+                    moe_hidden=hidden)
     layer = M.MoE(cfg).cuda()
     x = torch.randn(4, 32, 64, device='cuda')
     if not autocast:
         layer, x = layer.to(torch.bfloat16), x.to(torch.bfloat16)
     with torch.autocast('cuda', dtype=torch.bfloat16, enabled=autocast):
-        assert M._fused_grouped_mm(x)
+        assert M._fused_grouped_mm(x, (64, hidden)) is (hidden % 8 == 0)
         fused = layer(x)
-        monkeypatch.setattr(M, '_fused_grouped_mm', lambda _: False)
+        r = torch.randn_like(fused.float())  # a gradient that is not the same everywhere
+        (fused.float() * r).sum().backward()
+        grads = [p.grad.clone() for p in (layer.experts.c_fc, layer.experts.c_proj)]
+        layer.zero_grad()
+        monkeypatch.setattr(M, '_fused_grouped_mm', lambda *_: False)
         looped = layer(x)
+        (looped.float() * r).sum().backward()
     torch.testing.assert_close(fused.float(), looped.float(), atol=2e-2, rtol=2e-2)
+    for g, p in zip(grads, (layer.experts.c_fc, layer.experts.c_proj)):
+        torch.testing.assert_close(g.float(), p.grad.float(), atol=2e-2 * p.grad.abs().max().item(), rtol=0)
 
 
-def test_fsdp_on_one_process_with_nccl(tmp_path):
+@pytest.mark.parametrize('dtype', ['bfloat16', 'float16'])  # float16: with the sharded grad scaler
+def test_fsdp_on_one_process_with_nccl(tmp_path, dtype):
     make_char_dataset(tmp_path)
     launcher = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=1']
-    result = train(tmp_path, *MODERN, '--fsdp=True', '--out_dir=out', launcher=launcher)
+    result = train(tmp_path, *MODERN, '--fsdp=True', f'--dtype={dtype}', '--out_dir=out', launcher=launcher)
     assert 'sharded (FSDP)' in result.stdout
     losses = val_losses(tmp_path / 'out')
     assert losses[-1] < losses[0] - 0.5

@@ -979,13 +979,51 @@ def test_moe_fused_grouped_matmul_equals_the_loop(monkeypatch):
     x = torch.randn(3, 5, N_EMBD, generator=torch.Generator().manual_seed(62))
     results = []
     for fused in (False, True):
-        monkeypatch.setattr(M, '_fused_grouped_mm', lambda _: fused)
+        monkeypatch.setattr(M, '_fused_grouped_mm', lambda *_: fused)
         layer.zero_grad()
         y = layer(x)
         (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
         results.append((y.detach(), layer.experts.c_fc.grad.clone(), layer.experts.c_proj.grad.clone()))
     for loop, fused in zip(*results):
         assert_close(fused, loop, atol=0.02 * loop.abs().max().item())
+
+
+@pytest.mark.parametrize('widths, fits', [((32, 24), True), ((64, 344), True), ((64, 341), False),
+                                           ((36, 24), False), ((8, 8), True)])
+def test_grouped_matmul_only_at_widths_it_can_read(widths, fits):
+    """The rule _fused_grouped_mm applies on CUDA (rows of 16 bytes: 8 bf16 values) is the one torch's grouped
+    matmul enforces; its CPU version checks the same, so it is checked against torch here."""
+    assert M.grouped_mm_fits(widths) is fits
+    d, h = widths
+    x, w = torch.randn(6, d, dtype=torch.bfloat16), torch.randn(3, h, d, dtype=torch.bfloat16)
+    offs = torch.tensor([2, 4, 6], dtype=torch.int32)
+    try:
+        F.grouped_mm(x, w.transpose(1, 2), offs=offs)  # reads rows of width d
+        F.grouped_mm(torch.randn(6, h, dtype=torch.bfloat16), w, offs=offs)  # and of width h
+        accepted = True
+    except RuntimeError:
+        accepted = False
+    assert accepted is fits
+
+
+def test_moe_model_compiles_as_one_graph(monkeypatch):
+    """The experts are counted without a data-dependent size (no bincount): the grouped-matmul path, which CUDA
+    takes, compiles as train.py compiles it (no fullgraph) into one graph with eager's outputs. (The loop over
+    experts reads each expert's token count on the host: a graph break per layer.)"""
+    import torch._dynamo
+    from torch._dynamo.testing import CompileCounter
+    monkeypatch.setattr(M, '_fused_grouped_mm', lambda *_: True)
+    model = build(mlp='moe', n_expert=4, moe_hidden=24, norm='rms', pos='rope', moe_aux_loss_coef=0.01)
+    model.train()
+    idx = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(67))
+    eager = model(idx, idx)
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter)(idx, idx)
+    torch._dynamo.reset()
+    assert counter.frame_count == 1
+    assert_close(compiled[0], eager[0], atol=1e-5)
+    assert_close(compiled[1], eager[1], atol=1e-5)
 
 
 def test_active_parameters_are_what_one_token_touches():
@@ -1065,6 +1103,16 @@ def test_balance_experts_moves_every_sigmoid_layer_and_restarts_the_counts():
     model.balance_experts()
     for m, load in zip(model.moe_layers(), loads):
         assert torch.equal(m.expert_bias, 0.1 * torch.sign(load.mean() - load)) and m.load.sum() == 0
+
+
+@pytest.mark.parametrize('flags, balances', [
+    (dict(mlp='moe', router='sigmoid', moe_bias_update_rate=0.1), True),
+    (dict(mlp='moe', router='sigmoid', moe_bias_update_rate=0.0), False),  # a frozen bias
+    (dict(mlp='moe', router='softmax'), False),  # never reads the load
+    (dict(mlp='swiglu'), False),
+])
+def test_only_balancing_sigmoid_routers_need_the_load_summed_across_ranks(flags, balances):
+    assert build(n_expert=4, **flags).balances_experts() is balances
 
 
 # ----------------------------------------------------------------------------- 11: config validation

@@ -532,3 +532,51 @@ def test_a_gpu_recipe_on_a_cpu_says_so_at_once(workdir):
     finally:
         proc.kill()
         proc.wait()
+
+
+def train_namespace(cwd, *args, monkeypatch):
+    """train.py run in this process to its end: its globals (settings, get_batch, estimate_loss, ...)."""
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, 'argv', ['train.py', *TINY, *args])
+    monkeypatch.setattr(common, 'catch_interrupts', lambda: None)
+    try:
+        return runpy.run_path(str(REPO / 'train.py'), run_name='__main__')
+    finally:
+        common.release_out_dirs()
+
+
+@pytest.mark.parametrize('fsdp, reads', [(False, [1]), (True, [1, 2])], ids=['ddp', 'fsdp'])
+def test_a_rank_reads_only_its_own_eval_batches(workdir, monkeypatch, fsdp, reads):
+    """Rank 1 of 2, 3 eval batches: it draws all three (the same ones as one process) and reads only batch 1;
+    under FSDP also batch 2, the last, whose collective forward it joins. Each batch is one (B, T+1) block
+    sent to the device once, inputs and targets its views."""
+    ns = train_namespace(workdir, '--max_iters=0', '--eval_iters=3', '--out_dir=out', monkeypatch=monkeypatch)
+    g = ns['get_batch'].__globals__  # the script's own globals, which its functions read: runpy clears
+    g.update(ns)  # them when the run ends, and returns a copy
+    get_batch = g['get_batch']
+    x, y = get_batch('val', torch.Generator().manual_seed(0))
+    assert x._base is y._base and x._base.shape == (4, 17) and x._base.is_contiguous()
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    generator = torch.Generator().manual_seed(g['EVAL_SEED'] + 1)
+    alone = [get_batch('val', generator) for _ in range(3)]  # what one process evaluates
+    read = []
+
+    def spy(split, generator, fetch=True):
+        batch = get_batch(split, generator, fetch)
+        if split == 'val' and fetch:
+            read.append(batch)
+        return batch
+    monkeypatch.setitem(g, 'get_batch', spy)
+    monkeypatch.setitem(g, 'rank', 1)
+    monkeypatch.setitem(g, 'world_size', 2)
+    monkeypatch.setitem(g, 'fsdp', fsdp)
+    g['estimate_loss']()
+    assert len(read) == len(reads)
+    for (x, y), k in zip(read, reads):
+        assert torch.equal(x, alone[k][0]) and torch.equal(y, alone[k][1])
+
+
+def test_the_loss_is_read_every_log_interval_10_by_default(workdir, run, monkeypatch):
+    monkeypatch.setitem(globals(), 'TINY', [a for a in TINY if not a.startswith('--log_interval')])
+    result = run(workdir, '--max_iters=12', '--eval_interval=12', '--out_dir=out')
+    assert sorted(iter_losses(result.stdout)) == [10, 12]  # and the last iteration
