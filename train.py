@@ -16,6 +16,7 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, fields
+from typing import Optional
 
 from configurator import configure, model_flags, settings_of
 
@@ -41,7 +42,7 @@ block_size = 1024
 # recipes set the swaps (norm, mlp, n_kv_head, pos) and the sizes (n_layer, n_head, n_embd)
 globals().update(model_flags())
 bias = False  # nanoGPT trains without biases
-vocab_size = None  # None: the dataset's (meta.json), else GPT-2's 50304
+vocab_size: Optional[int] = None  # None: the dataset's (meta.json), else GPT-2's 50304
 # AdamW
 learning_rate = 6e-4
 max_iters = 600000
@@ -59,7 +60,7 @@ backend = 'auto'  # DDP/FSDP: 'nccl' on CUDA, 'gloo' on CPU
 fsdp = False  # under torchrun: shard parameters, gradients and optimizer state (FSDP) instead of replicating (DDP)
 device = 'auto'  # 'auto' (cuda, mps, cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'  # 'auto' (bf16, else fp16 on CUDA; fp32 elsewhere), 'float32', 'bfloat16', 'float16'
-compile = None  # None: on for CUDA only
+compile: Optional[bool] = None  # None: on for CUDA only
 peak_flops = 0.0  # for MFU; 0: a known GPU's peak, else a matmul measured at start
 seed = 1337
 settings = configure(settings_of(globals()), sys.argv[1:], prog='train.py', doc=__doc__)
