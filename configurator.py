@@ -22,6 +22,7 @@ import ast
 import difflib
 import io
 import os
+import re
 import sys
 import tokenize
 import traceback
@@ -245,6 +246,31 @@ def _print_help(defaults, prog, doc, from_model=()):
     type_width = max((len(t) for _, t, _ in items), default=0)
     for arg, type_name, description in items:
         print(f'  {arg:<{width}}  {type_name:<{type_width}}  {description}'.rstrip())
+
+
+HUB_NAMES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl', 'distilgpt2')  # hub ids without an org
+
+
+def init_from_problem(init_from, modes=('scratch', 'resume')):
+    """Why init_from cannot be loaded, said before torch loads (None when it may be): neither one of modes,
+    a local directory, nor a plausible Hugging Face id (org/name or one of HUB_NAMES; a typo of a mode gets a
+    suggestion), or, offline (HF_HUB_OFFLINE), a hub id not in the local cache."""
+    if init_from in modes or os.path.isdir(init_from):
+        return None
+    if not (init_from in HUB_NAMES or re.fullmatch(r'[A-Za-z0-9][\w.-]*/[\w.-]+', init_from)):
+        close = difflib.get_close_matches(init_from, list(modes) + list(HUB_NAMES), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ''
+        return (f"init_from {init_from!r} is neither {', '.join(map(repr, modes))}, a local directory, nor a Hugging "
+                f"Face id (org/name, or {', '.join(HUB_NAMES)}){hint}")
+    if os.environ.get('HF_HUB_OFFLINE', '').upper() in ('1', 'ON', 'YES', 'TRUE'):
+        try:
+            from huggingface_hub import try_to_load_from_cache
+        except ImportError:
+            return None  # loading it will say transformers is missing
+        if not isinstance(try_to_load_from_cache(init_from, 'config.json'), str):
+            return (f"init_from {init_from!r} is not in the Hugging Face cache and HF_HUB_OFFLINE is set: download "
+                    f"it once online, or give a local directory")
+    return None
 
 
 def configure(defaults: dict, argv: list, prog: str = None, doc: str = None, from_model=()) -> Settings:
