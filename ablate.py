@@ -282,7 +282,8 @@ def method_args(method, trained, multiple):
             # factor 1: the base grows with the length itself, (L / trained)^(d / (d - 2))
             'dynamic': {'rope_scaling': 'dynamic', 'rope_factor': 1.0},
             'yarn': {'rope_scaling': 'yarn', 'rope_factor': float(multiple)},
-            'window': {'sliding_window': trained}}[method] | {'block_size': length, 'rope_original_length': trained}
+            'window': {'sliding_window': trained}}[method] | {'block_size': length} | (
+                {'rope_original_length': trained} if method in ('linear', 'dynamic', 'yarn') else {})  # a scaling's
 
 
 @torch.no_grad()

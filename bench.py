@@ -28,6 +28,7 @@ import statistics
 import sys
 import time
 from dataclasses import fields
+from typing import Optional
 
 from configurator import configure, model_flags, settings_of
 
@@ -52,7 +53,7 @@ decode_prompt = 1  # prompt tokens before the timed decoding
 device = 'auto'
 dtype = 'auto'
 compare_dtype = ''  # e.g. 'bfloat16': training steps in this dtype too, taken in turn with dtype's (an extra row)
-compile = None  # None: on for CUDA only (training model only; decoding uses the raw model)
+compile: Optional[bool] = None  # None: on for CUDA only (training model only; decoding uses the raw model)
 peak_flops = 0.0
 seed = 1337
 json = ''  # path: also write the figures as JSON (a bare --json: bench.json)

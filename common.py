@@ -1,9 +1,12 @@
 """Helpers the scripts share: one-line errors and interrupts, device and dtype choice, an out_dir's lock,
 log and checkpoints, tokenizers, peak FLOP/s."""
 
+import atexit
 import fcntl
 import json
 import os
+import re
+import shutil
 import signal
 import sys
 import time
@@ -60,18 +63,32 @@ def catch_interrupts():
     sys.excepthook = hook
 
 
+def hold_interrupts():
+    """Start a stretch an interrupt must not cut, as critical() for one that is not a single block (a training
+    step): an interrupt waits until deliver_interrupts()."""
+    global _critical
+    _critical += 1
+
+
+def deliver_interrupts(discard=False):
+    """End hold_interrupts(): an interrupt that came meanwhile is raised now (discard: the stretch failed, and
+    what ends the process is already under way)."""
+    global _critical, _pending
+    _critical -= 1
+    if not _critical and _pending is not None:
+        signum, _pending = _pending, None
+        if not discard:
+            raise Interrupted(signum)
+
+
 @contextmanager
 def critical():
     """A block that an interrupt must not cut in two (a checkpoint or log write): it is delivered after."""
-    global _critical, _pending
-    _critical += 1
+    hold_interrupts()
     try:
         yield
     finally:
-        _critical -= 1
-        if not _critical and _pending is not None:
-            signum, _pending = _pending, None
-            raise Interrupted(signum)
+        deliver_interrupts()
 
 
 def out_of_memory(error):
@@ -141,14 +158,38 @@ def all_reduce_sum(tensors):
 
 # ----------------------------------------------------------------------------- checkpoints
 
-TMP = '.tmp'  # in the name of every file written aside before it replaces its target
+TMP_NAME = re.compile(r'\..+\.tmp\d+')  # tmp_path's names: what claim_out_dir may remove as a crash's leftovers
+
+
+def tmp_path(path):
+    """Where a file is written before it atomically replaces path: `.NAME.tmpPID` beside it."""
+    directory, name = os.path.split(path)
+    return os.path.join(directory, f'.{name}.tmp{os.getpid()}')
+
+
+def keep_as(path, other):
+    """Make `other` a second name of the checkpoint at path, atomically: a hard link (no second write), or a
+    copy where the filesystem has none."""
+    tmp = tmp_path(os.path.abspath(other))
+    with critical():
+        try:
+            try:
+                os.link(path, tmp)
+            except OSError:
+                shutil.copyfile(path, tmp)
+            os.replace(tmp, other)
+        except OSError as e:
+            die(f"cannot write checkpoint '{other}' ({e.strerror or e}); the previous one is intact", code=1)
+        finally:
+            if os.path.lexists(tmp):
+                os.remove(tmp)
 
 
 def save_checkpoint(checkpoint, path):
     """Write atomically: a crash, an interrupt or a full disk mid-write leaves the previous checkpoint, never a
     broken file (a full disk is one error line)."""
     directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f'.{os.path.basename(path)}{TMP}{os.getpid()}')
+    tmp = tmp_path(os.path.abspath(path))
     with critical():
         try:
             with open(tmp, 'wb') as f:
@@ -161,8 +202,10 @@ def save_checkpoint(checkpoint, path):
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        except OSError as e:
-            die(f"cannot write checkpoint '{path}' ({e.strerror or e}); the previous one is intact", code=1)
+        except (OSError, RuntimeError) as e:  # torch.save says a full disk as RuntimeError('... file write failed')
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0][:200] if str(e) \
+                else type(e).__name__
+            die(f"cannot write checkpoint '{path}' ({reason}); the previous one is intact", code=1)
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
@@ -171,6 +214,7 @@ def save_checkpoint(checkpoint, path):
 # ----------------------------------------------------------------------------- an out_dir: one writer, one log
 
 _locks = {}  # out_dir's real path -> the open lock file: held until this process ends (or release_out_dirs)
+_created = set()  # the out_dirs this process made: removed again if it ends leaving only their .lock
 
 
 def claim_out_dir(out_dir):
@@ -181,7 +225,9 @@ def claim_out_dir(out_dir):
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         die(f"out_dir '{out_dir}' is a file, not a directory")
     try:
-        os.makedirs(out_dir, exist_ok=True)
+        if not os.path.exists(out_dir):
+            os.makedirs(out_dir)
+            _created.add(os.path.realpath(out_dir))
         fd = os.open(os.path.join(out_dir, '.lock'), os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
         die(f"cannot write to out_dir '{out_dir}': {e.strerror or e}")
@@ -194,15 +240,37 @@ def claim_out_dir(out_dir):
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     _locks[os.path.realpath(out_dir)] = fd
-    for name in os.listdir(out_dir):  # ours alone now: what a crash left mid-write is garbage
-        if TMP in name and os.path.isfile(os.path.join(out_dir, name)):
+    for name in os.listdir(out_dir):  # ours alone now: what our writers left mid-write at a crash is garbage
+        if TMP_NAME.fullmatch(name) and os.path.isfile(os.path.join(out_dir, name)):
             os.remove(os.path.join(out_dir, name))
 
 
+@atexit.register
 def release_out_dirs():
-    """Let go of every out_dir this process claimed (a process that runs scripts in itself, e.g. the tests)."""
+    """Let go of every out_dir this process claimed (at exit; a process that runs scripts in itself, e.g. the
+    tests, calls it too), removing one it created that holds nothing but its .lock (a run that failed before
+    writing anything leaves no empty out_dir behind)."""
     while _locks:
-        os.close(_locks.popitem()[1])
+        real, fd = _locks.popitem()
+        os.close(fd)
+        if real in _created:
+            _created.discard(real)
+            try:
+                if os.listdir(real) == ['.lock']:
+                    os.remove(os.path.join(real, '.lock'))
+                    os.rmdir(real)
+            except OSError:
+                pass  # someone else's file arrived, or it went: nothing of ours to clean
+
+
+def collective_error(error):
+    """Whether an exception is a collective of torch.distributed failing (another process ended or hung)."""
+    dist_error = getattr(torch.distributed, 'DistError', ())
+    if dist_error and isinstance(error, dist_error):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(
+        marker in text for marker in ('gloo', 'NCCL', 'Connection closed by peer', 'Connection reset by peer'))
 
 
 def repair_log(path, last_iter=None):
@@ -210,6 +278,8 @@ def repair_log(path, last_iter=None):
     checkpoint at last_iter, the records past it (the resumed run logs those iterations again)."""
     if not os.path.exists(path):
         return
+    if not os.path.isfile(path):
+        die(f"log '{path}' is not a file; move it out of the way")
     with open(path, encoding='utf-8', errors='replace') as f:
         lines = f.read().splitlines()
     keep, seen = [], set()
@@ -218,6 +288,8 @@ def repair_log(path, last_iter=None):
             record = json.loads(line)
             it = record['iter']
         except (ValueError, TypeError, KeyError):
+            continue
+        if isinstance(it, bool) or not isinstance(it, int):  # not one of our records
             continue
         if last_iter is not None and it > last_iter:
             continue
@@ -228,9 +300,9 @@ def repair_log(path, last_iter=None):
         keep.append(line)
     if keep != lines:
         with critical():
-            with open(path + TMP, 'w', encoding='utf-8') as f:
+            with open(tmp_path(path), 'w', encoding='utf-8') as f:
                 f.write(''.join(line + '\n' for line in keep))
-            os.replace(path + TMP, path)
+            os.replace(tmp_path(path), path)
 
 
 def append_log(path, record):
@@ -245,7 +317,7 @@ def append_log(path, record):
 
 def write_json(path, obj):
     """Write JSON atomically: a reader sees the old file or the new one, never half of it."""
-    tmp = f'{path}{TMP}{os.getpid()}'
+    tmp = tmp_path(path)
     with critical():
         with open(tmp, 'w') as f:
             json.dump(obj, f, indent=1)

@@ -10,8 +10,10 @@ argv is processed left to right, later elements win:
   config/foo.py   Python assignments (`n_layer = 6`) that may read the current settings
   --key=value     value read with ast.literal_eval, falling back to the raw text
   --help / -h     list every setting with its default and the comment beside it, exit 0
-Values must fit the type of their default (a None default takes any literal); any user mistake prints
-one `error: ...` line to stderr and exits with code 2.
+Values must fit the type of their default; a setting whose default is None takes None or the type its
+annotation names (`compile: Optional[bool] = None`, read from the script's source, and GPTConfig's field
+annotations for model flags; without one, any literal). Any user mistake prints one `error: ...` line to
+stderr and exits with code 2.
 
 Scripts that build a model take every field of GPTConfig as a setting: model_flags() reads them from
 model.py's source, so settings are checked (and --help answers) before torch is imported.
@@ -20,6 +22,7 @@ import ast
 import difflib
 import io
 import os
+import re
 import sys
 import tokenize
 import traceback
@@ -29,6 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MODEL_PY = os.path.join(HERE, 'model.py')
 
 SETTING_TYPES = (bool, int, float, str, type(None))
+_TYPE_NAMES = {'bool': bool, 'int': int, 'float': float, 'str': str}
 
 
 class ConfigError(ValueError):
@@ -46,14 +50,27 @@ def settings_of(namespace: dict) -> dict:
             if not k.startswith('_') and isinstance(v, SETTING_TYPES)}
 
 
-def _type_name(default):
+def _type_name(default, kind=None):
     # a None default marks an optional value (n_kv_head: None means "same as n_head"; rope_scaling: off)
-    return 'any literal' if default is None else type(default).__name__
+    if default is None:
+        return f'{kind.__name__} or None' if kind else 'any literal'
+    return type(default).__name__
+
+
+def _annotated_type(node):
+    """The type an annotation names: `int`, `Optional[int]` or `int | None` give int; anything else None."""
+    if isinstance(node, ast.Subscript) and ast.unparse(node.value) in ('Optional', 'typing.Optional'):
+        return _annotated_type(node.slice)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        sides = [n for n in (node.left, node.right) if not (isinstance(n, ast.Constant) and n.value is None)]
+        return _annotated_type(sides[0]) if len(sides) == 1 else None
+    return _TYPE_NAMES.get(node.id) if isinstance(node, ast.Name) else None
 
 
 def _assignments(path, class_name=None):
-    """[(name, value node, comment)] of the top-level assignments in a Python file, or of the class
-    body of class_name; comment: the text of a `# ...` on the assignment's last line, else ''."""
+    """[(name, value node, comment, type)] of the top-level assignments in a Python file, or of the class
+    body of class_name; comment: the text of a `# ...` on the assignment's last line, else ''; type: what
+    an annotation names (`compile: Optional[bool] = None` gives bool), else None."""
     with open(path, encoding='utf-8') as f:
         source = f.read()
     comments = {tok.start[0]: tok.string.lstrip('#').strip()
@@ -66,7 +83,8 @@ def _assignments(path, class_name=None):
         target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else \
             getattr(node, 'target', None) if isinstance(node, ast.AnnAssign) else None
         if isinstance(target, ast.Name) and node.value is not None:
-            out.append((target.id, node.value, comments.get(node.end_lineno, '')))
+            kind = _annotated_type(node.annotation) if isinstance(node, ast.AnnAssign) else None
+            out.append((target.id, node.value, comments.get(node.end_lineno, ''), kind))
     return out
 
 
@@ -74,9 +92,10 @@ def model_flags(runtime_only=False):
     """GPTConfig's fields, {name: default}, read from model.py's source: the model flags every script
     that builds a model takes as settings (defaults must be literals there); runtime_only: only those of
     model.RUNTIME_FLAGS, which change no weight (what a script using a trained model may set)."""
-    flags = {name: ast.literal_eval(value) for name, value, _ in _assignments(MODEL_PY, 'GPTConfig')}
+    flags = {name: ast.literal_eval(value) for name, value, _, _ in _assignments(MODEL_PY, 'GPTConfig')}
     if runtime_only:
-        runtime = next(ast.literal_eval(value) for name, value, _ in _assignments(MODEL_PY) if name == 'RUNTIME_FLAGS')
+        runtime = next(ast.literal_eval(value) for name, value, _, _ in _assignments(MODEL_PY)
+                       if name == 'RUNTIME_FLAGS')
         flags = {k: v for k, v in flags.items() if k in runtime}
     return flags
 
@@ -93,58 +112,76 @@ def script_defaults(path):
             break
         if isinstance(node, ast.Expr) and 'model_flags(' in ast.unparse(node):
             defaults.update(model_flags())
-        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        else:
+            target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else \
+                node.target if isinstance(node, ast.AnnAssign) and node.value is not None else None
+            if not isinstance(target, ast.Name):
+                continue
             try:
                 value = eval(compile(ast.Expression(node.value), path, 'eval'), {'__builtins__': {}})
             except Exception:  # an expression of other names: not a setting
                 continue
-            if not node.targets[0].id.startswith('_') and isinstance(value, SETTING_TYPES):
-                defaults[node.targets[0].id] = value
+            if not target.id.startswith('_') and isinstance(value, SETTING_TYPES):
+                defaults[target.id] = value
     return defaults
+
+
+def _read_settings(prog):
+    """({setting: its comment}, {setting: its annotated type}) from GPTConfig's fields and the script's own
+    globals (the script's win)."""
+    descriptions, kinds = {}, {}
+    for path, class_name in ((MODEL_PY, 'GPTConfig'), (os.path.join(HERE, prog or ''), None)):
+        try:
+            for name, _, comment, kind in _assignments(path, class_name):
+                if comment:
+                    descriptions[name] = comment
+                if kind:
+                    kinds[name] = kind
+        except (OSError, SyntaxError, StopIteration, UnicodeDecodeError):
+            pass  # help and checks without what the source says beat none
+    return descriptions, kinds
 
 
 def _descriptions(prog):
     """{setting: its comment} from the script's own globals and GPTConfig's fields."""
-    out = {}
-    for path, class_name in ((MODEL_PY, 'GPTConfig'), (os.path.join(HERE, prog or ''), None)):
-        try:
-            out.update({name: comment for name, _, comment in _assignments(path, class_name) if comment})
-        except (OSError, SyntaxError, StopIteration, UnicodeDecodeError):
-            pass  # help without descriptions beats no help
-    return out
+    return _read_settings(prog)[0]
 
 
-def _check(defaults, key, value, raw=None):
-    """Return `value` as the type of defaults[key], or raise ConfigError."""
+def _check(defaults, key, value, raw=None, kinds=None):
+    """Return `value` as the type of defaults[key] (for a None default: None, or the type kinds[key] names,
+    else any literal), or raise ConfigError."""
     if key not in defaults:
         close = difflib.get_close_matches(key, list(defaults), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ''
         raise ConfigError(f"unknown setting '{key}'{hint}")
     default = defaults[key]
+    kind = type(default) if default is not None else (kinds or {}).get(key)
+    if default is None and value is None:
+        return None
     # bool is a subclass of int, so it must be tested first and excluded from int/float
-    if isinstance(default, bool):
+    if kind is bool:
         if isinstance(value, (bool, str)) and str(value).lower() in ('true', 'false'):
             return str(value).lower() == 'true'
-    elif isinstance(default, int):
+    elif kind is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-    elif isinstance(default, float):
+    elif kind is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-    elif isinstance(default, str):
+    elif kind is str:
         if isinstance(value, str):  # includes a quoted literal like "'hello'"
             return value
         if raw is not None:  # CLI text stays text: --start=123 gives '123', not 123
             return raw
-    elif isinstance(value, str) and value.lower() in ('true', 'false'):  # --compile=false: None means auto
+    elif isinstance(value, str) and value.lower() in ('true', 'false'):  # an unannotated None default
         return value.lower() == 'true'
-    elif isinstance(value, SETTING_TYPES):  # a None default: any literal, e.g. --rope_scaling=yarn
+    elif isinstance(value, SETTING_TYPES):  # a None default without an annotation: any literal
         return value
-    raise ConfigError(f"setting '{key}' expects {_type_name(default)}, "
+    raise ConfigError(f"setting '{key}' expects {_type_name(default, kind)}, "
                       f"got {value!r} ({type(value).__name__})")
 
 
-def _apply_override(arg, defaults, settings):
+def _apply_override(arg, defaults, settings, kinds=None):
     key, sep, raw = arg[2:].partition('=')  # first '=' only: --start=a=b gives 'a=b'
     if not arg.startswith('--') or not sep or not key:
         raise ConfigError(f"malformed argument '{arg}': expected --key=value")
@@ -152,11 +189,11 @@ def _apply_override(arg, defaults, settings):
         value = ast.literal_eval(raw)
     except Exception:  # anything that is not a Python literal is just text
         value = raw
-    settings[key] = _check(defaults, key, value, raw)
+    settings[key] = _check(defaults, key, value, raw, kinds)
     return {key}
 
 
-def _apply_file(path, defaults, settings):
+def _apply_file(path, defaults, settings, kinds=None):
     try:
         with open(path) as f:
             source = f.read()
@@ -178,7 +215,7 @@ def _apply_file(path, defaults, settings):
         if key.startswith('_') or isinstance(value, types.ModuleType) or callable(value):
             continue
         try:
-            value = _check(defaults, key, value)
+            value = _check(defaults, key, value, kinds=kinds)
         except ConfigError as e:
             raise ConfigError(f"config file '{path}': {e}") from None
         if value != settings[key] or type(value) is not type(settings[key]):
@@ -193,31 +230,64 @@ def _shown(value):
     return value if plain else repr(value)
 
 
-def _print_help(defaults, prog, doc):
+def _print_help(defaults, prog, doc, from_model=()):
     print(f"usage: python {prog or sys.argv[0]} [config_file.py ...] [--key=value ...]")
     if doc:
         print('\n' + doc.strip() + '\n')
-    descriptions = _descriptions(prog)
-    items = [(f'--{k}={_shown(v)}', f'({_type_name(v)})', descriptions.get(k, '')) for k, v in defaults.items()]
+    descriptions, kinds = _read_settings(prog)
+    items = []
+    for k, v in defaults.items():
+        kind = f'({_type_name(v, kinds.get(k))})'
+        if k in from_model:  # the value in defaults is GPTConfig's, not the one that applies
+            items.append((f'--{k}', kind, "default: the model's (checkpoint's) value; " + descriptions.get(k, '')))
+        else:
+            items.append((f'--{k}={_shown(v)}', kind, descriptions.get(k, '')))
     width = max((len(a) for a, _, _ in items), default=0)
     type_width = max((len(t) for _, t, _ in items), default=0)
     for arg, type_name, description in items:
         print(f'  {arg:<{width}}  {type_name:<{type_width}}  {description}'.rstrip())
 
 
-def configure(defaults: dict, argv: list, prog: str = None, doc: str = None) -> Settings:
+HUB_NAMES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl', 'distilgpt2')  # hub ids without an org
+
+
+def init_from_problem(init_from, modes=('scratch', 'resume')):
+    """Why init_from cannot be loaded, said before torch loads (None when it may be): neither one of modes,
+    a local directory, nor a plausible Hugging Face id (org/name or one of HUB_NAMES; a typo of a mode gets a
+    suggestion), or, offline (HF_HUB_OFFLINE), a hub id not in the local cache."""
+    if init_from in modes or os.path.isdir(init_from):
+        return None
+    if not (init_from in HUB_NAMES or re.fullmatch(r'[A-Za-z0-9][\w.-]*/[\w.-]+', init_from)):
+        close = difflib.get_close_matches(init_from, list(modes) + list(HUB_NAMES), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ''
+        return (f"init_from {init_from!r} is neither {', '.join(map(repr, modes))}, a local directory, nor a Hugging "
+                f"Face id (org/name, or {', '.join(HUB_NAMES)}){hint}")
+    if os.environ.get('HF_HUB_OFFLINE', '').upper() in ('1', 'ON', 'YES', 'TRUE'):
+        try:
+            from huggingface_hub import try_to_load_from_cache
+        except ImportError:
+            return None  # loading it will say transformers is missing
+        if not isinstance(try_to_load_from_cache(init_from, 'config.json'), str):
+            return (f"init_from {init_from!r} is not in the Hugging Face cache and HF_HUB_OFFLINE is set: download "
+                    f"it once online, or give a local directory")
+    return None
+
+
+def configure(defaults: dict, argv: list, prog: str = None, doc: str = None, from_model=()) -> Settings:
     """Return a new dict of `defaults` updated by the config files and overrides in argv (a Settings: its
-    .given names what argv set)."""
+    .given names what argv set). from_model: the settings whose value, unless given, is the loaded model's
+    own (a trained model's runtime flags in sample.py): --help says so instead of showing GPTConfig's."""
     if '--help' in argv or '-h' in argv:
         try:
-            _print_help(defaults, prog, doc)
+            _print_help(defaults, prog, doc, from_model)
         except BrokenPipeError:  # `--help | head` closed the pipe: nothing left to tell
             sys.stderr.close()
         sys.exit(0)
     settings, given = Settings(defaults), set()
+    kinds = _read_settings(prog)[1] if prog else {}
     try:
         for arg in argv:
-            given |= (_apply_override if arg.startswith('-') else _apply_file)(arg, defaults, settings)
+            given |= (_apply_override if arg.startswith('-') else _apply_file)(arg, defaults, settings, kinds)
     except ConfigError as e:
         # one line, no traceback: the user made a typo, not the program
         print('error: ' + ' '.join(str(e).splitlines()), file=sys.stderr)

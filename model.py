@@ -117,24 +117,29 @@ class GPTConfig:
             cannot = [f"{k}={getattr(self, k)!r}" for k, default in (('n_kv_head', None), ('head_dim', None),
                       ('qk_norm', False), ('qkv_bias', False)) if getattr(self, k) != default]
             if cannot:
-                raise ValueError(f"attn='mla' makes its own keys and values: {', '.join(cannot)} cannot apply")
+                fix = ' '.join(f"--{k}={d}" for k, d in (('n_kv_head', None), ('head_dim', None), ('qk_norm', False),
+                                                         ('qkv_bias', False)) if getattr(self, k) != d)
+                raise ValueError(f"attn='mla' makes its own keys and values: {', '.join(cannot)} cannot apply "
+                                 f"(set {fix})")
             for name in mla:
                 if getattr(self, name) is not None:
                     _check_int(name, getattr(self, name), 'None or an int >= 0', 0 if name in (
                         'q_lora_rank', 'qk_rope_head_dim') else 1)
             if self.pos == 'learned' and self.qk_rope_head_dim:
                 raise ValueError(f"qk_rope_head_dim={self.qk_rope_head_dim} needs pos='rope' (learned positions "
-                                 f"rotate nothing)")
+                                 f"rotate nothing): set --pos=rope or --qk_rope_head_dim=None")
             if self.pos == 'rope' and self.qk_rope_head_dim == 0:
                 raise ValueError("qk_rope_head_dim=0 with pos='rope': the rotated part needs a width")
         else:
             set_ = [k for k in mla if getattr(self, k) is not None]
             if set_:
-                raise ValueError(f"{', '.join(set_)} apply to attn='mla' only, got attn={self.attn!r}")
+                raise ValueError(f"{', '.join(set_)} apply to attn='mla' only, got attn={self.attn!r} (set --attn=mla, "
+                                 f"or {' '.join(f'--{k}=None' for k in set_)})")
         if self.pos == 'rope' and self.rope_dim % 2 != 0:
             raise ValueError(f"pos='rope' needs an even head_dim (qk_rope_head_dim with MLA), got {self.rope_dim}")
         if self.rope_scaling is not None and self.pos != 'rope':
-            raise ValueError(f"rope_scaling={self.rope_scaling!r} needs pos='rope', got pos={self.pos!r}")
+            raise ValueError(f"rope_scaling={self.rope_scaling!r} needs pos='rope', got pos={self.pos!r} (set --pos=rope "
+                             f"or --rope_scaling=None)")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         for name in ('norm_eps', 'rope_theta', 'rope_factor', 'rope_low_freq_factor', 'rope_high_freq_factor',
@@ -153,6 +158,13 @@ class GPTConfig:
         for name in ('bias', 'tie_embeddings', 'prenorm', 'qkv_bias', 'qk_norm', 'router_norm_topk'):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        # a scaling's own flags do nothing without it: refused rather than recorded as if they applied
+        for name, scalings in ROPE_SCALING_FLAGS.items():
+            value, default = getattr(self, name), self.__dataclass_fields__[name].default
+            if value != default and self.rope_scaling not in scalings:
+                raise ValueError(f"{name}={value!r} applies only with rope_scaling="
+                                 f"{' or '.join(map(repr, scalings))}, got rope_scaling={self.rope_scaling!r} (set "
+                                 f"--rope_scaling, or --{name}={default})")
 
     @property
     def head_size(self):
@@ -212,6 +224,12 @@ class GPTConfig:
 
 # Flags that change no weight: a trained model can be evaluated, sampled or trained on with other values of
 # these (a longer context with RoPE scaling or a window, dropout), so the scripts take them from the run.
+# the flags of a RoPE scaling, and the rope_scaling values they apply to
+ROPE_SCALING_FLAGS = {'rope_factor': ('linear', 'dynamic', 'yarn', 'llama3'),
+                      'rope_original_length': ('linear', 'dynamic', 'yarn', 'llama3'),
+                      'rope_low_freq_factor': ('llama3',), 'rope_high_freq_factor': ('llama3',),
+                      'yarn_beta_fast': ('yarn',), 'yarn_beta_slow': ('yarn',), 'yarn_mscale': ('yarn',),
+                      'yarn_mscale_all_dim': ('yarn',), 'rope_attention_factor': ('yarn',)}
 RUNTIME_FLAGS = ('block_size', 'dropout', 'sliding_window', 'rope_scaling', 'rope_factor', 'rope_original_length',
                  'rope_low_freq_factor', 'rope_high_freq_factor', 'yarn_beta_fast', 'yarn_beta_slow', 'yarn_mscale',
                  'yarn_mscale_all_dim', 'rope_attention_factor')

@@ -14,6 +14,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 from configurator import configure, model_flags, settings_of
 
@@ -24,7 +25,7 @@ start = '\n'  # the prompt, or 'FILE:path' to read it from a file
 num_samples = 10
 max_new_tokens = 500
 temperature = 0.8  # 0: greedy
-top_k = None  # keep only the k likeliest tokens; None: all
+top_k: Optional[int] = None  # keep only the k likeliest tokens; None: all
 top_p = 1.0  # keep the fewest likeliest tokens whose probabilities reach top_p
 seed = 1337
 device = 'auto'  # 'auto' (cuda, mps, cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
@@ -33,7 +34,8 @@ compile = False
 use_cache = True  # False: recompute the whole context every step (the reference path)
 # the model flags a trained model can run with other values of (the ones given replace the model's)
 globals().update({k: v for k, v in model_flags(runtime_only=True).items() if k != 'dropout'})
-settings = configure(settings_of(globals()), sys.argv[1:], prog='sample.py', doc=__doc__)
+settings = configure(settings_of(globals()), sys.argv[1:], prog='sample.py', doc=__doc__,
+                     from_model=model_flags(runtime_only=True))
 globals().update(settings)
 
 # the heavy imports only now: --help and a mistyped setting answer before torch loads

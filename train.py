@@ -16,8 +16,9 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, fields
+from typing import Optional
 
-from configurator import configure, model_flags, settings_of
+from configurator import configure, init_from_problem, model_flags, settings_of
 
 # ----------------------------------------------------------------------------- settings
 # I/O
@@ -41,7 +42,7 @@ block_size = 1024
 # recipes set the swaps (norm, mlp, n_kv_head, pos) and the sizes (n_layer, n_head, n_embd)
 globals().update(model_flags())
 bias = False  # nanoGPT trains without biases
-vocab_size = None  # None: the dataset's (meta.json), else GPT-2's 50304
+vocab_size: Optional[int] = None  # None: the dataset's (meta.json), else GPT-2's 50304
 # AdamW
 learning_rate = 6e-4
 max_iters = 600000
@@ -59,7 +60,7 @@ backend = 'auto'  # DDP/FSDP: 'nccl' on CUDA, 'gloo' on CPU
 fsdp = False  # under torchrun: shard parameters, gradients and optimizer state (FSDP) instead of replicating (DDP)
 device = 'auto'  # 'auto' (cuda, mps, cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'  # 'auto' (bf16, else fp16 on CUDA; fp32 elsewhere), 'float32', 'bfloat16', 'float16'
-compile = None  # None: on for CUDA only
+compile: Optional[bool] = None  # None: on for CUDA only
 peak_flops = 0.0  # for MFU; 0: a known GPU's peak, else a matmul measured at start
 seed = 1337
 settings = configure(settings_of(globals()), sys.argv[1:], prog='train.py', doc=__doc__)
@@ -81,6 +82,7 @@ for name in ('beta1', 'beta2'):
     check(0 <= globals()[name] < 1, f"{name} must be in [0, 1), got {globals()[name]}")
 check(0 <= seed < 2 ** 63, f"seed must be in [0, 2**63), got {seed}")
 check(not (os.path.exists(out_dir) and not os.path.isdir(out_dir)), f"out_dir '{out_dir}' is a file, not a directory")
+check(init_from_problem(init_from) is None, init_from_problem(init_from))
 
 # the heavy imports only now: --help and a mistyped setting answer before torch loads
 import numpy as np  # noqa: E402
@@ -88,11 +90,11 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from common import (append_log, autocast, catch_interrupts, claim_out_dir, critical, die,  # noqa: E402
-                    Interrupted, load_checkpoint, load_pretrained, model_from_checkpoint, new_checkpoint,
-                    out_of_memory, peak_flops as measure_peak_flops, pick_device, pick_dtype, repair_log,
-                    save_checkpoint, write_json)
-from common import all_reduce_sum, grad_scaler  # noqa: E402
+from common import (DTYPES, all_reduce_sum, append_log, autocast, catch_interrupts, claim_out_dir,  # noqa: E402
+                    collective_error, critical, deliver_interrupts, die, grad_scaler, hold_interrupts, Interrupted,
+                    keep_as, load_checkpoint, load_pretrained, measure_matmul_flops, model_from_checkpoint,
+                    new_checkpoint, out_of_memory, peak_flops as measure_peak_flops, pick_device, pick_dtype,
+                    repair_log, save_checkpoint, write_json)
 from model import GPT, RUNTIME_FLAGS, GPTConfig  # noqa: E402
 
 catch_interrupts()
@@ -130,19 +132,6 @@ torch.manual_seed(seed)
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
 ctx = autocast(device, dtype)
-
-# ----------------------------------------------------------------------------- out_dir: this run's alone
-ckpt_path = os.path.join(out_dir, 'ckpt.pt')
-log_path = os.path.join(out_dir, 'log.jsonl')
-if master:
-    claim_out_dir(out_dir)  # held until the process ends
-    if init_from != 'resume' and (os.path.exists(ckpt_path) or os.path.exists(log_path)):
-        die(f"out_dir '{out_dir}' already holds a run ({'ckpt.pt' if os.path.exists(ckpt_path) else 'log.jsonl'}); "
-            f"continue (or evaluate) it with --init_from=resume, or start over with another out_dir (or delete "
-            f"this one)")
-    for stale in ('diverged.json',):  # what the last run said when it stopped
-        if os.path.exists(os.path.join(out_dir, stale)) and not eval_only:
-            os.remove(os.path.join(out_dir, stale))
 
 # ----------------------------------------------------------------------------- data
 data_dir = os.path.join('data', dataset)
@@ -194,17 +183,46 @@ def train_generator(it, micro):
     return torch.Generator().manual_seed(hash((seed, it, micro)) & (2 ** 63 - 1))
 
 
+# ----------------------------------------------------------------------------- out_dir: this run's alone
+# every setting is checked before out_dir is looked at: a scratch run's model flags too
+if init_from == 'scratch':
+    model_args = {k: settings[k] for k in MODEL_FLAGS}
+    model_args['vocab_size'] = vocab_size or meta_vocab_size or 50304
+    try:
+        scratch_config = GPTConfig(**model_args)
+    except ValueError as e:
+        die(str(e))
+    for split in ('train', 'val'):
+        tokens = os.path.getsize(os.path.join(data_dir, f'{split}.bin')) // 2
+        if tokens <= block_size:
+            die(f"'{data_dir}/{split}.bin' holds {tokens} tokens, too few for block_size {block_size}")
+ckpt_path = os.path.join(out_dir, 'ckpt.pt')  # the latest state: what resume continues from
+best_path = os.path.join(out_dir, 'best.pt')  # the model of the best val loss so far
+log_path = os.path.join(out_dir, 'log.jsonl')
+if master:
+    claim_out_dir(out_dir)  # held until the process ends
+    if init_from != 'resume':
+        held = [name for name in ('ckpt.pt', 'best.pt') if os.path.exists(os.path.join(out_dir, name))]
+        if held:
+            die(f"out_dir '{out_dir}' already holds a run ({held[0]}); continue (or evaluate) it with "
+                f"--init_from=resume, or start over with another out_dir (or delete this one)")
+        if os.path.isfile(log_path):  # a run that saved nothing: its log moves aside, never lost
+            n = 1
+            while os.path.exists(os.path.join(out_dir, f'log.{n}.jsonl')):
+                n += 1
+            os.replace(log_path, os.path.join(out_dir, f'log.{n}.jsonl'))
+            print(f"note: out_dir '{out_dir}' held a log.jsonl without a checkpoint: moved it to log.{n}.jsonl")
+    for stale in ('diverged.json',):  # what the last run said when it stopped
+        if os.path.exists(os.path.join(out_dir, stale)) and not eval_only:
+            os.remove(os.path.join(out_dir, stale))
+
 # ----------------------------------------------------------------------------- model
 iter_num, best_val_loss, checkpoint, elapsed_before, last_saved = 0, float('inf'), None, 0.0, None
+best_saved, tokens_seen, eval_done = None, 0, False  # best.pt's (iter, val loss); tokens trained on
 trained_args = None  # the model flags a resumed checkpoint was trained with
 try:
     if init_from == 'scratch':
-        model_args = {k: settings[k] for k in MODEL_FLAGS}
-        model_args['vocab_size'] = vocab_size or meta_vocab_size or 50304
-        try:
-            model = GPT(GPTConfig(**model_args))
-        except ValueError as e:
-            die(str(e))
+        model = GPT(scratch_config)
     elif init_from == 'resume':
         checkpoint = load_checkpoint(ckpt_path, hint=f"train first with init_from='scratch' into out_dir '{out_dir}'")
         if not all(k in checkpoint for k in ('optimizer', 'iter_num', 'best_val_loss', 'rng')):
@@ -213,14 +231,42 @@ try:
         # the architecture is the checkpoint's; the runtime flags this run sets (a longer block_size with a
         # RoPE scaling, a window) and dropout, a training choice, are this run's
         model = model_from_checkpoint(checkpoint, ckpt_path, settings)
+        trained_args = {**GPT_DEFAULTS, **checkpoint['model_args']}
+        if not eval_only and trained_args['pos'] == 'learned' and model.config.block_size != trained_args['block_size']:
+            die(f"block_size {model.config.block_size} is not the checkpoint's {trained_args['block_size']}: a model "
+                f"with learned positions resumes training at its own block_size (another is for --eval_only=True "
+                f"or sample.py)")
         ignored = [k for k in MODEL_FLAGS if k in settings.given and k not in RUNTIME_FLAGS
                    and checkpoint['model_args'].get(k) != settings[k]]
         if ignored and master:
             print(f"resuming with the checkpoint's model flags, not this run's: {', '.join(ignored)}")
+        trained_config = checkpoint.get('config') or {}
+        if trained_config.get('dataset', dataset) != dataset:  # another dataset: the same token ids, or refused
+            trained_meta = checkpoint.get('meta')
+            trained_meta_path = os.path.join('data', trained_config['dataset'], 'meta.json')
+            if trained_meta is None and os.path.isfile(trained_meta_path):
+                try:
+                    with open(trained_meta_path) as f:
+                        trained_meta = json.load(f)
+                except (OSError, ValueError):
+                    pass
+            vocabulary = lambda m: tuple(m.get(k) for k in ('kind', 'chars', 'encoding', 'vocab_size'))
+            if isinstance(trained_meta, dict) and vocabulary(trained_meta) != vocabulary(meta):
+                die(f"dataset '{dataset}' has another vocabulary than '{trained_config['dataset']}', which the "
+                    f"checkpoint trained on: its token ids would mean other text (resume with "
+                    f"--dataset={trained_config['dataset']})")
+            if master:
+                print(f"note: resuming on dataset '{dataset}'; the checkpoint trained on '{trained_config['dataset']}'"
+                      f"{'' if trained_meta else ' (whose vocabulary is unknown here)'}")
         iter_num, best_val_loss = checkpoint['iter_num'], checkpoint['best_val_loss']
         elapsed_before = checkpoint.get('elapsed_s', 0.0)
         last_saved = (iter_num, checkpoint.get('val_loss', best_val_loss))
-        trained_args = {**GPT_DEFAULTS, **checkpoint['model_args']}
+        if checkpoint.get('best_iter') is not None:
+            best_saved = (checkpoint['best_iter'], best_val_loss)
+        # an interrupt's checkpoint may be of an iteration not evaluated yet; older checkpoints carry no count
+        eval_done = checkpoint.get('eval_done', True)
+        tokens_seen = checkpoint.get('tokens', iter_num * trained_config.get('gradient_accumulation_steps', 0)
+                                     * trained_config.get('batch_size', 0) * trained_args['block_size'])
     else:
         model = load_pretrained(init_from, settings)
     if meta_vocab_size and meta_vocab_size > model.config.vocab_size:
@@ -363,7 +409,32 @@ def get_lr(it):
 def last_checkpoint():
     if last_saved is None:
         return "no checkpoint was saved"
-    return f"the last checkpoint is '{ckpt_path}' (iter {last_saved[0]}, val loss {last_saved[1]:.4f})"
+    val = 'not evaluated' if last_saved[1] is None else f'val loss {last_saved[1]:.4f}'
+    text = f"the last checkpoint is '{ckpt_path}' (iter {last_saved[0]}, {val})"
+    if best_saved is not None and best_saved[0] != last_saved[0]:
+        text += f"; the best is '{best_path}' (iter {best_saved[0]}, val loss {best_saved[1]:.4f})"
+    return text
+
+
+def save_state(weights, opt_state, val_loss, elapsed_s, best):
+    """Write ckpt.pt whole (model, optimizer, RNG, counters: all a resume needs to go on as if never stopped)
+    and, when best, best.pt as a second name of it."""
+    global last_saved, best_saved
+    rng = {'torch': torch.get_rng_state()}
+    if device_type == 'cuda':
+        rng['cuda'] = torch.cuda.get_rng_state(device)
+    checkpoint = new_checkpoint(raw_model, optimizer=opt_state, scaler=scaler.state_dict(), iter_num=iter_num,
+                                best_val_loss=best_val_loss, best_iter=iter_num if best else best_saved and best_saved[0],
+                                val_loss=val_loss, eval_done=evaluated == iter_num, tokens=tokens_seen,
+                                config=dict(settings), meta=meta, rng=rng, elapsed_s=elapsed_s)
+    checkpoint['model'] = weights
+    with critical():  # an interrupt during the writes stops us once last_saved names them
+        save_checkpoint(checkpoint, ckpt_path)
+        if best:
+            keep_as(ckpt_path, best_path)
+        last_saved = (iter_num, val_loss)
+        if best:
+            best_saved = (iter_num, val_loss)
 
 
 def stop_non_finite(what, value):
@@ -399,6 +470,7 @@ def full_state():
 # ----------------------------------------------------------------------------- logging
 flops_per_iter = raw_model.flops_per_token() * tokens_per_iter
 eval_seconds = 0.0  # an estimate, for the progress bar
+peak_measured = False
 if master:
     print(f"device {device}, dtype {dtype}, compile {compile}, {world_size} process(es)"
           f"{' sharded (FSDP)' if fsdp else ''}, {tokens_per_iter:,} tokens per iteration")
@@ -408,6 +480,7 @@ if master:
               f"{k}={v}" for k, v in asdict(raw_model.config).items() if k in SIZES or v != GPT_DEFAULTS.get(k)))
     if peak_flops <= 0:
         peak_flops, how = measure_peak_flops(device, dtype)
+        peak_measured = how.startswith('measured')  # then another job can slow it: re-measured if MFU > 100%
         print(f"peak {peak_flops / 1e12:.3g} TFLOP/s for MFU ({how})")
     # at a CPU's usual ~40% MFU: a recipe sized for a GPU says so at once, not after minutes of silence
     eval_seconds = 2 * eval_iters * batch_size * block_size * raw_model.flops_per_token() / 3 / (0.4 * peak_flops)
@@ -433,60 +506,66 @@ if master:
 t_start = time.time() - elapsed_before  # elapsed_s continues across resumes
 resumed_at = iter_num if init_from == 'resume' else None
 train_time, train_steps = 0.0, 0  # since the last evaluation, for ms/iter in log.jsonl
-running_mfu, recent_dt = -1.0, []
+running_mfu, recent_dt, start_iter, evaluated, remeasured, holding = -1.0, [], iter_num, None, 0, False
+if eval_done:
+    evaluated = resumed_at
 try:
     while True:
         lr = get_lr(iter_num)
         for group in optimizer.param_groups:
             group['lr'] = lr
 
-        # a resumed run's first iteration was evaluated, logged and saved before it stopped
-        if ((iter_num % eval_interval == 0 or iter_num == max_iters) and iter_num != resumed_at) or eval_only:
+        # a resumed run's first iteration was evaluated, logged and saved before it stopped (unless an interrupt
+        # saved it before its evaluation)
+        if ((iter_num % eval_interval == 0 or iter_num == max_iters) and iter_num != evaluated) or eval_only:
             losses = estimate_loss()
             stop_non_finite('train loss', losses['train'])
             stop_non_finite('val loss', losses['val'])
-            # a loss far above the best is a run blowing up: keep the better checkpoint
-            blown_up = losses['val'] > 2 * best_val_loss
-            save = (losses['val'] < best_val_loss or always_save_checkpoint) and iter_num > 0 and not eval_only \
-                and not blown_up
+            trained = iter_num > 0 and not eval_only  # a model this run may save: iter 0's is not trained yet
+            improved = trained and losses['val'] < best_val_loss  # best.pt: never replaced by a worse model
+            # a loss far above the best is a run blowing up: ckpt.pt keeps the better state too
+            blown_up = trained and losses['val'] > 2 * best_val_loss
+            # the first trained evaluation always saves: a run never ends without a checkpoint it could have had
+            save = trained and (improved or last_saved is None or (always_save_checkpoint and not blown_up))
             weights, opt_state = full_state() if save else (None, None)  # FSDP: every rank gathers
+            if trained:
+                best_val_loss = min(best_val_loss, losses['val'])
             if master:
                 print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
                 record = {'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val'], 'lr': lr,
-                          'tokens': iter_num * tokens_per_iter, 'elapsed_s': round(time.time() - t_start, 3),
+                          'tokens': tokens_seen, 'elapsed_s': round(time.time() - t_start, 3),
                           'ms_per_iter': 1000 * train_time / train_steps if train_steps else None}
                 if eval_only:  # an evaluation of the trained model, maybe at another length or scaling: say so
                     record.update(eval_only=True, **{k: getattr(raw_model.config, k) for k in RUNTIME_FLAGS
                                                      if k != 'dropout' and getattr(raw_model.config, k) != trained_args[k]})
                 if 'moe' in losses:  # the experts' load: a collapsed router shows as an expert with share 0
                     record['moe'] = losses['moe']
-                best_val_loss = min(best_val_loss, losses['val'])
-                if blown_up and not eval_only:
+                if blown_up and not save:
                     print(f"val loss {losses['val']:.4f} is over twice the best ({best_val_loss:.4f}): not saving; "
                           f"{last_checkpoint()}")
                 # the log first: a crash before the save leaves records past the checkpoint, which a resume drops
-                append_log(log_path, record)
+                with critical():
+                    append_log(log_path, record)
+                    evaluated = iter_num
                 if save:
-                    rng = {'torch': torch.get_rng_state()}
-                    if device_type == 'cuda':
-                        rng['cuda'] = torch.cuda.get_rng_state(device)
-                    checkpoint = new_checkpoint(raw_model, optimizer=opt_state, scaler=scaler.state_dict(),
-                                                iter_num=iter_num, best_val_loss=best_val_loss,
-                                                val_loss=losses['val'], config=dict(settings), rng=rng,
-                                                elapsed_s=record['elapsed_s'])
-                    checkpoint['model'] = weights
-                    with critical():  # an interrupt during the write stops us once last_saved names it
-                        save_checkpoint(checkpoint, ckpt_path)
-                        checkpoint, last_saved = None, (iter_num, losses['val'])
-                    print(f"saved checkpoint to {ckpt_path}")
+                    save_state(weights, opt_state, losses['val'], record['elapsed_s'], best=improved)
+                    print(f"saved checkpoint to {ckpt_path}" + (f" and {best_path} (the best val loss so far)"
+                                                                if improved else ''))
                 if wandb_log:
                     wandb.log({**flat_record(record), 'mfu': running_mfu * 100})
             else:
-                best_val_loss = min(best_val_loss, losses['val'])
+                evaluated = iter_num
+                if save:
+                    last_saved = (iter_num, losses['val'])
+                if improved:
+                    best_saved = (iter_num, losses['val'])
             train_time, train_steps = 0.0, 0
         if eval_only or iter_num >= max_iters:
             break
 
+        # one step whole: an interrupt waits for its end, where the state is one a resume continues from exactly
+        hold_interrupts()
+        holding = True
         t0 = time.time()
         loss_sum = torch.zeros((), device=device)
         for micro in range(local_accum):
@@ -512,6 +591,9 @@ try:
                 all_reduce_sum([m.load for m in raw_model.moe_layers()])
             raw_model.balance_experts()
         iter_num += 1
+        tokens_seen += tokens_per_iter
+        holding = False
+        deliver_interrupts()
 
         logging = iter_num % log_interval == 0 or iter_num == max_iters
         if logging:  # reading the loss waits for the device, so only on logging iterations
@@ -523,23 +605,45 @@ try:
         if logging:
             stop_non_finite('train loss', lossf)
             if master:
-                recent_dt = (recent_dt + [dt])[-20:]
-                mean_dt = sum(recent_dt) / len(recent_dt)
-                if iter_num >= 5:  # the first iterations include warm-up and compilation
+                if iter_num - start_iter > 3:  # this process's first steps include warm-up and compilation
+                    recent_dt = (recent_dt + [dt])[-20:]
                     mfu = raw_model.estimate_mfu(batch_size * local_accum, dt, peak_flops)  # per device
+                    if mfu > 1 and peak_measured and remeasured < 3:  # the peak measured at start was slowed
+                        remeasured += 1
+                        peak_flops = max(peak_flops, measure_matmul_flops(device, DTYPES[dtype]))
+                        mfu, running_mfu = raw_model.estimate_mfu(batch_size * local_accum, dt, peak_flops), -1.0
                     running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
-                eta = time.strftime('%H:%M:%S', time.gmtime(mean_dt * (max_iters - iter_num)))
+                eta = time.strftime('%H:%M:%S', time.gmtime(sum(recent_dt) / len(recent_dt) * (max_iters - iter_num))) \
+                    if recent_dt else '--:--:--'
+                shown_mfu = '--' if running_mfu < 0 else f'{running_mfu * 100:.2f}%' + (
+                    ' (over 100%: the peak is too low, set --peak_flops)' if running_mfu > 1 else '')
                 print(f"iter {iter_num}/{max_iters}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
-                      f"{tokens_per_iter / dt:,.0f} tok/s, mfu {max(running_mfu, 0) * 100:.2f}%, eta {eta}")
+                      f"{tokens_per_iter / dt:,.0f} tok/s, mfu {shown_mfu}, eta {eta}")
 except Interrupted as e:
+    # the state between two steps is whole: saved, a resume continues from this very iteration (FSDP's
+    # gathering would need every process, which the interrupt may have stopped already)
+    if master and iter_num > start_iter and not fsdp and (last_saved is None or last_saved[0] != iter_num):
+        save_state(*full_state(), None, round(time.time() - t_start, 3), best=False)
+        die(f"interrupted at iter {iter_num}, its state saved; {last_checkpoint()}; --init_from=resume continues "
+            f"from there", code=e.code)
     if master:
         die(f"interrupted at iter {iter_num}; {last_checkpoint()}", code=e.code)
     sys.exit(e.code)
 except Exception as e:
+    if holding:  # the step failed: nothing to wait for
+        deliver_interrupts(discard=True)
+    if distributed and collective_error(e):  # another process ended or hung: one line each, not gloo's tracebacks
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        die(f"{'' if master else f'rank {rank}: '}another process stopped at iter {iter_num} ({first})"
+            + (f"; {last_checkpoint()}" if master else ''), code=1)
     if not out_of_memory(e):
         raise
     die(f"out of memory at iter {iter_num} on {device}: lower batch_size ({batch_size}), block_size "
         f"({block_size}) or the model (n_layer, n_embd); {last_checkpoint()}", code=1)
+
+if master and last_saved is None and not eval_only:  # say it: the out_dir holds only the log
+    print(f"note: no checkpoint was saved: {'max_iters=0 trains nothing' if max_iters == 0 else 'no evaluation after training started'}; "
+          f"out_dir '{out_dir}' holds only log.jsonl")
 
 if master and wandb_log:
     wandb.finish()

@@ -77,3 +77,57 @@ def test_all_reduce_sum_is_one_collective_for_many_tensors(monkeypatch):
     common.all_reduce_sum(loads)
     assert calls == [(4 + 6 + 3,)]
     assert torch.equal(loads[0], 2 * torch.arange(4.0)) and torch.equal(loads[1], torch.full((2, 3), 2.0))
+
+
+def test_claiming_an_out_dir_removes_only_our_writers_temporary_files(tmp_path):
+    out = tmp_path / 'out'
+    out.mkdir()
+    ours = [os.path.basename(common.tmp_path(str(out / name))) for name in ('ckpt.pt', 'log.jsonl', 'done.json')]
+    theirs = ['prompt.tmpl', 'backup.tmp.ckpt', 'notes.tmp', '.hidden.tmp', 'x.tmp123']
+    for name in ours + theirs:
+        (out / name).write_text('x')
+    try:
+        common.claim_out_dir(str(out))
+    finally:
+        common.release_out_dirs()
+    assert sorted(p.name for p in out.iterdir()) == sorted(theirs + ['.lock'])
+
+
+def test_every_writer_names_its_temporary_file_alike(tmp_path, monkeypatch):
+    """save_checkpoint, write_json and repair_log write aside under tmp_path's name (what claim_out_dir cleans)."""
+    seen = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, 'replace', lambda src, dst: (seen.append(os.path.basename(src)), real_replace(src, dst)))
+    common.save_checkpoint({'format': common.CKPT_FORMAT}, str(tmp_path / 'ckpt.pt'))
+    common.write_json(str(tmp_path / 'done.json'), {})
+    (tmp_path / 'log.jsonl').write_text('{"iter": 0}\n{"iter": 0}\n')
+    common.repair_log(str(tmp_path / 'log.jsonl'))
+    assert len(seen) == 3 and all(common.TMP_NAME.fullmatch(name) for name in seen), seen
+
+
+def test_repair_log_skips_records_whose_iter_is_not_a_number(tmp_path):
+    path = tmp_path / 'log.jsonl'
+    path.write_text('{"iter": 0}\n{"iter": "x"}\n{"iter": null}\n{"iter": true}\n[1]\n{"iter": 2}\n')
+    common.repair_log(str(path), last_iter=2)
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [{'iter': 0}, {'iter': 2}]
+
+
+def test_a_second_name_of_a_checkpoint_is_whole_and_separate(tmp_path):
+    common.save_checkpoint({'format': common.CKPT_FORMAT, 'iter_num': 1}, str(tmp_path / 'ckpt.pt'))
+    common.keep_as(str(tmp_path / 'ckpt.pt'), str(tmp_path / 'best.pt'))
+    common.save_checkpoint({'format': common.CKPT_FORMAT, 'iter_num': 2}, str(tmp_path / 'ckpt.pt'))
+    assert common.load_checkpoint(str(tmp_path / 'best.pt'))['iter_num'] == 1  # replacing ckpt.pt leaves it
+    assert common.load_checkpoint(str(tmp_path / 'ckpt.pt'))['iter_num'] == 2
+    assert sorted(os.listdir(tmp_path)) == ['best.pt', 'ckpt.pt']
+
+
+@pytest.mark.parametrize('error, collective', [
+    (torch.distributed.DistBackendError('NCCL communicator was aborted on rank 0'), True),
+    (RuntimeError('[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:3'),
+     True),
+    (RuntimeError('mat1 and mat2 shapes cannot be multiplied (4x8 and 16x16)'), False),
+    (ValueError('gloo'), False),
+])
+def test_a_failed_collective_is_told_from_other_errors(error, collective):
+    """train.py turns a collective's failure (another rank killed) into one line naming the last checkpoint."""
+    assert common.collective_error(error) is collective

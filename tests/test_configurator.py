@@ -22,6 +22,7 @@ DEFAULTS = {
     'start': '\n',
     'n_kv_head': None,
     'n_layer': 12,
+    'extra': None,  # no annotation in train.py or GPTConfig: any literal
 }
 
 
@@ -110,17 +111,85 @@ def test_none_default_accepts_int_and_none():
 
 
 @pytest.mark.parametrize('text,expected', [('yarn', 'yarn'), ('1.25', 1.25), ('"4"', '4'), ('3', 3), ('None', None)])
-def test_none_default_accepts_any_literal(text, expected):
-    # e.g. --rope_scaling=yarn, --capacity_factor=1.25: what the value means is the model's to check
-    value = run([f'--n_kv_head={text}'])['n_kv_head']
+def test_unannotated_none_default_accepts_any_literal(text, expected):
+    value = run([f'--extra={text}'])['extra']
     assert value == expected and type(value) is type(expected)
 
 
-def test_none_default_takes_true_false_in_any_case():
-    # compile = None means "auto": --compile=false must switch it off like any bool
-    assert run(['--n_kv_head=false'])['n_kv_head'] is False
-    assert run(['--n_kv_head=TRUE'])['n_kv_head'] is True
-    assert run(['--n_kv_head=False'])['n_kv_head'] is False
+def test_unannotated_none_default_takes_true_false_in_any_case():
+    assert run(['--extra=false'])['extra'] is False
+    assert run(['--extra=TRUE'])['extra'] is True
+
+
+OPTIONAL = {'compile': None, 'vocab_size': None, 'n_kv_head': None, 'rope_scaling': None, 'rope_factor': None}
+
+
+@pytest.mark.parametrize('arg, expected', [
+    ('--compile=false', False), ('--compile=TRUE', True), ('--compile=None', None), ('--vocab_size=65', 65),
+    ('--rope_scaling=yarn', 'yarn'), ('--rope_factor=4', 4.0), ('--n_kv_head=None', None)])
+def test_an_annotated_none_default_takes_its_type_or_none(arg, expected):
+    # train.py's `compile: Optional[bool] = None`; GPTConfig's `rope_factor: Optional[float] = None`
+    value = configure(OPTIONAL, [arg], prog='train.py')[arg[2:].split('=')[0]]
+    assert value == expected and type(value) is type(expected)
+
+
+@pytest.mark.parametrize('arg, fragments', [
+    ('--compile=maybe', ["'compile' expects bool or None", "'maybe'"]),
+    ('--compile=1', ["'compile' expects bool or None"]),
+    ('--vocab_size=1.5', ["'vocab_size' expects int or None"]),
+    ('--n_kv_head=yarn', ["'n_kv_head' expects int or None"]),
+    ('--rope_factor=x', ["'rope_factor' expects float or None"]),
+])
+def test_an_annotated_none_default_refuses_other_types(capsys, arg, fragments):
+    with pytest.raises(SystemExit) as e:
+        configure(OPTIONAL, [arg], prog='train.py')
+    assert e.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith('error: ') and all(f in line for f in fragments), line
+
+
+def test_an_annotated_none_default_is_checked_in_config_files(tmp_path, capsys):
+    cfg = write(tmp_path, 'c.py', "compile = 'maybe'\n")
+    with pytest.raises(SystemExit):
+        configure(OPTIONAL, [cfg], prog='train.py')
+    assert "'compile' expects bool or None" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('annotation, kind', [
+    ('Optional[int]', int), ('int | None', int), ('None | float', float), ('bool', bool), ('typing.Optional[str]', str),
+    ('list[int]', None), ('int | str', None)])
+def test_annotations_name_a_settings_type(annotation, kind):
+    import ast
+
+    from configurator import _annotated_type
+    assert _annotated_type(ast.parse(annotation, mode='eval').body) is kind
+
+
+@pytest.mark.parametrize('script', ['train.py', 'sample.py', 'bench.py', 'export.py', 'ablate.py'])
+def test_every_none_default_of_the_scripts_has_a_type(script):
+    """A None default without an annotation would take any literal (`--compile=maybe` trained)."""
+    from configurator import _read_settings, script_defaults
+    defaults = script_defaults(REPO_ROOT / script)
+    if script == 'export.py':  # its settings live under `if __name__ == '__main__':`
+        defaults = {'out_dir': 'out', 'hf_dir': ''}
+    if script == 'sample.py':
+        from configurator import model_flags
+        defaults.update(model_flags(runtime_only=True))
+    types = _read_settings(script)[1]
+    untyped = [k for k, v in defaults.items() if v is None and k not in types]
+    assert untyped == [], untyped
+    if script in ('train.py', 'bench.py'):  # an annotated assignment is a setting like any other
+        assert defaults['compile'] is None and types['compile'] is bool
+
+
+def test_help_says_a_runtime_flag_defaults_to_the_models(capsys):
+    with pytest.raises(SystemExit):
+        configure({'block_size': 1024, 'top_k': None, 'seed': 1}, ['--help'], prog='sample.py',
+                  from_model={'block_size': 1024})
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if '--block_size' in line)
+    assert "default: the model's" in line and '1024' not in line, line
+    assert '--top_k=None' in out and '(int or None)' in out and '--seed=1' in out
 
 
 def test_later_argument_wins():

@@ -1167,6 +1167,34 @@ def test_invalid_configs_raise_value_error_naming_the_field(overrides, field):
         tiny_config(**overrides)
 
 
+@pytest.mark.parametrize('overrides, fragments', [
+    (dict(pos='rope', rope_factor=4.0), ['rope_factor=4.0', 'rope_scaling=None', '--rope_factor=None']),
+    (dict(pos='rope', rope_original_length=8), ['rope_original_length=8', 'rope_scaling']),
+    (dict(pos='rope', rope_scaling='linear', yarn_beta_fast=16.0), ['yarn_beta_fast=16.0', "'yarn'", "'linear'"]),
+    (dict(pos='rope', rope_scaling='yarn', rope_low_freq_factor=2.0), ['rope_low_freq_factor', "'llama3'"]),
+    (dict(pos='rope', rope_attention_factor=1.2), ['rope_attention_factor', 'rope_scaling']),
+])
+def test_a_rope_scalings_flag_without_it_is_refused(overrides, fragments):
+    """--rope_factor=4 without rope_scaling would be saved in model_args as if it applied."""
+    with pytest.raises(ValueError) as e:
+        tiny_config(**overrides)
+    assert all(f in str(e.value) for f in fragments), str(e.value)
+    tiny_config(pos='rope', rope_scaling='yarn', rope_factor=4.0, yarn_beta_fast=16.0)  # with it: fine
+
+
+@pytest.mark.parametrize('overrides, fix', [
+    (dict(attn='mla', n_kv_head=2), '--n_kv_head=None'),
+    (dict(attn='mla', pos='rope', qk_norm=True, head_dim=16), '--head_dim=None --qk_norm=False'),
+    (dict(kv_lora_rank=16), '--kv_lora_rank=None'),
+    (dict(rope_scaling='yarn'), '--pos=rope'),
+    (dict(attn='mla', qk_rope_head_dim=4), '--pos=rope'),
+])
+def test_a_config_error_says_the_fix(overrides, fix):
+    with pytest.raises(ValueError) as e:
+        tiny_config(**overrides)
+    assert fix in str(e.value), str(e.value)
+
+
 def test_valid_edge_configs():
     assert tiny_config(n_kv_head=N_HEAD).kv_heads == N_HEAD
     assert tiny_config(n_kv_head=None).kv_heads == N_HEAD

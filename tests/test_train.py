@@ -240,6 +240,8 @@ def test_init_from_local_hf_gpt2(workdir, run):
     (['--sliding_window=0'], ['sliding_window']),
     (['--rope_scaling=yarn'], ['rope_scaling', "pos='rope'"]),
     (['--block_size=2000'], ['val.bin', 'too few for block_size 2000']),
+    (['--compile=maybe'], ["'compile' expects bool or None"]),
+    (['--init_from=resum'], ["init_from 'resum'", "did you mean 'resume'"]),
 ])
 def test_user_mistakes_are_one_line(workdir, args, fragments, monkeypatch, capsys):
     code, _, err = train_here(workdir, '--max_iters=1', *args, monkeypatch=monkeypatch, capsys=capsys)
@@ -273,20 +275,26 @@ def test_out_dir_that_cannot_be_used_is_one_line(workdir, monkeypatch, capsys):
     one_line_error(code, err, "cannot write to out_dir 'ro'", 'Read-only')
 
 
-def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(workdir, monkeypatch, capsys):
+@pytest.mark.parametrize('error, fragment', [
+    (OSError(errno.ENOSPC, 'No space left on device'), 'No space left'),
+    # what torch.save itself raises on a full disk
+    (RuntimeError('[enforce fail at inline_container.cc:626] . PytorchStreamWriter failed writing file data/3: '
+                  'file write failed'), 'file write failed'),
+], ids=['OSError', 'RuntimeError'])
+def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(workdir, monkeypatch, capsys, error, fragment):
     assert train_here(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=out', monkeypatch=monkeypatch,
                       capsys=capsys)[0] == 0
     before = (workdir / 'out' / 'ckpt.pt').read_bytes()
 
     def disk_full(obj, f):
         f.write(b'part of a checkpoint')
-        raise OSError(errno.ENOSPC, 'No space left on device')
+        raise error
     monkeypatch.setattr(torch, 'save', disk_full)
     code, _, err = train_here(workdir, '--max_iters=4', '--eval_interval=2', '--out_dir=out', '--init_from=resume',
                               monkeypatch=monkeypatch, capsys=capsys)
-    one_line_error(code, err, 'No space left', 'previous one is intact')
+    one_line_error(code, err, fragment, 'previous one is intact')
     assert (workdir / 'out' / 'ckpt.pt').read_bytes() == before
-    assert sorted(p.name for p in (workdir / 'out').iterdir()) == ['.lock', 'ckpt.pt', 'log.jsonl']
+    assert sorted(p.name for p in (workdir / 'out').iterdir()) == ['.lock', 'best.pt', 'ckpt.pt', 'log.jsonl']
 
 
 def test_out_of_memory_says_what_to_lower(workdir, monkeypatch, capsys):
@@ -369,6 +377,11 @@ def test_a_blown_up_run_keeps_its_better_checkpoint_and_says_so(workdir, monkeyp
     assert 'not saving' in out, out[-2000:]
     after = common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
     assert after['val_loss'] <= 2 * good['best_val_loss']  # never a blown-up one
+    # best.pt: the best model of the whole run, whatever ckpt.pt took since (always_save_checkpoint=True)
+    best = common.load_checkpoint(str(workdir / 'out' / 'best.pt'))
+    trained = [r for r in log_records(workdir / 'out') if r['iter'] > 0]
+    assert best['val_loss'] == min(r['val_loss'] for r in trained) <= good['val_loss']
+    assert best['iter_num'] == min(trained, key=lambda r: r['val_loss'])['iter']
     if code:  # it went on to NaN: the message names the checkpoint really kept
         one_line_error(code, err, 'training diverged', f"(iter {after['iter_num']}, val loss {after['val_loss']:.4f})")
 
@@ -580,3 +593,174 @@ def test_the_loss_is_read_every_log_interval_10_by_default(workdir, run, monkeyp
     monkeypatch.setitem(globals(), 'TINY', [a for a in TINY if not a.startswith('--log_interval')])
     result = run(workdir, '--max_iters=12', '--eval_interval=12', '--out_dir=out')
     assert sorted(iter_losses(result.stdout)) == [10, 12]  # and the last iteration
+
+
+# ----------------------------------------------------------------------------- issue 17
+
+def test_a_mistyped_model_flag_is_reported_before_the_out_dir_conflict(workdir, monkeypatch, capsys):
+    assert train_here(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=out', monkeypatch=monkeypatch,
+                      capsys=capsys)[0] == 0
+    code, _, err = train_here(workdir, '--norm=batch', '--out_dir=out', monkeypatch=monkeypatch, capsys=capsys)
+    line = one_line_error(code, err, 'norm', "'rms'")
+    assert 'already holds' not in line
+
+
+def test_an_uncached_hub_name_offline_is_one_line_at_once(workdir, monkeypatch, capsys):
+    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    monkeypatch.setenv('HF_HOME', str(workdir / 'hf_home'))  # an empty cache
+    t0 = time.time()
+    code, _, err = train_here(workdir, '--init_from=nobody/no-such-model', '--out_dir=out', monkeypatch=monkeypatch,
+                              capsys=capsys)
+    one_line_error(code, err, "'nobody/no-such-model'", 'not in the Hugging Face cache', 'HF_HUB_OFFLINE')
+    assert time.time() - t0 < 5 and not (workdir / 'out').exists()
+
+
+@pytest.mark.parametrize('args', [['--n_layer=0'], ['--block_size=2000'], ['--init_from=resume']],
+                         ids=['n_layer', 'data-too-short', 'no-checkpoint'])
+def test_a_failed_start_leaves_no_empty_out_dir(workdir, monkeypatch, capsys, args):
+    code, _, err = train_here(workdir, '--out_dir=new', *args, monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err)
+    assert not (workdir / 'new').exists()
+    (workdir / 'mine').mkdir()  # an out_dir the user made stays
+    code, _, err = train_here(workdir, '--out_dir=mine', *args, monkeypatch=monkeypatch, capsys=capsys)
+    assert code and (workdir / 'mine').is_dir()
+
+
+def test_a_run_that_saved_nothing_says_so_and_does_not_block_the_next(workdir, run):
+    result = run(workdir, '--max_iters=0', '--out_dir=out')
+    assert 'no checkpoint was saved' in result.stdout and not (workdir / 'out' / 'ckpt.pt').exists()
+    first_log = (workdir / 'out' / 'log.jsonl').read_text()
+    # a scratch run: the old log moves aside, never lost
+    result = run(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=out')
+    assert 'moved it to log.1.jsonl' in result.stdout
+    assert (workdir / 'out' / 'log.1.jsonl').read_text() == first_log
+    assert [r['iter'] for r in log_records(workdir / 'out')] == [0, 2]
+
+
+def test_the_first_trained_evaluation_is_always_saved(workdir, run):
+    """With a learning rate of 0 no evaluation beats iter 0's (untrained, never saved): one is saved anyway."""
+    run(workdir, '--max_iters=4', '--eval_interval=2', '--learning_rate=0', '--min_lr=0',
+        '--always_save_checkpoint=False', '--out_dir=out')
+    ckpt = common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
+    assert ckpt['iter_num'] >= 2 and (workdir / 'out' / 'best.pt').exists()
+
+
+def test_resume_refuses_another_block_size_for_learned_positions(workdir, monkeypatch, capsys):
+    assert train_here(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=out', monkeypatch=monkeypatch,
+                      capsys=capsys)[0] == 0
+    code, _, err = train_here(workdir, '--max_iters=4', '--eval_interval=2', '--out_dir=out', '--init_from=resume',
+                              '--block_size=8', monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err, 'block_size 8', "checkpoint's 16", 'learned positions')
+
+
+def test_a_broken_log_on_resume(workdir, monkeypatch, capsys):
+    assert train_here(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=out', monkeypatch=monkeypatch,
+                      capsys=capsys)[0] == 0
+    with open(workdir / 'out' / 'log.jsonl', 'a') as f:
+        f.write('{"iter": "x", "val_loss": 1}\n')
+    assert train_here(workdir, '--max_iters=4', '--eval_interval=2', '--out_dir=out', '--init_from=resume',
+                      monkeypatch=monkeypatch, capsys=capsys)[0] == 0
+    assert [r['iter'] for r in log_records(workdir / 'out')] == [0, 2, 4]
+    (workdir / 'out' / 'log.jsonl').unlink()
+    (workdir / 'out' / 'log.jsonl').mkdir()
+    code, _, err = train_here(workdir, '--max_iters=6', '--eval_interval=2', '--out_dir=out', '--init_from=resume',
+                              monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err, "'out/log.jsonl' is not a file")
+
+
+def test_resume_onto_another_dataset(workdir, monkeypatch, capsys):
+    from conftest import TINY_TEXT
+    make_char_dataset(workdir, 'same', text=TINY_TEXT[::-1])  # the same characters, other text
+    make_char_dataset(workdir, 'other', text=TINY_TEXT.upper())
+    assert train_here(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=out', monkeypatch=monkeypatch,
+                      capsys=capsys)[0] == 0
+    code, out, _ = train_here(workdir, '--max_iters=4', '--eval_interval=2', '--out_dir=out', '--init_from=resume',
+                              '--dataset=same', monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0 and "note: resuming on dataset 'same'; the checkpoint trained on 'tiny'" in out
+    code, _, err = train_here(workdir, '--max_iters=6', '--eval_interval=2', '--out_dir=out', '--init_from=resume',
+                              '--dataset=other', monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err, "dataset 'other' has another vocabulary than 'same'", '--dataset=same')
+
+
+def test_eval_only_at_another_length_logs_the_trained_tokens(workdir, run):
+    run(workdir, '--max_iters=4', '--eval_interval=4', '--out_dir=out')
+    run(workdir, '--out_dir=out', '--init_from=resume', '--eval_only=True', '--block_size=8')
+    records = log_records(workdir / 'out')
+    assert records[-1]['eval_only'] and records[-1]['block_size'] == 8
+    assert records[-1]['tokens'] == records[-2]['tokens'] == 4 * 4 * 16
+
+
+def test_an_interrupt_saves_the_state_and_resume_goes_on_exactly(workdir, monkeypatch, capsys):
+    """Ctrl-C mid-run (delivered between two steps) saves that iteration's state whole; a resume from it ends
+    bitwise where a straight run does, its log the straight run's (dropout on: the RNG is saved too)."""
+    args = ['--dropout=0.1', '--eval_interval=4', '--max_iters=10', *MODERN]
+    assert train_here(workdir, *args, '--out_dir=a', monkeypatch=monkeypatch, capsys=capsys)[0] == 0
+    real_clip, calls = torch.nn.utils.clip_grad_norm_, []
+
+    def ctrl_c_in_step_7(*a, **k):
+        calls.append(1)
+        if len(calls) == 7:
+            common._on_signal(signal.SIGINT, None)  # as the handler does when Ctrl-C comes mid-step
+        return real_clip(*a, **k)
+    monkeypatch.setattr(torch.nn.utils, 'clip_grad_norm_', ctrl_c_in_step_7)
+    code, _, err = train_here(workdir, *args, '--out_dir=b', monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err, 'interrupted at iter 7, its state saved', "'b/ckpt.pt' (iter 7, not evaluated)",
+                   "the best is 'b/best.pt' (iter 4,")
+    assert code == 130
+    monkeypatch.setattr(torch.nn.utils, 'clip_grad_norm_', real_clip)
+    assert common.load_checkpoint(str(workdir / 'b' / 'ckpt.pt'))['iter_num'] == 7
+    assert train_here(workdir, *args, '--out_dir=b', '--init_from=resume', monkeypatch=monkeypatch,
+                      capsys=capsys)[0] == 0
+    final_a = common.load_checkpoint(str(workdir / 'a' / 'ckpt.pt'))
+    final_b = common.load_checkpoint(str(workdir / 'b' / 'ckpt.pt'))
+    assert final_a['iter_num'] == final_b['iter_num'] == 10
+    for k in final_a['model']:
+        assert torch.equal(final_a['model'][k], final_b['model'][k]), k
+    strip = lambda records: [{k: v for k, v in r.items() if k not in ('elapsed_s', 'ms_per_iter')} for r in records]
+    assert strip(log_records(workdir / 'a')) == strip(log_records(workdir / 'b'))
+
+
+def test_mfu_over_100_percent_remeasures_the_peak_and_says_so(workdir, monkeypatch, capsys):
+    peaks = iter([1e3] + [1e3] * 3)  # a peak far too low at start, and still when measured again
+    monkeypatch.setattr(common, 'measure_matmul_flops', lambda device, dtype=None: next(peaks))
+    code, out, _ = train_here(workdir, '--max_iters=8', '--eval_interval=8', '--out_dir=out',
+                              monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0
+    lines = [line for line in out.splitlines() if line.startswith('iter ')]
+    assert all('mfu --, eta --:--:--' in line for line in lines[:3]), lines  # warm-up steps: no figures yet
+    assert 'over 100%: the peak is too low, set --peak_flops' in lines[-1] and 'eta 00:00:0' in lines[-1]
+    assert next(peaks, None) is None  # measured again, up to 3 times
+    peaks = iter([1e3, 1e15])  # the second measurement finds the real peak
+    code, out, _ = train_here(workdir, '--max_iters=8', '--eval_interval=8', '--out_dir=out2',
+                              monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0 and 'over 100%' not in out and 'mfu 0.' in out
+
+
+def test_a_failed_collective_is_one_line_naming_the_last_checkpoint(workdir, monkeypatch, capsys):
+    """A rank killed under DDP makes the others' collectives fail: one line, not gloo's traceback. Killing one
+    of 2 real processes is slow; here one gloo process's all_reduce fails after the first checkpoint."""
+    import socket
+
+    import torch.distributed as dist
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    for k, v in dict(RANK='0', LOCAL_RANK='0', WORLD_SIZE='1', MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port)).items():
+        monkeypatch.setenv(k, v)
+    real_all_reduce, calls = dist.all_reduce, []
+
+    def peer_gone(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 6:  # past iter 2's evaluation (2 per evaluation, 1 per step)
+            raise dist.DistBackendError('[gloo/transport/tcp/pair.cc:534] Connection closed by peer')
+        return real_all_reduce(*args, **kwargs)
+    monkeypatch.setattr(dist, 'all_reduce', peer_gone)
+    try:
+        code, _, err = train_here(workdir, '--max_iters=6', '--eval_interval=2', '--out_dir=out',
+                                  monkeypatch=monkeypatch, capsys=capsys)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    one_line_error(code, err, 'another process stopped at iter', 'Connection closed by peer',
+                   "the last checkpoint is 'out/ckpt.pt' (iter 2,")
+    assert code == 1
