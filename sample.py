@@ -42,9 +42,10 @@ globals().update(settings)
 # the heavy imports only now: --help and a mistyped setting answer before torch loads
 import torch  # noqa: E402
 
-from common import (DTYPES, autocast, die, load_checkpoint, load_pretrained, load_tokenizer,  # noqa: E402
-                    model_from_checkpoint, pick_device, pick_dtype)
+from common import (DTYPES, autocast, catch_interrupts, die, load_checkpoint, load_pretrained,  # noqa: E402
+                    load_tokenizer, model_from_checkpoint, pick_device, pick_dtype)
 SEPARATOR = '---------------'
+catch_interrupts()  # Ctrl-C or kill: one line, exit 130 or 143
 # -----------------------------------------------------------------------------
 
 # settings first: a typo should not cost a model load

@@ -139,6 +139,7 @@ def test_a_character_model_exports_with_its_tokenizer_and_samples_back(tmp_path,
                                          pad_token_id=0)[0])
     texts = []
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(common, 'catch_interrupts', lambda: None)  # pytest keeps its own Ctrl-C
     capsys.readouterr()
     for source in ('--init_from=hf-chars', '--out_dir=out'):
         monkeypatch.setattr(sys, 'argv', ['sample.py', source, '--start=the quick', '--num_samples=1',

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+import common
 from common import new_checkpoint, save_checkpoint
 from conftest import make_char_dataset
 from model import GPT, GPTConfig
@@ -70,6 +71,7 @@ def parse_report(err):
 def sample(tmp_path, monkeypatch, capsys):
     """Run sample.py in this process with cwd tmp_path; return (stdout, stderr), or (code, stderr) on exit."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(common, 'catch_interrupts', lambda: None)  # pytest keeps its own Ctrl-C
 
     def run(*args, expect_exit=False):
         monkeypatch.setattr(sys, 'argv', ['sample.py', '--device=cpu', *args])
@@ -401,3 +403,19 @@ def test_a_meta_json_without_its_characters_is_one_error_line(tmp_path, sample):
     (tmp_path / 'data' / 'chars' / 'meta.json').write_text(json.dumps({'kind': 'char', 'vocab_size': len(CHARS)}))
     code, err = sample(expect_exit=True)
     assert_one_line_error(code, err, 'meta.json', "'chars'", 'prepare.py')
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
+    import signal
+    char_checkpoint(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONIOENCODING='utf-8')
+    proc = subprocess.Popen([sys.executable, str(SAMPLE), '--device=cpu', '--start=Sing', '--num_samples=1',
+                             '--max_new_tokens=10000000'], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, encoding='utf-8')
+    try:
+        proc.stdout.read(1)  # streaming: the prompt is out
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and err.strip() == 'error: interrupted (SIGINT)', err
