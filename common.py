@@ -33,20 +33,27 @@ class Interrupted(KeyboardInterrupt):
         self.code = 128 + signum
 
 
-_critical, _pending = 0, None
+_critical, _pending, _stopping = 0, None, False
 
 
 def _on_signal(signum, frame):
-    global _pending
+    global _pending, _stopping
+    if _stopping:
+        # already stopping: a second signal (Ctrl-C reaches ablate.py's runs, then ablate stops them with `kill`)
+        # raised again would land in whatever cleanup runs then, a destructor or an atexit hook, as a traceback
+        return
     if _critical:  # inside a write that must finish whole: stop right after it
         _pending = signum
     else:
+        _stopping = True
         raise Interrupted(signum)
 
 
 def catch_interrupts():
     """Ctrl-C and `kill` raise Interrupted, except inside critical(), which they end; one not caught by the
-    script stops it with one line."""
+    script stops it with one line. Only the first signal raises: the process is stopping after it."""
+    global _stopping
+    _stopping = False
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
     default_hook = sys.excepthook
@@ -63,14 +70,14 @@ def catch_interrupts():
 @contextmanager
 def critical():
     """A block that an interrupt must not cut in two (a checkpoint or log write): it is delivered after."""
-    global _critical, _pending
+    global _critical, _pending, _stopping
     _critical += 1
     try:
         yield
     finally:
         _critical -= 1
         if not _critical and _pending is not None:
-            signum, _pending = _pending, None
+            signum, _pending, _stopping = _pending, None, True
             raise Interrupted(signum)
 
 
