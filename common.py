@@ -340,8 +340,8 @@ def first_line(error):
 
 # ----------------------------------------------------------------------------- tokenizers
 
-# source: what the text is encoded with, named in errors ("GPT-2's BPE (tried because 'DIR' holds no tokenizer)"); guessed:
-# GPT-2's BPE for a model that brings no tokenizer (worth a note)
+# source: what the text is encoded with, named in errors ("GPT-2's BPE (tried because 'DIR' holds no tokenizer)");
+# guessed: GPT-2's BPE for a model that brings no tokenizer (worth a note)
 Tokenizer = namedtuple('Tokenizer', 'encode decode vocab_size source guessed', defaults=(False,))
 # the files a Hugging Face tokenizer is saved as: a model directory holding none of them has no tokenizer
 TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'vocab.json', 'tokenizer.model')
@@ -380,13 +380,15 @@ def load_tokenizer(meta_path=None, pretrained=None, name=''):
     if pretrained is not None and not pretrained.startswith('gpt2'):
         # a Llama checkpoint brings its own tokenizer (an export.py directory too); a bare GPT-2 one may not, and
         # transformers then makes an empty one that encodes any text to nothing
+        missing = None
         if os.path.isdir(pretrained) and not any(os.path.exists(os.path.join(pretrained, f)) for f in TOKENIZER_FILES):
-            return _tiktoken('gpt2', f"GPT-2's BPE (tried because '{pretrained}' holds no tokenizer)")._replace(guessed=True)
-        try:
-            return _hf_tokenizer(pretrained, f"the tokenizer of '{pretrained}'", required=False)
-        except LookupError:
-            return _tiktoken('gpt2', f"GPT-2's BPE (tried because no tokenizer was found with '{pretrained}')")._replace(
-                guessed=True)
+            missing = f"'{pretrained}' holds no tokenizer"
+        else:
+            try:
+                return _hf_tokenizer(pretrained, f"the tokenizer of '{pretrained}'", required=False)
+            except LookupError:
+                missing = f"no tokenizer was found with '{pretrained}'"
+        return _tiktoken('gpt2', f"GPT-2's BPE (tried because {missing})")._replace(guessed=True)
     return _tiktoken(meta.get('encoding', 'gpt2'), f"tiktoken's {meta.get('encoding', 'gpt2')!r}")
 
 
