@@ -365,6 +365,23 @@ def claim(path):
         os.remove(mine)
 
 
+def take(path):
+    """Claim a run to train it: None, or why it is not ours to train ('finished', or who is training it)."""
+    done = os.path.join(path, 'done.json')
+    if os.path.exists(done):
+        return 'finished'
+    holder = claim(path)
+    if holder:
+        return f'being trained by {holder}'
+    # ours now; but a train.py may still run there, or another process may have finished the run between the look
+    # above and the claim (start() would delete it)
+    why = ('being trained by a train.py still running there' if trainer_inside(path) else
+           'finished' if os.path.exists(done) else None)
+    if why:
+        release(path)
+    return why
+
+
 def trainer_inside(path):
     """Whether a train.py holds the run directory's lock (an orphan of a process that died without taking its
     runs with it, on a system where they do not die together)."""
@@ -432,8 +449,15 @@ def start(flags, seed, path, cwd, device):
 
 def finish(job, proc, log, duration, cwd):
     """'' when the run finished (done.json written; a diverged run counts), else why it failed."""
-    name, flags, seed, path = job
     log.close()
+    try:
+        return _finish(job, proc, duration, cwd)
+    except FileNotFoundError as e:  # its folder was deleted while it ran: that run alone failed
+        return f"(exit {proc.returncode}): its folder went away while it ran ('{e.filename}' is missing)"
+
+
+def _finish(job, proc, duration, cwd):
+    name, flags, seed, path = job
     log_path = os.path.join(path, 'train.log')
     diverged = proc.returncode == 1 and os.path.exists(os.path.join(path, 'diverged.json'))
     if (proc.returncode != 0 and not diverged) or not os.path.exists(os.path.join(path, 'log.jsonl')):
@@ -457,7 +481,9 @@ def mean_std(values):
     values = [v for v in values if v is not None]
     if not values:
         return 'n/a'
-    return f"{statistics.mean(values):.4f} ± {f'{statistics.stdev(values):.4f}' if len(values) > 1 else '—'}"
+    if len(values) == 1:  # no spread to give
+        return f"{values[0]:.4f} (1 seed)"
+    return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
 
 
 def mean_or_none(values):
@@ -509,7 +535,9 @@ def shell_quote(arg):
 
 
 def write_report(out, order, failed, cwd):
-    runs, other = [], []
+    """Write results.md, results.json and the plots from every finished run (its done.json, read now: runs other
+    processes finished are in); the set of the runs' directories it holds."""
+    runs, other, reported = [], [], set()
     for root, _, files in sorted(os.walk(os.path.join(out, 'runs'))):
         if 'done.json' in files:
             done = read_json(os.path.join(root, 'done.json'))
@@ -519,6 +547,7 @@ def write_report(out, order, failed, cwd):
             done = finished(root, cwd)
             done['extrapolation'] = extrapolation_losses(root, cwd, methods_asked())
             runs.append(done)
+            reported.add(os.path.abspath(root))
     # this grid's order first, then variants of earlier invocations
     runs.sort(key=lambda r: (order.index(r['variant']) if r['variant'] in order else len(order), r['variant'],
                              r['seed']))
@@ -562,6 +591,7 @@ def write_report(out, order, failed, cwd):
         plot(variants, 0, 'iteration', os.path.join(out, 'val_loss_vs_iter.png'))
         plot(variants, 2, 'time (s)', os.path.join(out, 'val_loss_vs_time.png'))
     print(f"report: {os.path.join(out, 'results.md')} ({len(runs)} finished runs of {len(variants)} variants)")
+    return reported
 
 
 # ----------------------------------------------------------------------------- main
@@ -587,17 +617,12 @@ def main():
                 counter += 1
                 name, flags, seed, path = job
                 label = f"[{counter}/{total}] {name} seed {seed}"
-                if os.path.exists(os.path.join(path, 'done.json')):
-                    print(f"{label} skipped (finished)", flush=True)
-                    continue
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-                holder = claim(path)
-                if not holder and trainer_inside(path):
-                    release(path)
-                    holder = 'a train.py still running there'
-                if holder:
-                    print(f"{label} skipped (being trained by {holder})", flush=True)
-                    busy.append(f'{name} seed {seed}')
+                why = take(path)
+                if why:
+                    print(f"{label} skipped ({why})", flush=True)
+                    if why != 'finished':
+                        busy.append((f'{name} seed {seed}', path))
                     continue
                 in_use = [r[3] for r in running.values()]
                 device = min(slots, key=in_use.count)  # the least busy (None: the recipe's own)
@@ -627,7 +652,8 @@ def main():
             proc.wait()
             log.close()
             release(job[3])
-    write_report(out, list(variants), failed, cwd)
+    reported = write_report(out, list(variants), failed, cwd)
+    busy = [name for name, path in busy if os.path.abspath(path) not in reported]  # unless finished meanwhile
     if busy:
         print(f"{len(busy)} run(s) were being trained elsewhere and are not in the report yet: {', '.join(busy)}")
     if failed:

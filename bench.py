@@ -65,9 +65,11 @@ globals().update(settings)
 # the heavy imports only now: --help and a mistyped setting answer before torch loads
 import torch  # noqa: E402
 
-from common import DTYPES, autocast, die, peak_flops as measure_peak_flops, pick_device, pick_dtype  # noqa: E402
+from common import (DTYPES, autocast, catch_interrupts, die, peak_flops as measure_peak_flops,  # noqa: E402
+                    pick_device, pick_dtype)
 from model import BEYOND_MODERN, GPT, SWAPS, GPTConfig, swap_flags  # noqa: E402
 
+catch_interrupts()  # Ctrl-C or kill: one line, exit 130 or 143
 MODEL_FLAGS = tuple(f.name for f in fields(GPTConfig))
 model_args = {k: settings[k] for k in MODEL_FLAGS}
 # the vanilla block as the flags give it, each swap of model.SWAPS on top of it, and all of them
@@ -101,6 +103,15 @@ if json and not os.path.isdir(os.path.dirname(os.path.abspath(json))):
     die(f"cannot write --json={json}: no directory '{os.path.dirname(os.path.abspath(json))}'")
 if json and os.path.isdir(json):
     die(f"cannot write --json={json}: it is a directory (give a file name)")
+if json:  # a place we cannot write (read-only, /proc, /sys) is found now, not after minutes of timing
+    existed = os.path.exists(json)
+    try:
+        with open(json, 'a'):
+            pass
+        if not existed:
+            os.remove(json)
+    except OSError as e:
+        die(f"cannot write --json={json}: {e.strerror or e}")
 nanogpt = None
 if nanogpt_dir:
     path = os.path.join(nanogpt_dir, 'model.py')
@@ -292,6 +303,9 @@ print('|' + '|'.join(['---'] + ['---:'] * (len(COLUMNS) - 1)) + '|')
 for row in rows:
     print('| ' + ' | '.join(cell(row, *c[1:]) for c in COLUMNS) + ' |')
 if json:
-    with open(json, 'w') as f:
-        jsonlib.dump({'settings': settings, 'peak_flops': peak, 'peak_flops_source': how,
-                      'torch': torch.__version__, 'threads': torch.get_num_threads(), 'rows': rows}, f, indent=2)
+    try:
+        with open(json, 'w') as f:
+            jsonlib.dump({'settings': settings, 'peak_flops': peak, 'peak_flops_source': how,
+                          'torch': torch.__version__, 'threads': torch.get_num_threads(), 'rows': rows}, f, indent=2)
+    except OSError as e:  # e.g. a full disk: the table above holds the figures
+        die(f"cannot write --json={json}: {e.strerror or e} (the table above has the figures)", code=1)

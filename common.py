@@ -36,20 +36,27 @@ class Interrupted(KeyboardInterrupt):
         self.code = 128 + signum
 
 
-_critical, _pending = 0, None
+_critical, _pending, _stopping = 0, None, False
 
 
 def _on_signal(signum, frame):
-    global _pending
+    global _pending, _stopping
+    if _stopping:
+        # already stopping: a second signal (Ctrl-C reaches ablate.py's runs, then ablate stops them with `kill`)
+        # raised again would land in whatever cleanup runs then, a destructor or an atexit hook, as a traceback
+        return
     if _critical:  # inside a write that must finish whole: stop right after it
         _pending = signum
     else:
+        _stopping = True
         raise Interrupted(signum)
 
 
 def catch_interrupts():
     """Ctrl-C and `kill` raise Interrupted, except inside critical(), which they end; one not caught by the
-    script stops it with one line."""
+    script stops it with one line. Only the first signal raises: the process is stopping after it."""
+    global _stopping
+    _stopping = False
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
     default_hook = sys.excepthook
@@ -73,10 +80,10 @@ def hold_interrupts():
 def deliver_interrupts(discard=False):
     """End hold_interrupts(): an interrupt that came meanwhile is raised now (discard: the stretch failed, and
     what ends the process is already under way)."""
-    global _critical, _pending
+    global _critical, _pending, _stopping
     _critical -= 1
     if not _critical and _pending is not None:
-        signum, _pending = _pending, None
+        signum, _pending, _stopping = _pending, None, True
         if not discard:
             raise Interrupted(signum)
 
@@ -385,27 +392,58 @@ def model_from_checkpoint(checkpoint, path='checkpoint', settings=None):
 
 
 def load_pretrained(name_or_path, settings=None):
-    """GPT.from_pretrained with one-line errors (unknown name, no network, unsupported architecture); with a
-    run's settings, its runtime flags as runtime_args gives them."""
+    """GPT.from_pretrained with one-line errors (unknown name, no network, unsupported architecture, a config.json
+    that is not JSON or whose values are wrong, weights that do not fit it); with a run's settings, its runtime
+    flags as runtime_args gives them."""
     try:
-        model = GPT.from_pretrained(name_or_path)
+        import transformers
+        from huggingface_hub import errors as hub_errors
     except ImportError:
         die("loading pretrained models needs transformers: pip install transformers")
-    except (OSError, ValueError) as e:
-        die(f"cannot load pretrained model '{name_or_path}': {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    # transformers >= 5 checks a config's values itself (a string size, heads that do not divide the width)
+    bad_value = getattr(hub_errors, 'StrictDataclassError', ValueError)
+    where = f"pretrained model '{name_or_path}'"
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # its many-line load report would bury our one line
+    try:
+        model = GPT.from_pretrained(name_or_path)
+    except (OSError, ValueError, TypeError, KeyError, bad_value) as e:
+        # a bad value in config.json; OSError also: no such model, no network, config.json not JSON
+        die(f"cannot load {where}: {first_line(e)}")
+    except RuntimeError as e:  # the weights' shapes are not the ones config.json gives
+        detail = '' if 'above report' in str(e) else f": {first_line(e)}"  # the report we silenced
+        die(f"cannot load {where}: its weights do not fit its config.json (a vocab_size or size there differs "
+            f"from the weights' shapes){detail}")
+    finally:
+        transformers.logging.set_verbosity(verbosity)
     trained = asdict(model.config)
     args = runtime_args(trained, settings) if settings is not None else trained
     return model if args == trained else build_model(args, model.state_dict(), f"'{name_or_path}'")
 
 
+def first_line(error):
+    """An exception's first line, the fields of a config validation error included (for a one-line message)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = ' '.join(lines[:3]) if lines and lines[0].endswith(':') else (lines[0] if lines else type(error).__name__)
+    return text[:300]
+
+
 # ----------------------------------------------------------------------------- tokenizers
 
-Tokenizer = namedtuple('Tokenizer', 'encode decode vocab_size')
+# source: what the text is encoded with, named in errors ("GPT-2's BPE (tried because 'DIR' holds no tokenizer)");
+# guessed: GPT-2's BPE for a model that brings no tokenizer (worth a note)
+Tokenizer = namedtuple('Tokenizer', 'encode decode vocab_size source guessed', defaults=(False,))
+# the files a Hugging Face tokenizer is saved as: a model directory holding none of them has no tokenizer
+TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'vocab.json', 'tokenizer.model')
 
 
-def load_tokenizer(meta_path=None, pretrained=None):
+def load_tokenizer(meta_path=None, pretrained=None, name=''):
     """A Tokenizer from a dataset's meta.json (character level or tiktoken), a pretrained model's own
-    Hugging Face tokenizer, or else GPT-2's BPE. vocab_size: ids 0..vocab_size-1 decode to text."""
+    Hugging Face tokenizer, or else GPT-2's BPE; name (a user's choice) overrides them all: 'gpt2' is tiktoken's
+    BPE, anything else a Hugging Face tokenizer name or directory. vocab_size: ids 0..vocab_size-1 decode to
+    text."""
+    if name:
+        return _tiktoken('gpt2', "GPT-2's BPE") if name == 'gpt2' else _hf_tokenizer(name, f"the tokenizer '{name}'")
     meta = {'kind': 'tiktoken', 'encoding': 'gpt2'}
     if meta_path is not None:
         try:
@@ -413,8 +451,13 @@ def load_tokenizer(meta_path=None, pretrained=None):
                 meta = json.load(f)
         except (OSError, ValueError) as e:
             die(f"cannot read '{meta_path}': {e}")
+        if not isinstance(meta, dict):
+            die(f"'{meta_path}' is not a dataset's meta.json (not a JSON object); rerun the dataset's prepare.py")
     if meta.get('kind') == 'char':
-        chars = meta['chars']
+        chars = meta.get('chars')
+        if not isinstance(chars, list) or not chars or not all(isinstance(c, str) for c in chars):
+            die(f"'{meta_path}' is a character vocabulary (kind 'char') without its 'chars' list of characters; "
+                f"rerun the dataset's prepare.py")
         stoi = {c: i for i, c in enumerate(chars)}
 
         def encode(text):
@@ -423,27 +466,49 @@ def load_tokenizer(meta_path=None, pretrained=None):
                 die(f"characters not in the vocabulary of '{meta_path}': "
                     f"{' '.join(repr(c) for c in unknown)}")
             return [stoi[c] for c in text]
-        return Tokenizer(encode, lambda ids: ''.join(chars[i] for i in ids), len(chars))
+        return Tokenizer(encode, lambda ids: ''.join(chars[i] for i in ids), len(chars), f"'{meta_path}'")
     if pretrained is not None and not pretrained.startswith('gpt2'):
-        try:  # a Llama checkpoint brings its own tokenizer (an export.py directory too); a bare GPT-2 one may not
-            from transformers import AutoTokenizer
-            tok = AutoTokenizer.from_pretrained(pretrained)
-        except Exception:
-            print(f"note: no tokenizer found with '{pretrained}'; using GPT-2's BPE", file=sys.stderr)
+        # a Llama checkpoint brings its own tokenizer (an export.py directory too); a bare GPT-2 one may not, and
+        # transformers then makes an empty one that encodes any text to nothing
+        missing = None
+        if os.path.isdir(pretrained) and not any(os.path.exists(os.path.join(pretrained, f)) for f in TOKENIZER_FILES):
+            missing = f"'{pretrained}' holds no tokenizer"
         else:
-            def encode(text):
-                try:  # special tokens on: a Llama prompt starts with its BOS token, as the model was trained
-                    return tok.encode(text)
-                except Exception as e:  # e.g. a character vocabulary without an unknown token
-                    die(f"the tokenizer of '{pretrained}' cannot encode the prompt: {str(e).splitlines()[0][:200]}")
-            return Tokenizer(encode, lambda ids: tok.decode(ids, skip_special_tokens=True), len(tok))
+            try:
+                return _hf_tokenizer(pretrained, f"the tokenizer of '{pretrained}'", required=False)
+            except LookupError:
+                missing = f"no tokenizer was found with '{pretrained}'"
+        return _tiktoken('gpt2', f"GPT-2's BPE (tried because {missing})")._replace(guessed=True)
+    return _tiktoken(meta.get('encoding', 'gpt2'), f"tiktoken's {meta.get('encoding', 'gpt2')!r}")
+
+
+def _tiktoken(encoding, source):
     import tiktoken
     try:
-        enc = tiktoken.get_encoding(meta.get('encoding', 'gpt2'))
+        enc = tiktoken.get_encoding(encoding)
     except Exception as e:
-        die(f"cannot load tiktoken encoding {meta.get('encoding', 'gpt2')!r} ({type(e).__name__}); "
+        die(f"cannot load tiktoken encoding {encoding!r} ({type(e).__name__}); "
             f"offline, point TIKTOKEN_CACHE_DIR at a cache holding it")
-    return Tokenizer(lambda text: enc.encode(text, allowed_special={'<|endoftext|>'}), enc.decode, enc.n_vocab)
+    return Tokenizer(lambda text: enc.encode(text, allowed_special={'<|endoftext|>'}), enc.decode, enc.n_vocab, source)
+
+
+def _hf_tokenizer(name, source, required=True):
+    """A Hugging Face tokenizer; one that cannot load is an error line, or LookupError when not required."""
+    try:
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(name)
+    except Exception as e:
+        if not required:
+            raise LookupError(name) from e
+        die(f"cannot load the tokenizer '{name}' (a Hugging Face tokenizer name or directory, or 'gpt2'): "
+            f"{first_line(e)}")
+
+    def encode(text):
+        try:  # special tokens on: a Llama prompt starts with its BOS token, as the model was trained
+            return tok.encode(text)
+        except Exception as e:  # e.g. a character vocabulary without an unknown token
+            die(f"{source} cannot encode the prompt: {str(e).splitlines()[0][:200]}")
+    return Tokenizer(encode, lambda ids: tok.decode(ids, skip_special_tokens=True), len(tok), source)
 
 
 GPT2_FILES = 'https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/'  # tiktoken's source and cache key
@@ -458,6 +523,9 @@ def hf_tokenizer(config):
     if meta_path and os.path.exists(meta_path):
         with open(meta_path) as f:
             meta = json.load(f)
+        if meta.get('kind') == 'char' and not meta.get('chars'):
+            raise ValueError(f"'{meta_path}' is a character vocabulary without its 'chars' list (rerun the "
+                             f"dataset's prepare.py)")
         if meta.get('kind') == 'char':  # one token per character, joined back without spaces
             from tokenizers import Regex, Tokenizer as RawTokenizer, decoders, models, pre_tokenizers
             from transformers import PreTrainedTokenizerFast

@@ -66,10 +66,13 @@ def main(out_dir, hf_dir):
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')
     checkpoint = load_checkpoint(ckpt_path)
     model = model_from_checkpoint(checkpoint, ckpt_path)
+    without = 'its run names none'  # why the directory gets no tokenizer, said with the result
     try:
         tokenizer = hf_tokenizer(checkpoint.get('config') or {})
     except Exception as e:  # a tokenizer we cannot rebuild must not stop the model's export
-        print(f"note: no tokenizer exported ({type(e).__name__}: {str(e).splitlines()[0][:200]})", file=sys.stderr)
+        without = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}" if str(e) else type(e).__name__
+        print(f"note: no tokenizer exported ({without}); sample.py --init_from={hf_dir} will need "
+              f"--tokenizer=NAME_OR_DIR", file=sys.stderr)
         tokenizer = None
     try:
         hf = to_hf(model, *((tokenizer.bos_token_id, tokenizer.eos_token_id) if tokenizer else ()))
@@ -86,7 +89,7 @@ def main(out_dir, hf_dir):
     if not os.path.isfile(os.path.join(hf_dir, 'config.json')):
         die(f"nothing was written to hf_dir '{hf_dir}'", code=1)
     print(f"wrote {type(hf).__name__} ({model.get_num_params() / 1e6:.2f}M parameters) "
-          f"{'with its tokenizer' if tokenizer else 'without a tokenizer (its run names none)'} to {hf_dir}")
+          f"{'with its tokenizer' if tokenizer else f'without a tokenizer ({without})'} to {hf_dir}")
 
 
 if __name__ == '__main__':

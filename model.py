@@ -576,6 +576,9 @@ class KVCache:
                         for name, (heads, dim) in block.attn.cache_entries().items()}
                        for block in model.transformer.h]
         self.pos = 0  # positions seen
+        # the ring slot the next single token goes to, as a tensor: a compiled block would specialise on an int
+        # (one graph per slot)
+        self.slot = torch.zeros(1, dtype=torch.long, device=device)
 
     @staticmethod
     def slots_for(config, length):
@@ -620,7 +623,7 @@ class KVCache:
                 store[:, :, self.pos:self.pos + T] = value
                 out.append(store[:, :, :self.pos + T])
             elif T == 1:
-                store[:, :, self.pos % self.slots] = value[:, :, 0]
+                store.index_copy_(2, self.slot, value)
                 out.append(store[:, :, :min(self.pos + 1, self.slots)])
             else:  # the past the window still needs, in order, then the new tokens
                 past = torch.arange(self.pos - min(self.pos, self.slots - 1), self.pos, device=value.device)
@@ -631,10 +634,13 @@ class KVCache:
 
     def advance(self, T):
         self.pos += T
+        if self.ring:
+            self.slot.fill_(self.pos % self.slots)
 
     def reset(self):
         """Forget every position (the next call is a prefill)."""
         self.pos = 0
+        self.slot.zero_()
 
 
 class LayerCache:

@@ -20,6 +20,9 @@ from configurator import configure, model_flags, settings_of
 
 # ----------------------------------------------------------------------------- settings
 init_from = 'resume'  # 'resume' (out_dir/ckpt.pt), or a GPT-2 / Llama name or directory
+# '': the model's own (its dataset's, a directory's, else GPT-2's BPE); 'gpt2' (tiktoken's BPE), or a Hugging Face
+# tokenizer name or directory, for a model saved without one
+tokenizer = ''
 out_dir = 'out'
 start = '\n'  # the prompt, or 'FILE:path' to read it from a file
 num_samples = 10
@@ -41,9 +44,10 @@ globals().update(settings)
 # the heavy imports only now: --help and a mistyped setting answer before torch loads
 import torch  # noqa: E402
 
-from common import (DTYPES, autocast, die, load_checkpoint, load_pretrained, load_tokenizer,  # noqa: E402
-                    model_from_checkpoint, pick_device, pick_dtype)
+from common import (DTYPES, autocast, catch_interrupts, die, load_checkpoint, load_pretrained,  # noqa: E402
+                    load_tokenizer, model_from_checkpoint, pick_device, pick_dtype)
 SEPARATOR = '---------------'
+catch_interrupts()  # Ctrl-C or kill: one line, exit 130 or 143
 # -----------------------------------------------------------------------------
 
 # settings first: a typo should not cost a model load
@@ -91,16 +95,23 @@ if init_from == 'resume':
         if not os.path.exists(meta_path):  # e.g. run from outside the repo: say why the text may be garbage
             print(f"note: no '{meta_path}' here; decoding with GPT-2's BPE", file=sys.stderr)
             meta_path = None
-encode, decode, tokenizer_vocab = load_tokenizer(meta_path, pretrained=None if init_from == 'resume' else init_from)
+# the model before the tokenizer: a broken config.json is the first thing to say, whatever the tokenizer
+model = (model_from_checkpoint(checkpoint, ckpt_path, settings) if init_from == 'resume'
+         else load_pretrained(init_from, settings))
+encode, decode, tokenizer_vocab, source, guessed = load_tokenizer(
+    meta_path, pretrained=None if init_from == 'resume' else init_from, name=tokenizer)
 prompt = encode(start)
 if not prompt:
     die("the prompt must have at least one token to continue from; give a non-empty --start "
-        "(the default is a newline)")
-model = (model_from_checkpoint(checkpoint, ckpt_path, settings) if init_from == 'resume'
-         else load_pretrained(init_from, settings))
+        "(the default is a newline)" if not start else
+        f"{source} encodes --start={start!r} to no tokens: it is not this model's tokenizer; give one with "
+        f"--tokenizer=NAME_OR_DIR (a Hugging Face tokenizer, or 'gpt2')")
 if max(prompt) >= model.config.vocab_size:
     die(f"the prompt encodes to token id {max(prompt)} but the model knows only {model.config.vocab_size} "
-        f"tokens: this is not its tokenizer")
+        f"tokens: {source} is not its tokenizer; give its own with --tokenizer=NAME_OR_DIR (a Hugging Face "
+        f"tokenizer, or 'gpt2')")
+if guessed:
+    print(f"note: encoding with {source}", file=sys.stderr)
 # a vocabulary padded past the tokenizer's (GPT-2's 50257 -> 50304) has ids that decode to nothing
 vocab_limit = min(tokenizer_vocab, model.config.vocab_size)
 model.eval()

@@ -298,3 +298,73 @@ def test_claims_are_whole_and_stale_ones_are_taken_over(tmp_path, monkeypatch):
     os.utime(tmp_path / 'seed1337.claim', (0, 0))
     assert ablate_module.claim(run) is None  # another node that stopped refreshing it
     assert sorted(p.name for p in tmp_path.iterdir()) == ['seed1337.claim']  # nothing else left beside it
+
+
+def import_ablate(monkeypatch, *argv):
+    """ablate.py as a module, its settings from argv."""
+    monkeypatch.setattr(sys, 'argv', ['ablate.py', *argv])
+    monkeypatch.syspath_prepend(str(REPO))
+    sys.modules.pop('ablate', None)
+    module = importlib.import_module('ablate')
+    sys.modules.pop('ablate', None)
+    return module
+
+
+@pytest.mark.parametrize('returncode', [0, 1])
+def test_a_run_whose_folder_went_away_fails_alone(tmp_path, monkeypatch, returncode):
+    """Its folder deleted while train.py ran: that run is one FAILED line, not a traceback that stops the grid
+    (main releases its claim and goes on)."""
+    from types import SimpleNamespace
+    ablate_module = import_ablate(monkeypatch)
+    path = tmp_path / 'runs' / 'gone' / 'seed1337'
+    path.mkdir(parents=True)
+    log = open(path / 'train.log', 'w')
+    (path / 'train.log').unlink()
+    path.rmdir()
+    why = ablate_module.finish(('gone', {}, 1337, str(path)), SimpleNamespace(returncode=returncode), log, 1.0,
+                               str(tmp_path))
+    assert 'went away' in why and str(path) in why and log.closed
+
+
+def test_a_run_finished_between_the_look_and_the_claim_is_not_retrained(tmp_path, monkeypatch):
+    ablate_module = import_ablate(monkeypatch)
+    path = tmp_path / 'runs' / 'v' / 'seed1337'
+    path.mkdir(parents=True)
+    real_claim = ablate_module.claim
+
+    def claim_after_another_finished(run):
+        (path / 'done.json').write_text('{}')  # another process, just before our claim
+        return real_claim(run)
+    monkeypatch.setattr(ablate_module, 'claim', claim_after_another_finished)
+    assert ablate_module.take(str(path)) == 'finished'
+    assert (path / 'done.json').exists() and not (tmp_path / 'runs' / 'v' / 'seed1337.claim').exists()
+    monkeypatch.setattr(ablate_module, 'claim', real_claim)
+    (path / 'done.json').unlink()
+    assert ablate_module.take(str(path)) is None  # free: ours to train
+
+
+def test_one_seed_shows_no_spread(monkeypatch):
+    ablate_module = import_ablate(monkeypatch)
+    assert ablate_module.mean_std([2.3786]) == '2.3786 (1 seed)'
+    assert ablate_module.mean_std([1.0, 2.0]) == '1.5000 ± 0.7071'
+
+
+def test_a_run_another_process_finished_meanwhile_is_reported_not_listed_as_missing(ablated, monkeypatch, capsys):
+    """Two ablate.py on one out_dir: a run the other one was training when this one looked, and finished before
+    this one's report, is in the report, and not named as 'not in the report yet'."""
+    import shutil
+    workdir, out, _ = ablated
+    out2 = workdir / 'out-shared'
+    monkeypatch.chdir(workdir)
+    ablate_module = import_ablate(monkeypatch, f'--run_dir={workdir}', f'--train_config={workdir / "tiny.py"}',
+                                  f'--out_dir={out2}', '--grid=custom', "--custom={'vanilla': {}}",
+                                  '--extrapolation=')
+
+    def held_by_another_that_finishes_it(run):
+        shutil.copytree(out / 'runs' / 'vanilla' / 'seed1337', run)  # the other process's finished run
+        return 'elsewhere:1'
+    monkeypatch.setattr(ablate_module, 'claim', held_by_another_that_finishes_it)
+    ablate_module.main()
+    stdout = capsys.readouterr().out
+    assert 'being trained by elsewhere:1' in stdout and 'not in the report yet' not in stdout
+    assert list(table_rows((out2 / 'results.md').read_text(encoding='utf-8'))) == ['vanilla']

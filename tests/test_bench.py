@@ -82,6 +82,7 @@ def measured_bench(tmp_path, monkeypatch, capsys, peaks):
     import common
     peaks = iter(peaks)
     monkeypatch.setattr(common, 'peak_flops', lambda device, dtype='float32': (next(peaks), 'measured fake'))
+    monkeypatch.setattr(common, 'catch_interrupts', lambda: None)  # pytest keeps its own Ctrl-C
     args = [a for a in ARGS if not a.startswith('--peak_flops')]
     monkeypatch.setattr(sys, 'argv', ['bench.py', *args, '--variants=vanilla', f'--json={tmp_path / "b.json"}'])
     runpy.run_path(str(REPO_ROOT / 'bench.py'), run_name='__main__')
@@ -192,3 +193,32 @@ def test_compiled_training_is_timed(tmp_path):
                             cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr
     assert 'compile True' in result.stdout and float(table(result.stdout)['modern'][3]) > 0
+
+
+@pytest.mark.parametrize('place', ['/proc/nanoswap-bench.json', '/sys/nanoswap-bench.json'])
+def test_json_that_cannot_be_written_is_refused_before_the_timing(tmp_path, monkeypatch, capsys, place):
+    import runpy
+    import common
+    if not Path(place).parent.is_dir():
+        pytest.skip(f'no {Path(place).parent} here')
+    monkeypatch.setattr(common, 'peak_flops', lambda *a, **k: pytest.fail('measured before checking --json'))
+    monkeypatch.setattr(common, 'catch_interrupts', lambda: None)
+    args = [a for a in ARGS if not a.startswith('--peak_flops')]
+    monkeypatch.setattr(sys, 'argv', ['bench.py', *args, '--variants=vanilla', f'--json={place}'])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(str(REPO_ROOT / 'bench.py'), run_name='__main__')
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith(f'error: cannot write --json={place}')
+
+
+def test_kill_is_one_line_and_exit_143(tmp_path):
+    import signal
+    proc = subprocess.Popen([sys.executable, str(REPO_ROOT / 'bench.py'), *ARGS, '--train_iters=1000000'],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        proc.stdout.readline()  # its first line: the timing has started
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143 and err.strip() == 'error: interrupted (SIGTERM)', err

@@ -131,3 +131,28 @@ def test_a_second_name_of_a_checkpoint_is_whole_and_separate(tmp_path):
 def test_a_failed_collective_is_told_from_other_errors(error, collective):
     """train.py turns a collective's failure (another rank killed) into one line naming the last checkpoint."""
     assert common.collective_error(error) is collective
+
+
+def test_only_the_first_signal_interrupts():
+    """Ctrl-C reaches ablate.py's runs, then ablate stops them with kill: that second signal, raised again while the
+    run is stopping, would land in a destructor or an atexit hook ('Exception ignored in tqdm.__del__')."""
+    import signal
+    import sys
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), sys.excepthook
+    common.catch_interrupts()
+    try:
+        with pytest.raises(common.Interrupted) as e:
+            os.kill(os.getpid(), signal.SIGINT)
+        assert e.value.code == 130
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # stopping already: nothing raised
+        except common.Interrupted:
+            pytest.fail('a second signal interrupted the stopping run again')
+        common.catch_interrupts()  # a new start arms it again
+        with pytest.raises(common.Interrupted) as e:
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert e.value.code == 143
+    finally:
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, handlers[1])
+        sys.excepthook = handlers[2]

@@ -84,7 +84,9 @@ def export_here(monkeypatch, capsys):
             code = 0
         except SystemExit as e:
             code = e.code
-        return code, capsys.readouterr().err
+        captured = capsys.readouterr()
+        run.out = captured.out  # what it printed on stdout, for the tests that read it
+        return code, captured.err
     return run
 
 
@@ -137,6 +139,7 @@ def test_a_character_model_exports_with_its_tokenizer_and_samples_back(tmp_path,
                                          pad_token_id=0)[0])
     texts = []
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(common, 'catch_interrupts', lambda: None)  # pytest keeps its own Ctrl-C
     capsys.readouterr()
     for source in ('--init_from=hf-chars', '--out_dir=out'):
         monkeypatch.setattr(sys, 'argv', ['sample.py', source, '--start=the quick', '--num_samples=1',
@@ -170,3 +173,19 @@ def test_a_bpe_run_exports_gpt2s_tokenizer(tmp_path, monkeypatch):
     text = 'Hello world, café 日本 <|endoftext|>!'
     assert tok.encode(text) == tiktoken.get_encoding('gpt2').encode(text, allowed_special='all')
     assert tok.bos_token_id == tok.eos_token_id == 50256 and len(tok) == 50257
+
+
+def test_a_run_whose_vocabulary_is_broken_exports_saying_why_it_has_no_tokenizer(tmp_path, export_here):
+    """A meta.json without its characters: the model is exported, and the one note and the result name the file,
+    not 'its run names none'."""
+    (tmp_path / 'data' / 'chars').mkdir(parents=True)
+    (tmp_path / 'data' / 'chars' / 'meta.json').write_text('{"kind": "char", "vocab_size": 100}')
+    (tmp_path / 'out').mkdir()
+    common.save_checkpoint(common.new_checkpoint(perturbed(**MODERN), config={'dataset': 'chars'}),
+                           str(tmp_path / 'out' / 'ckpt.pt'))
+    code, err = export_here(tmp_path, 'out', 'hf')
+    assert code == 0 and (tmp_path / 'hf' / 'config.json').exists()
+    notes = [line for line in err.splitlines() if line.startswith('note:')]
+    assert len(notes) == 1 and "data/chars/meta.json" in notes[0] and "'chars'" in notes[0], err
+    out = export_here.out
+    assert 'without a tokenizer' in out and 'meta.json' in out and 'names none' not in out

@@ -831,6 +831,28 @@ def test_a_window_caps_the_cache_and_the_attention_flops():
     assert cache_nbytes(cache) == windowed.kv_cache_bytes(2, BLOCK) and cache.slots == 5
 
 
+@pytest.mark.parametrize('window', [None, 5])
+def test_compiled_decoding_makes_one_graph_per_kind_of_call_not_per_ring_slot(window):
+    """Blocks compiled as sample.py compiles them (dynamic shapes; dynamo's own 'eager' backend, which keeps the
+    guards and skips code generation): the same tokens as eager, past a context shift, and a few graphs (prefill,
+    decoding while the cache fills, decoding a full cache or ring, a windowed prefill), never one per position
+    or ring slot."""
+    import torch._dynamo
+    model = build(n_layer=1, pos='rope', sliding_window=window)
+    idx = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(53))
+    eager = model.generate(idx, 3 * BLOCK, temperature=0)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    try:
+        for block in model.transformer.h:
+            block.compile(dynamic=True, backend='eager')
+        assert torch.equal(model.generate(idx, 3 * BLOCK, temperature=0), eager)
+        assert torch._dynamo.utils.counters['stats']['unique_graphs'] <= 4
+        assert not torch._dynamo.utils.counters['graph_break']
+    finally:
+        torch._dynamo.reset()
+
+
 @torch.no_grad()
 def test_dynamic_rope_is_exact_with_a_cache_within_its_original_length_only():
     """'dynamic' gives every position new angles as the sequence grows past rope_original_length: a full

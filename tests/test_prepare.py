@@ -281,3 +281,23 @@ def test_a_failed_download_names_the_offline_way(tmp_path, script):
     copy.write_text(script.read_text())
     r = run(copy, "--out_dir", tmp_path / "out", env=env)
     assert_one_line_error(r, "cannot download", "--input PATH")
+
+
+@pytest.mark.parametrize("script", [pytest.param(CHAR, id="shakespeare_char"), pytest.param(BPE, id="shakespeare")])
+def test_an_interrupted_rerun_is_one_line_and_leaves_the_dataset_whole(tmp_path, script):
+    """Ctrl-C while the new files are written aside (here: while meta.json is): one line, exit 130, and the earlier
+    dataset as it was, with nothing left beside it."""
+    env = env_for(script)
+    out = tmp_path / "out"
+    run_ok(script, "--input", write(tmp_path / "a.txt", SAMPLE), "--out_dir", out, env=env)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    ctrl_c = ("import json, runpy, sys\n"
+              "def dump(*args, **kwargs): raise KeyboardInterrupt\n"
+              "json.dump = dump\n"
+              "sys.argv = sys.argv[1:]\n"
+              "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    r = subprocess.run([sys.executable, "-c", ctrl_c, str(script), "--input", str(write(tmp_path / "b.txt", SAMPLE * 2)),
+                        "--out_dir", str(out)], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 130 and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("error: interrupted (SIGINT)")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before

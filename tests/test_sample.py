@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+import common
 from common import new_checkpoint, save_checkpoint
 from conftest import make_char_dataset
 from model import GPT, GPTConfig
@@ -70,6 +71,7 @@ def parse_report(err):
 def sample(tmp_path, monkeypatch, capsys):
     """Run sample.py in this process with cwd tmp_path; return (stdout, stderr), or (code, stderr) on exit."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(common, 'catch_interrupts', lambda: None)  # pytest keeps its own Ctrl-C
 
     def run(*args, expect_exit=False):
         monkeypatch.setattr(sys, 'argv', ['sample.py', '--device=cpu', *args])
@@ -337,3 +339,83 @@ def test_compiled_sampling_equals_eager_and_compiles_each_block_once(tmp_path, s
     assert compiled == eager
     assert torch._dynamo.utils.counters['stats']['unique_graphs'] <= 3
     assert not torch._dynamo.utils.counters['graph_break']
+
+
+# ----------------------------------------------------------------------------- Hugging Face directories
+
+def hf_dir(root, name='hf', with_tokenizer_of=None, **flags):
+    """A tiny model saved as export.py saves it (GPT-2's family by default), without a tokenizer unless
+    with_tokenizer_of names a character dataset under root/data."""
+    pytest.importorskip('transformers')
+    from export import to_hf
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, vocab_size=len(CHARS), n_layer=1, n_head=2, n_embd=16, **flags))
+    to_hf(model).save_pretrained(root / name)
+    if with_tokenizer_of:
+        from common import hf_tokenizer
+        cwd = os.getcwd()
+        os.chdir(root)
+        try:
+            hf_tokenizer({'dataset': with_tokenizer_of}).save_pretrained(root / name)
+        finally:
+            os.chdir(cwd)
+    return root / name
+
+
+def error_lines(err):
+    """stderr without transformers' progress bars (saving the directory, loading its weights)."""
+    return '\n'.join(line for line in err.splitlines() if line.strip() and not re.search(r'\|.*(it/s|\?)\]$', line))
+
+
+def test_a_directory_without_a_tokenizer_says_so_and_takes_one(tmp_path, sample, bpe):
+    """transformers makes an empty tokenizer for a GPT-2 directory that holds none: the prompt is not 'empty', the
+    directory has no tokenizer, and --tokenizer gives it one."""
+    hf_dir(tmp_path, 'hf-bare')
+    write_meta(tmp_path, 'chars')
+    hf_dir(tmp_path, 'hf-chars', with_tokenizer_of='chars')
+    code, err = sample('--init_from=hf-bare', '--start=Hello', expect_exit=True)
+    assert_one_line_error(code, error_lines(err), "'hf-bare' holds no tokenizer", '--tokenizer=')
+    out, _ = sample('--init_from=hf-bare', '--tokenizer=hf-chars', '--start=Hello', '--num_samples=1',
+                    '--max_new_tokens=5')
+    (text,) = parse_samples(out)
+    assert text.startswith('Hello') and len(text) == 10 and set(text) <= set(CHARS)
+
+
+@pytest.mark.parametrize('key, value, fragment', [
+    ('n_embd', '"16"', 'n_embd'),  # a string size
+    ('n_head', '3', 'n_head (3)'),  # heads that do not divide the width
+    ('vocab_size', str(len(CHARS) + 7), 'do not fit its config.json'),  # the weights say otherwise
+    (None, '{"model_type": "gpt2", ', 'not a valid JSON'),
+], ids=['string-size', 'not-dividing', 'vocab-mismatch', 'not-json'])
+def test_a_bad_config_json_is_one_error_line_before_any_tokenizer(tmp_path, sample, monkeypatch, key, value, fragment):
+    path = hf_dir(tmp_path) / 'config.json'
+    if key is None:
+        path.write_text(value)
+    else:
+        path.write_text(json.dumps({**json.loads(path.read_text()), key: json.loads(value)}))
+    monkeypatch.delenv('TIKTOKEN_CACHE_DIR', raising=False)  # GPT-2's BPE cannot load: the config is said first
+    code, err = sample('--init_from=hf', '--start=Hello', expect_exit=True)
+    assert_one_line_error(code, error_lines(err), "'hf'", fragment)
+
+
+def test_a_meta_json_without_its_characters_is_one_error_line(tmp_path, sample):
+    char_checkpoint(tmp_path)
+    (tmp_path / 'data' / 'chars' / 'meta.json').write_text(json.dumps({'kind': 'char', 'vocab_size': len(CHARS)}))
+    code, err = sample(expect_exit=True)
+    assert_one_line_error(code, err, 'meta.json', "'chars'", 'prepare.py')
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
+    import signal
+    char_checkpoint(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONIOENCODING='utf-8')
+    proc = subprocess.Popen([sys.executable, str(SAMPLE), '--device=cpu', '--start=Sing', '--num_samples=1',
+                             '--max_new_tokens=10000000'], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, encoding='utf-8')
+    try:
+        proc.stdout.read(1)  # streaming: the prompt is out
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and err.strip() == 'error: interrupted (SIGINT)', err

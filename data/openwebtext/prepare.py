@@ -19,6 +19,7 @@ import glob
 import json
 import math
 import os
+import signal
 import sys
 
 import numpy as np
@@ -170,8 +171,13 @@ def main():
             json.dump({"kind": "tiktoken", "encoding": "gpt2", "vocab_size": enc.n_vocab,
                        **{f"{name}_tokens": count for name, count in counts.items()}}, f)
             f.write("\n")
-        for name in names:
-            os.replace(os.path.join(args.out_dir, name + ".tmp"), os.path.join(args.out_dir, name))
+        # Ctrl-C waits until all three are switched: never a new train.bin beside an old meta.json
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            for name in names:
+                os.replace(os.path.join(args.out_dir, name + ".tmp"), os.path.join(args.out_dir, name))
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
     except OSError as e:
         fail(f"cannot write to '{args.out_dir}': {reason(e)}; the dataset there is as it was")
     finally:
@@ -183,5 +189,16 @@ def main():
         print(f"{name} has {len(d):,} documents, {counts[name]:,} tokens")
 
 
+def interrupted(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")
+
+
 if __name__ == "__main__":
-    main()
+    signal.signal(signal.SIGTERM, interrupted)  # `kill` stops as Ctrl-C does
+    try:
+        main()
+    except KeyboardInterrupt as e:  # what was written aside is removed on the way out
+        name = "SIGTERM" if e.args == ("SIGTERM",) else "SIGINT"
+        print(f"error: interrupted ({name}); nothing is half-written: the dataset there is the earlier one, or "
+              f"the new one whole", file=sys.stderr)
+        sys.exit(143 if name == "SIGTERM" else 130)

@@ -11,6 +11,7 @@ The first 90% of the characters go to train, the rest to val.
 import argparse
 import json
 import os
+import signal
 import sys
 import urllib.error
 import urllib.request
@@ -41,9 +42,10 @@ def download(path):
         urllib.request.urlretrieve(URL, tmp)
         os.replace(tmp, path)
     except OSError as e:
+        fail(f"cannot download '{URL}': {reason(e)}; offline, give a local copy with --input PATH")
+    finally:  # failed or interrupted: never left to pass for input.txt
         if os.path.exists(tmp):
             os.remove(tmp)
-        fail(f"cannot download '{URL}': {reason(e)}; offline, give a local copy with --input PATH")
 
 
 def read_text(path):
@@ -67,8 +69,13 @@ def write_dataset(out_dir, splits, meta):
         with open(os.path.join(out_dir, "meta.json.tmp"), "w", encoding="utf-8") as f:
             json.dump(meta, f, ensure_ascii=False)
             f.write("\n")
-        for name in names:
-            os.replace(os.path.join(out_dir, name + ".tmp"), os.path.join(out_dir, name))
+        # Ctrl-C waits until all three are switched: never a new train.bin beside an old meta.json
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            for name in names:
+                os.replace(os.path.join(out_dir, name + ".tmp"), os.path.join(out_dir, name))
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
     except OSError as e:
         fail(f"cannot write to '{out_dir}': {reason(e)}; the dataset there is as it was")
     finally:
@@ -113,5 +120,16 @@ def main():
     print(f"val has {len(splits['val']):,} tokens")
 
 
+def interrupted(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")
+
+
 if __name__ == "__main__":
-    main()
+    signal.signal(signal.SIGTERM, interrupted)  # `kill` stops as Ctrl-C does
+    try:
+        main()
+    except KeyboardInterrupt as e:  # what was written aside is removed on the way out
+        name = "SIGTERM" if e.args == ("SIGTERM",) else "SIGINT"
+        print(f"error: interrupted ({name}); nothing is half-written: the dataset there is the earlier one, or "
+              f"the new one whole", file=sys.stderr)
+        sys.exit(143 if name == "SIGTERM" else 130)
