@@ -15,11 +15,14 @@ the report is rewritten from every finished run made with this invocation's trai
 made with others are left out, and named). train_config must be the vanilla
 GPT-2 block; the swaps come from model.SWAPS.
 Grid groups: default (vanilla, vanilla + each swap, modern), leave_one_out (modern minus each swap),
-norm_position (pre- and post-norm), mlp (relu, gelu, swiglu, geglu on vanilla), kv (modern with each of
+norm_position (pre- and post-norm; on modern also sandwich and after), mlp (relu, gelu, swiglu, geglu on vanilla), kv (modern with each of
 n_kv_heads), moe (modern dense, MoE at equal active parameters with the softmax router and aux loss, with a shared
 expert, with the sigmoid router and bias balancing, without balancing, and a dense model of the MoE's total
 size), attention (MHA, GQA, MQA and MLA with GQA's and MQA's cache sizes), long_context (vanilla and modern: for
-the length table), stability (modern with and without qk_norm at each of learning_rates), custom (a dict).
+the length table), stability (modern with and without qk_norm at each of learning_rates), local_global (all
+global, 'LG', 'LLLG', all local, with a window of a quarter of block_size), sinks (local and 'LG' with and without
+attention sinks), gate (modern with and without the attention output gate), nope (modern, a NoPE layer in four,
+half and a quarter of each head rotated), custom (a dict). Other learning rates: --train_args='--learning_rate=...'.
 extrapolation: the methods of the length table: the val loss of each RoPE run's final checkpoint at 1x, 2x, 4x and
 8x its block_size, with plain RoPE, linear, dynamic NTK, YaRN (each stretched to the length) or a sliding window
 of block_size; learned positions give 1x only.
@@ -155,8 +158,21 @@ def group_members(group, base):
         return [('modern', modern)] + [(f'modern-{s}', {**modern, **swap_flags([s], base, modern=False)})
                                        for s in swaps]
     if group == 'norm_position':
-        return [('vanilla', {}), ('vanilla+postnorm', {'prenorm': False}),
-                ('modern', modern), ('modern+postnorm', {**modern, 'prenorm': False})]
+        return [('vanilla', {}), ('vanilla+postnorm', {'norm_position': 'post'}),
+                ('modern', modern), ('modern+postnorm', {**modern, 'norm_position': 'post'}),
+                ('modern+sandwich', {**modern, 'norm_position': 'sandwich'}),
+                ('modern+after', {**modern, 'norm_position': 'after'})]
+    window = {'sliding_window': max(1, base['block_size'] // 4)}  # a quarter of the context, as Gemma 3's ratio
+    if group == 'local_global':  # all global, gpt-oss's 1:1, OLMo 3's 3:1, all local
+        return [('modern', modern)] + [(f'layers={p}', {**modern, 'layers': p, **window}) for p in ('LG', 'LLLG', 'L')]
+    if group == 'sinks':  # windowed attention with and without sinks (StreamingLLM, gpt-oss)
+        return [(f'layers={p}{s}', {**modern, 'layers': p, **window, **({'attn_sinks': True} if s else {})})
+                for p in ('L', 'LG') for s in ('', '+sinks')]
+    if group == 'gate':
+        return [('modern', modern), ('modern+gate', {**modern, 'attn_gate': True})]
+    if group == 'nope':  # where positions are: every layer rotates all dims, a NoPE layer in four, part of each head
+        return [('modern', modern), ('layers=GGGN', {**modern, 'layers': 'GGGN'})] + [
+            (f'rope_fraction={f:g}', {**modern, 'rope_fraction': f}) for f in (0.5, 0.25)]
     if group == 'mlp':
         return [(f'mlp={m}', {'mlp': m}) for m in ('relu', 'gelu', 'swiglu', 'geglu')]
     if group == 'kv':
@@ -186,7 +202,7 @@ def group_members(group, base):
     if group == 'custom':
         return list(parse_custom(custom, base).items())
     die(f"unknown grid group {group!r}; groups are default, leave_one_out, norm_position, mlp, kv, moe, attention, "
-        f"long_context, stability, custom")
+        f"long_context, stability, local_global, sinks, gate, nope, custom")
 
 
 def model_args(base):

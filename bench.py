@@ -9,8 +9,10 @@ ms/iter, tokens/s and MFU, decoding tokens/s with and without the KV cache, and 
 variants: '' benchmarks the one model the flags describe; else a comma-separated list, each applied on top
 of the flags: vanilla (the flags unchanged: with the defaults, GPT-2's block), each swap of model.SWAPS
 (rms, swiglu, gqa: n_kv_head = n_head // 2, rope), modern (all of them), and on top of modern: mha (n_kv_head
-None), mqa (n_kv_head 1), each of model.BEYOND_MODERN (moe, mla), and mla-rebuild (MLA decoding that rebuilds
-past keys and values instead of attending over the latents with absorbed weights).
+None), mqa (n_kv_head 1), each of model.BEYOND_MODERN (moe, mla), mla-rebuild (MLA decoding that rebuilds
+past keys and values instead of attending over the latents with absorbed weights), and per-layer attention with a
+window of block_size/4: local (every layer), lllg (three local to one global), lg+sinks (gpt-oss's alternation with
+sinks), gate (the output gate), nope (a layer in four without RoPE), partial (half of each head rotated).
 decode_prompt: decoding starts after this many prompt tokens (the cache already holds them: a long context).
 nanogpt_dir: a checkout of karpathy/nanoGPT; its GPT, at the same sizes, is timed as an extra row.
 Training times full steps (forward, backward, AdamW) on random tokens; decoding samples decode_tokens new
@@ -78,6 +80,12 @@ VARIANTS = {'vanilla': {}, **{name: swap_flags([name], model_args) for name in S
             'mha': {**modern, 'n_kv_head': None}, 'mqa': {**modern, 'n_kv_head': 1},
             **{name: {**modern, **flags} for name, flags in BEYOND_MODERN.items()},
             'mla-rebuild': {**modern, **BEYOND_MODERN['mla']}}
+# per-layer attention on top of modern, with a window of a quarter of block_size (as ablate.py's groups)
+_window = {'sliding_window': max(1, block_size // 4)}
+VARIANTS.update({'local': {**modern, 'layers': 'L', **_window}, 'lllg': {**modern, 'layers': 'LLLG', **_window},
+                 'lg+sinks': {**modern, 'layers': 'LG', **_window, 'attn_sinks': True},
+                 'gate': {**modern, 'attn_gate': True}, 'nope': {**modern, 'layers': 'GGGN'},
+                 'partial': {**modern, 'rope_fraction': 0.5}})
 
 # ----------------------------------------------------------------------------- checks first, then minutes of timing
 for name in ('batch_size', 'train_iters', 'decode_tokens', 'decode_batch', 'decode_prompt'):

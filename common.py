@@ -16,7 +16,7 @@ from dataclasses import asdict
 
 import torch
 
-from model import GPT, RUNTIME_FLAGS, GPTConfig
+from model import GPT, RUNTIME_FLAGS, GPTConfig, upgrade_args
 
 CKPT_FORMAT = 'nanoswap-ckpt-1'
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
@@ -347,6 +347,8 @@ def load_checkpoint(path, hint="train one with: python train.py config/shakespea
             f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})")
     if not isinstance(checkpoint, dict) or checkpoint.get('format') != CKPT_FORMAT:
         die(f"'{path}' is not a nanoswap checkpoint (no format '{CKPT_FORMAT}')")
+    if isinstance(checkpoint.get('model_args'), dict):  # flags saved under an older name read as today's
+        checkpoint['model_args'] = upgrade_args(checkpoint['model_args'])
     return checkpoint
 
 

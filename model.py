@@ -7,7 +7,8 @@ GPT-2 block into a LLaMA/Qwen-style block, and the next ones the field uses.
     mlp       'gelu'      -> 'swiglu'      MLPS: MLP, GatedMLP (and 'moe': MoE, Experts)
     n_kv_head None        -> n_head/2      ATTENTIONS: CausalSelfAttention (and 'mla': LatentAttention)
     pos       'learned'   -> 'rope'        POSITIONS: LearnedPositions, Rotary (rope_scaling: rope_frequencies)
-    prenorm   True        -> False         Block.forward (post-norm as in 2017/BERT)
+    norm_position 'pre'   -> 'post', 'sandwich', 'after'   Block.forward (2017/BERT, Gemma, OLMo 2)
+    layers    None        -> 'LG', 'LLLLLG', 'GGGN'       each layer global, local (sliding window) or NoPE
 
 GPTConfig is the one list of model flags: the scripts read it (each field is a setting, its comment the
 help text), SWAPS says which values make the vanilla and the modern block, BEYOND_MODERN the next swaps.
@@ -36,10 +37,12 @@ class GPTConfig:
     dropout: float = 0.0  # on embeddings, attention weights and residual branches
     bias: bool = True  # biases in Linears and LayerNorms, as GPT-2
     tie_embeddings: bool = True  # lm_head shares the token embedding matrix
+    embed_scale: bool = False  # token embeddings times sqrt(n_embd) (Gemma)
+    logit_softcap: Optional[float] = None  # final logits squashed to c*tanh(logits/c) (Gemma 2, the speedrun); None: off
     # norms
     norm: str = 'layernorm'  # a key of NORMS: 'layernorm' (GPT-2) or 'rms' (RMSNorm)
     norm_eps: float = 1e-5  # epsilon inside every norm
-    prenorm: bool = True  # False: the 2017/BERT post-norm x = norm(x + f(x))
+    norm_position: str = 'pre'  # 'pre' x + f(norm(x)); 'post' norm(x + f(x)) (2017/BERT); 'sandwich' x + norm(f(norm(x))) (Gemma 2/3); 'after' x + norm(f(x)) (OLMo 2/3)
     # MLPs
     mlp: str = 'gelu'  # a key of MLPS: 'gelu' (GPT-2), 'relu', 'swiglu' or 'geglu'
     ffn_hidden: Optional[int] = None  # MLP width; None: 4*n_embd, gated MLPs 8/3*n_embd rounded up to multiple_of
@@ -49,11 +52,18 @@ class GPTConfig:
     n_kv_head: Optional[int] = None  # K/V heads; None: n_head (MHA), fewer: GQA, 1: MQA
     head_dim: Optional[int] = None  # width of each head; None: n_embd // n_head (Qwen3 sets its own)
     qkv_bias: bool = False  # biases on the q, k and v projections only (Qwen2), whatever `bias` says
-    qk_norm: bool = False  # RMSNorm on each query and key head before RoPE (Qwen3, OLMo 2, Gemma 3)
+    qk_norm: bool = False  # RMSNorm on each query and key head before RoPE (Qwen3, Gemma 3, GLM-4.5)
     sliding_window: Optional[int] = None  # each query sees only the last W keys, itself included (Mistral)
+    layers: Optional[str] = None  # each layer's attention, the string tiled over the layers: 'G' global, 'L' local (sliding_window), 'N' global without RoPE; None: all 'G' (all 'L' with a sliding_window)
+    attn_sinks: bool = False  # a learned logit per head in the softmax's denominator, so a head may attend nowhere (gpt-oss)
+    attn_gate: bool = False  # the attention output times sigmoid(a projection of the block input), per head dim (Qwen3-Next)
+    qk_norm_all_heads: bool = False  # with qk_norm: normalize each token's whole query and key, all heads at once (OLMo 2, MiniMax-M2)
+    attn_scale: Optional[float] = None  # softmax scale on q.k; None: head_dim**-0.5 (Gemma 3: query_pre_attn_scalar**-0.5)
     # positions
     pos: str = 'learned'  # a key of POSITIONS: 'learned' (GPT-2's table) or 'rope' (rotary)
     rope_theta: float = 10000.0  # RoPE base: the slowest rotation's wavelength is about 2*pi*theta
+    rope_local_theta: Optional[float] = None  # RoPE base of 'L' layers, which then take no rope_scaling (Gemma 3: 10k local, 1M global); None: as the others
+    rope_fraction: float = 1.0  # share of each head's dims that rotate, the first ones (GLM-4.5 0.5, Qwen3-Next 0.25); the rest carry no position
     rope_scaling: Optional[str] = None  # RoPE past the trained length: None, 'linear', 'dynamic', 'yarn' or 'llama3'
     rope_factor: Optional[float] = None  # rope_scaling's stretch; None: block_size / rope_original_length
     rope_original_length: Optional[int] = None  # the context RoPE was trained at; None: block_size
@@ -64,6 +74,7 @@ class GPTConfig:
     yarn_mscale: float = 0.0  # yarn: DeepSeek's attention temperature (with yarn_mscale_all_dim); 0: off
     yarn_mscale_all_dim: float = 0.0  # yarn: DeepSeek's; also scales MLA's softmax; 0: off
     rope_attention_factor: Optional[float] = None  # yarn: factor on cos and sin; None: 0.1*ln(factor)+1
+    yarn_truncate: bool = True  # yarn: the band between kept and stretched dims starts and ends at whole dims (gpt-oss: False)
     # multi-head latent attention (attn='mla'): K and V rebuilt from a cached per-token latent (DeepSeek-V2/V3)
     kv_lora_rank: Optional[int] = None  # width of the cached latent; None: 4 * n_embd / n_head
     q_lora_rank: Optional[int] = None  # width of the queries' bottleneck; None or 0: queries projected directly
@@ -84,12 +95,14 @@ class GPTConfig:
     moe_aux_loss_coef: float = 0.0  # Switch Transformer's load-balancing loss in the training loss; 0: off
     moe_z_loss_coef: float = 0.0  # ST-MoE's router z-loss (logits kept small) in the training loss; 0: off
     moe_bias_update_rate: float = 0.001  # sigmoid router: step of the balancing bias per iteration; 0: frozen
+    moe_bias: bool = False  # biases on the router and in the experts (gpt-oss)
+    swiglu_limit: Optional[float] = None  # experts' clamped SwiGLU (gpt-oss: 7): (clamp(up)+1) * g*sigmoid(1.702g), g = min(gate, limit); None: plain SwiGLU
 
     def __post_init__(self):
         for name in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'multiple_of'):
             _check_int(name, getattr(self, name))
         for name, kinds in (('norm', NORMS), ('mlp', MLPS), ('attn', ATTENTIONS), ('pos', POSITIONS),
-                            ('rope_scaling', ROPE_SCALINGS), ('router', ROUTERS)):
+                            ('rope_scaling', ROPE_SCALINGS), ('router', ROUTERS), ('norm_position', NORM_POSITIONS)):
             if getattr(self, name) not in kinds:
                 raise ValueError(f"{name} must be one of {', '.join(map(repr, kinds))}; got {getattr(self, name)!r}")
         for name in ('n_expert', 'n_expert_group', 'topk_group'):
@@ -116,9 +129,11 @@ class GPTConfig:
         if self.attn == 'mla':
             cannot = [f"{k}={getattr(self, k)!r}" for k, default in (('n_kv_head', None), ('head_dim', None),
                       ('qk_norm', False), ('qkv_bias', False)) if getattr(self, k) != default]
+            cannot += [f"{k}={getattr(self, k)!r}" for k, default in (('rope_fraction', 1.0), ('attn_sinks', False),
+                       ('attn_gate', False), ('attn_scale', None)) if getattr(self, k) != default]
             if cannot:
-                fix = ' '.join(f"--{k}={d}" for k, d in (('n_kv_head', None), ('head_dim', None), ('qk_norm', False),
-                                                         ('qkv_bias', False)) if getattr(self, k) != d)
+                fix = ' '.join(f"--{c.split('=')[0]}={GPTConfig.__dataclass_fields__[c.split('=')[0]].default}"
+                               for c in cannot)
                 raise ValueError(f"attn='mla' makes its own keys and values: {', '.join(cannot)} cannot apply "
                                  f"(set {fix})")
             for name in mla:
@@ -135,15 +150,21 @@ class GPTConfig:
             if set_:
                 raise ValueError(f"{', '.join(set_)} apply to attn='mla' only, got attn={self.attn!r} (set --attn=mla, "
                                  f"or {' '.join(f'--{k}=None' for k in set_)})")
-        if self.pos == 'rope' and self.rope_dim % 2 != 0:
-            raise ValueError(f"pos='rope' needs an even head_dim (qk_rope_head_dim with MLA), got {self.rope_dim}")
+        self._check_layers()
+        if not (isinstance(self.rope_fraction, (int, float)) and 0 < self.rope_fraction <= 1) \
+                or isinstance(self.rope_fraction, bool):
+            raise ValueError(f"rope_fraction must be in (0, 1], got {self.rope_fraction!r}")
+        if self.pos == 'rope' and (self.rope_dim % 2 != 0 or self.rope_dim < 2):
+            raise ValueError(f"pos='rope' needs an even number of rotated dims per head (head_dim * rope_fraction, "
+                             f"or qk_rope_head_dim with MLA), got {self.rope_dim}")
         if self.rope_scaling is not None and self.pos != 'rope':
             raise ValueError(f"rope_scaling={self.rope_scaling!r} needs pos='rope', got pos={self.pos!r} (set --pos=rope "
                              f"or --rope_scaling=None)")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         for name in ('norm_eps', 'rope_theta', 'rope_factor', 'rope_low_freq_factor', 'rope_high_freq_factor',
-                     'yarn_beta_fast', 'yarn_beta_slow', 'rope_attention_factor', 'routed_scaling'):
+                     'yarn_beta_fast', 'yarn_beta_slow', 'rope_attention_factor', 'routed_scaling', 'rope_local_theta',
+                     'attn_scale', 'logit_softcap', 'swiglu_limit'):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
@@ -155,7 +176,8 @@ class GPTConfig:
             if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), (int, float)) \
                     or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a number >= 0, got {getattr(self, name)!r}")
-        for name in ('bias', 'tie_embeddings', 'prenorm', 'qkv_bias', 'qk_norm', 'router_norm_topk'):
+        for name in ('bias', 'tie_embeddings', 'qkv_bias', 'qk_norm', 'router_norm_topk', 'attn_sinks', 'attn_gate',
+                     'qk_norm_all_heads', 'embed_scale', 'yarn_truncate', 'moe_bias'):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         # a scaling's own flags do nothing without it: refused rather than recorded as if they applied
@@ -165,6 +187,34 @@ class GPTConfig:
                 raise ValueError(f"{name}={value!r} applies only with rope_scaling="
                                  f"{' or '.join(map(repr, scalings))}, got rope_scaling={self.rope_scaling!r} (set "
                                  f"--rope_scaling, or --{name}={default})")
+        if self.qk_norm_all_heads and not self.qk_norm:
+            raise ValueError("qk_norm_all_heads=True says how qk_norm normalizes: set qk_norm=True too")
+        expert_only = [f"{k}={getattr(self, k)!r}" for k, default in (('moe_bias', False), ('swiglu_limit', None))
+                       if getattr(self, k) != default]
+        if expert_only and self.mlp != 'moe':
+            raise ValueError(f"{', '.join(expert_only)} apply to mlp='moe' only, got mlp={self.mlp!r}")
+
+    def _check_layers(self):
+        """layers (each layer's attention kind) against the flags it depends on."""
+        if self.layers is not None:
+            if not isinstance(self.layers, str) or not self.layers or set(self.layers) - set(LAYER_KINDS) \
+                    or len(self.layers) > self.n_layer:
+                raise ValueError(f"layers must be a string of {', '.join(map(repr, LAYER_KINDS))} (global, local, global "
+                                 f"without RoPE) at most n_layer={self.n_layer} long, tiled over the layers; got "
+                                 f"{self.layers!r}")
+            if 'L' in self.layers and self.sliding_window is None:
+                raise ValueError(f"layers={self.layers!r} has local ('L') layers: set sliding_window, their window")
+            if 'N' in self.layers and self.pos != 'rope':
+                raise ValueError(f"layers={self.layers!r} has layers without RoPE ('N'): that needs pos='rope', got "
+                                 f"pos={self.pos!r}")
+        if self.sliding_window is not None and 'L' not in self.layer_kinds:
+            raise ValueError(f"sliding_window={self.sliding_window} applies to local ('L') layers and layers="
+                             f"{self.layers!r} has none: add 'L' to layers or set --sliding_window=None")
+        if self.rope_local_theta is not None and 'L' not in self.layer_kinds:
+            raise ValueError(f"rope_local_theta={self.rope_local_theta} applies to local ('L') layers and there are "
+                             f"none: set layers (e.g. 'LLLLLG') and sliding_window, or rope_local_theta=None")
+        if self.rope_local_theta is not None and self.pos != 'rope':
+            raise ValueError(f"rope_local_theta needs pos='rope', got pos={self.pos!r}")
 
     @property
     def head_size(self):
@@ -176,8 +226,18 @@ class GPTConfig:
 
     @property
     def rope_dim(self):
-        """Width of the rotated part of each query and key head."""
-        return self.mla_dims['rope'] if self.attn == 'mla' else self.head_size
+        """Width of the rotated part of each query and key head (its first dims)."""
+        return self.mla_dims['rope'] if self.attn == 'mla' else int(self.head_size * self.rope_fraction)
+
+    @property
+    def layer_kinds(self):
+        """Each layer's attention: 'G' global, 'L' local (sliding_window), 'N' global without RoPE."""
+        pattern = self.layers or ('L' if self.sliding_window is not None else 'G')
+        return [pattern[i % len(pattern)] for i in range(self.n_layer)]
+
+    def window_of(self, layer):
+        """The sliding window of a layer, None for full attention."""
+        return self.sliding_window if self.layer_kinds[layer] == 'L' else None
 
     @property
     def mla_dims(self):
@@ -219,20 +279,30 @@ class GPTConfig:
     def from_dict(cls, d):
         """Build from a dict that may hold extra keys (a training config): only our fields are used."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return cls(**{k: v for k, v in upgrade_args(d).items() if k in names})
 
 
-# Flags that change no weight: a trained model can be evaluated, sampled or trained on with other values of
-# these (a longer context with RoPE scaling or a window, dropout), so the scripts take them from the run.
 # the flags of a RoPE scaling, and the rope_scaling values they apply to
 ROPE_SCALING_FLAGS = {'rope_factor': ('linear', 'dynamic', 'yarn', 'llama3'),
                       'rope_original_length': ('linear', 'dynamic', 'yarn', 'llama3'),
                       'rope_low_freq_factor': ('llama3',), 'rope_high_freq_factor': ('llama3',),
                       'yarn_beta_fast': ('yarn',), 'yarn_beta_slow': ('yarn',), 'yarn_mscale': ('yarn',),
-                      'yarn_mscale_all_dim': ('yarn',), 'rope_attention_factor': ('yarn',)}
+                      'yarn_mscale_all_dim': ('yarn',), 'rope_attention_factor': ('yarn',), 'yarn_truncate': ('yarn',)}
+# Flags that change no weight: a trained model can be evaluated, sampled or trained on with other values of
+# these (a longer context with RoPE scaling or a window, dropout), so the scripts take them from the run.
 RUNTIME_FLAGS = ('block_size', 'dropout', 'sliding_window', 'rope_scaling', 'rope_factor', 'rope_original_length',
                  'rope_low_freq_factor', 'rope_high_freq_factor', 'yarn_beta_fast', 'yarn_beta_slow', 'yarn_mscale',
-                 'yarn_mscale_all_dim', 'rope_attention_factor')
+                 'yarn_mscale_all_dim', 'rope_attention_factor', 'yarn_truncate')
+LAYER_KINDS = ('G', 'L', 'N')  # global attention, local (a sliding window), global without RoPE (NoPE)
+
+
+def upgrade_args(args):
+    """A saved config's flags under today's names: checkpoints from before norm_position said prenorm."""
+    args = dict(args)
+    if 'prenorm' in args:
+        prenorm = args.pop('prenorm')
+        args.setdefault('norm_position', 'pre' if prenorm else 'post')
+    return args
 
 
 def _check_int(name, value, allowed='a positive int', low=1, high=None):
@@ -298,6 +368,7 @@ class RMSNorm(nn.Module):
 
 
 NORMS = {'layernorm': LayerNorm, 'rms': RMSNorm}
+NORM_POSITIONS = ('pre', 'post', 'sandwich', 'after')  # where a block puts its norms: Block.forward
 
 
 def make_norm(config):
@@ -328,10 +399,13 @@ def _yarn_mscale(scale, mscale=1.0):
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
-def rope_frequencies(config, dim, length):
+def rope_frequencies(config, dim, length, local=False):
     """(the dim/2 rotation frequencies, the factor on cos and sin) of RoPE with config's rope_scaling, for a
-    sequence of `length` positions (only 'dynamic' depends on it); the formulas transformers uses."""
+    sequence of `length` positions (only 'dynamic' depends on it); the formulas transformers uses. local: the
+    tables of 'L' layers with their own base (rope_local_theta), which are not scaled."""
     theta, kind = config.rope_theta, config.rope_scaling
+    if local:
+        theta, kind = config.rope_local_theta, None
     exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
     inv = 1.0 / theta ** exponents
     factor, original = config.rope_scale, config.rope_length
@@ -355,8 +429,10 @@ def rope_frequencies(config, dim, length):
     # turning more than beta_fast times, ramp between; and sharpen the attention (the factor on cos and sin)
     def dim_turning(turns):
         return dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(theta))
-    low = max(math.floor(dim_turning(config.yarn_beta_fast)), 0)
-    high = min(math.ceil(dim_turning(config.yarn_beta_slow)), dim - 1)
+    low, high = dim_turning(config.yarn_beta_fast), dim_turning(config.yarn_beta_slow)
+    if config.yarn_truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
     ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / ((high - low) or 0.001)).clamp(0, 1)
     attention_factor = config.rope_attention_factor
     if attention_factor is None:
@@ -371,21 +447,21 @@ class Rotary(nn.Module):
     """cos/sin tables for rotary embeddings, kept in fp32 and grown on demand (longer eval contexts).
     The input passes unchanged: attention rotates its queries and keys with the tables."""
 
-    def __init__(self, config):
+    def __init__(self, config, local=False):
         super().__init__()
-        self.config, self.dim = config, config.rope_dim
+        self.config, self.dim, self.local = config, config.rope_dim, local
         self.register_buffer('cos', torch.empty(0, self.dim), persistent=False)
         self.register_buffer('sin', torch.empty(0, self.dim), persistent=False)
         self.built_for = None  # the length 'dynamic' frequencies were computed for
 
     def _tables(self, length):
         """cos, sin for positions 0..length-1 at this length's frequencies."""
-        dynamic = self.config.rope_scaling == 'dynamic' and length > self.config.rope_length
+        dynamic = self.config.rope_scaling == 'dynamic' and length > self.config.rope_length and not self.local
         want = length if dynamic else None  # whose frequencies the tables must hold
         # rebuilt when too short, for another length's 'dynamic' angles, or when model.to(bf16) cast them
         if self.built_for != want or length > self.cos.size(0) or self.cos.dtype != torch.float32:
             size = length if dynamic else max(2 * length, self.cos.size(0), self.config.block_size)
-            inv, factor = rope_frequencies(self.config, self.dim, length)
+            inv, factor = rope_frequencies(self.config, self.dim, length, self.local)
             angles = torch.outer(torch.arange(size, dtype=torch.float32), inv).to(self.cos.device)
             angles = torch.cat((angles, angles), dim=-1)  # half-split layout: pairs are (i, i + dim/2)
             self.cos, self.sin = angles.cos() * factor, angles.sin() * factor
@@ -401,7 +477,11 @@ class Rotary(nn.Module):
 
 
 def apply_rope(x, cos, sin):
-    """Rotate x (B, heads, T, dim) by the angles of its positions."""
+    """Rotate x (B, heads, T, dim) by the angles of its positions; with tables narrower than x (partial RoPE),
+    its first dims rotate and the others pass unchanged."""
+    if cos.size(-1) < x.size(-1):
+        d = cos.size(-1)
+        return torch.cat((apply_rope(x[..., :d], cos, sin), x[..., d:]), dim=-1)
     half = x.size(-1) // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
@@ -421,11 +501,16 @@ except TypeError:
     _SDPA_HAS_GQA = False
 
 
-def attend(q, k, v, mask, dropout_p=0.0, scale=None):
+def attend(q, k, v, mask, dropout_p=0.0, scale=None, sinks=None):
     """softmax(q k^T * scale) v over (B, heads, T, dim) tensors; k and v may have fewer heads than q,
     each shared by consecutive query heads. mask: a boolean tensor of what each query sees, or True for causal
     attention, False for none (a Python bool, so a compiled model does not trace the choice); None: causal
-    unless there is a single query."""
+    unless there is a single query. sinks: a logit per query head that joins every softmax's denominator."""
+    if mask is None:
+        mask = q.size(2) > 1
+    if sinks is not None:  # the scale given explicitly: SDPA's default would follow the padded queries' width
+        scale = q.size(-1) ** -0.5 if scale is None else scale
+        q, k, v, mask = _with_sink(q, k, v, mask, sinks, scale)
     gqa = {}
     if k.size(1) != q.size(1):
         # CUDA's fused kernels take enable_gqa only in half precision (flash); fp32 would fall back to math
@@ -434,25 +519,52 @@ def attend(q, k, v, mask, dropout_p=0.0, scale=None):
         else:
             k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
             v = v.repeat_interleave(q.size(1) // v.size(1), dim=1)
-    if mask is None:
-        mask = q.size(2) > 1
     return F.scaled_dot_product_attention(q, k, v, attn_mask=None if isinstance(mask, bool) else mask,
                                           is_causal=mask is True, dropout_p=dropout_p, scale=scale, **gqa)
 
 
-class CausalSelfAttention(nn.Module):
-    """Multi-head attention; with n_kv_head < n_head, consecutive query heads share K/V heads (GQA, MQA)."""
+def _with_sink(q, k, v, mask, sinks, scale):
+    """Attention sinks as SDPA inputs: one more key that every query sees, with a zero value, whose logit is the
+    head's sink. q gains dims holding sink / scale, the keys dims holding 0 (the sink key: 1), so the real
+    logits are unchanged and the sink's is the sink; padded to a multiple of 8 dims for the fused kernels."""
+    B, H, T, D = q.shape
+    Hk, S = k.size(1), k.size(2)
+    pad = 8 - D % 8
+    q = torch.cat((q, (sinks / scale).to(q.dtype).view(1, H, 1, 1).expand(B, H, T, 1), q.new_zeros(B, H, T, pad - 1)),
+                  dim=-1)
+    sink_key = k.new_zeros(B, Hk, 1, D + pad)
+    sink_key[..., D] = 1
+    k = torch.cat((torch.cat((k, k.new_zeros(B, Hk, S, pad)), dim=-1), sink_key), dim=2)
+    v = torch.cat((v, v.new_zeros(B, v.size(1), 1, v.size(-1))), dim=2)
+    if isinstance(mask, bool):  # causal: query i is the (S - T + i)-th key
+        causal, mask = mask, torch.ones(T, S, dtype=torch.bool, device=q.device)
+        mask = mask.tril(S - T) if causal else mask
+    return q, k, v, torch.cat((mask, mask.new_ones(T, 1)), dim=-1)
 
-    def __init__(self, config):
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head attention; with n_kv_head < n_head, consecutive query heads share K/V heads (GQA, MQA). A local
+    layer (config.layers) slides a window; qk_norm, sinks, an output gate and the softmax scale are switches."""
+
+    def __init__(self, config, layer=0):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_size = config.n_head, config.kv_heads, config.head_size
         # q, k and v in one matmul; with GQA the k and v parts are n_head/n_kv_head times narrower
         self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * self.head_size,
                                 bias=config.bias or config.qkv_bias)
         self.c_proj = nn.Linear(self.n_head * self.head_size, config.n_embd, bias=config.bias)
-        if config.qk_norm:  # each head's query and key scaled to unit RMS, so logits cannot grow unbounded
-            self.q_norm, self.k_norm = RMSNorm(self.head_size, config), RMSNorm(self.head_size, config)
-        self.qk_norm = config.qk_norm
+        if config.qk_norm:  # queries and keys scaled to unit RMS, so logits cannot grow unbounded
+            # per head (Qwen3), or over each token's whole query and key (OLMo 2)
+            q_width, k_width = (self.n_head * self.head_size, self.n_kv_head * self.head_size) \
+                if config.qk_norm_all_heads else (self.head_size, self.head_size)
+            self.q_norm, self.k_norm = RMSNorm(q_width, config), RMSNorm(k_width, config)
+        self.qk_norm = config.qk_norm and ('all' if config.qk_norm_all_heads else 'head')
+        if config.attn_sinks:  # a logit per head that any query may "attend" to instead of a key
+            self.sinks = nn.Parameter(torch.zeros(self.n_head))
+        if config.attn_gate:  # from the block input, one gate per output dim of every head
+            self.c_gate = nn.Linear(config.n_embd, self.n_head * self.head_size, bias=config.bias or config.qkv_bias)
+        self.window = config.window_of(layer)
+        self.scale = config.attn_scale
         self.resid_dropout = nn.Dropout(config.dropout)
         self.dropout = config.dropout
 
@@ -461,25 +573,31 @@ class CausalSelfAttention(nn.Module):
         return {'k': (self.n_kv_head, self.head_size), 'v': (self.n_kv_head, self.head_size)}
 
     def token_flops(self, keys):
-        """Forward + backward FLOPs per token of the matmuls that are not Linears: q.k and att.v over `keys` keys."""
-        return 3 * 2 * 2 * self.n_head * self.head_size * keys
+        """Forward + backward FLOPs per token of the matmuls that are not Linears: q.k and att.v over `keys` keys
+        (at most the window)."""
+        return 3 * 2 * 2 * self.n_head * self.head_size * min(keys, self.window or keys)
 
     def forward(self, x, rope=None, mask=None, cache=None):
         """cache: this layer's part of a KVCache (LayerCache)."""
         B, T, _ = x.size()
         hs = self.head_size
         q, k, v = self.c_attn(x).split([self.n_head * hs, self.n_kv_head * hs, self.n_kv_head * hs], dim=2)
+        if self.qk_norm == 'all':
+            q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_kv_head, hs).transpose(1, 2)  # (B, n_kv, T, hs)
         v = v.view(B, T, self.n_kv_head, hs).transpose(1, 2)
-        if self.qk_norm:
+        if self.qk_norm == 'head':
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:  # rotate before K/V heads are shared, so each shared head is rotated once
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k, v = cache.update(k=k, v=v)
-        y = attend(q, k, v, mask, self.dropout if self.training else 0.0)
-        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, self.n_head * hs)))
+        y = attend(q, k, v, mask, self.dropout if self.training else 0.0, self.scale, getattr(self, 'sinks', None))
+        y = y.transpose(1, 2).reshape(B, T, self.n_head * hs)
+        if hasattr(self, 'c_gate'):
+            y = y * torch.sigmoid(self.c_gate(x))
+        return self.resid_dropout(self.c_proj(y))
 
 
 class LatentAttention(nn.Module):
@@ -492,9 +610,10 @@ class LatentAttention(nn.Module):
     up-projection into the output, so each step attends over the cached latents directly (as MQA with one
     wide head) instead of rebuilding every past key and value. Training and prefill rebuild them."""
 
-    def __init__(self, config):
+    def __init__(self, config, layer=0):
         super().__init__()
         dims = config.mla_dims
+        self.window = config.window_of(layer)
         self.n_head, self.latent, self.nope, self.rope, self.v = (config.n_head, dims['latent'], dims['nope'],
                                                                   dims['rope'], dims['v'])
         H, d = self.n_head, config.n_embd
@@ -522,7 +641,7 @@ class LatentAttention(nn.Module):
 
     def token_flops(self, keys):
         """Forward + backward FLOPs per token of q.k and att.v over `keys` rebuilt keys (training's form)."""
-        return 3 * 2 * self.n_head * (self.nope + self.rope + self.v) * keys
+        return 3 * 2 * self.n_head * (self.nope + self.rope + self.v) * min(keys, self.window or keys)
 
     def forward(self, x, rope=None, mask=None, cache=None):
         """cache: this layer's part of a KVCache (LayerCache)."""
@@ -566,76 +685,77 @@ ATTENTIONS = {'mha': CausalSelfAttention, 'mla': LatentAttention}
 
 class KVCache:
     """What each layer's attention keeps of past tokens (its cache_entries), preallocated as (B, heads, slots,
-    dim) tensors for `length` positions. With a sliding window shorter than that, only the last `window`
-    positions are kept, in a ring: slot = position % window."""
+    dim) tensors for `length` positions. A local layer whose window is shorter than that keeps only the last
+    `window` positions, in a ring: slot = position % window; a global layer keeps every position."""
 
     def __init__(self, model, batch_size, length, dtype, device):
-        self.length, self.window = length, model.config.sliding_window
-        self.slots = self.slots_for(model.config, length)
-        self.layers = [{name: torch.empty(batch_size, heads, self.slots, dim, dtype=dtype, device=device)
-                        for name, (heads, dim) in block.attn.cache_entries().items()}
-                       for block in model.transformer.h]
+        config = model.config
+        self.length, self.window = length, config.sliding_window
+        self.ring_slots = self.slots_for(self.window, length)  # the local layers' (all share one window)
+        self.layers = [LayerCache(self, {name: torch.empty(batch_size, heads, slots, dim, dtype=dtype, device=device)
+                                         for name, (heads, dim) in block.attn.cache_entries().items()}, slots)
+                       for slots, block in zip(self.layer_slots(config, length), model.transformer.h)]
         self.pos = 0  # positions seen
         # the ring slot the next single token goes to, as a tensor: a compiled block would specialise on an int
         # (one graph per slot)
         self.slot = torch.zeros(1, dtype=torch.long, device=device)
 
     @staticmethod
-    def slots_for(config, length):
-        return min(length, config.sliding_window or length)
+    def slots_for(window, length):
+        return min(length, window or length)
+
+    @staticmethod
+    def layer_slots(config, length):
+        """Positions each layer keeps: a local layer its window, a global one all."""
+        return [KVCache.slots_for(config.window_of(i), length) for i in range(config.n_layer)]
 
     @staticmethod
     def bytes_for(model, batch_size, length, dtype):
         """Bytes a cache of these dimensions takes, without allocating it."""
         itemsize = torch.empty((), dtype=dtype).element_size()
-        per_token = sum(heads * dim for block in model.transformer.h
-                        for heads, dim in block.attn.cache_entries().values())
-        return per_token * batch_size * KVCache.slots_for(model.config, length) * itemsize
+        return batch_size * itemsize * sum(
+            slots * sum(heads * dim for heads, dim in block.attn.cache_entries().values())
+            for slots, block in zip(KVCache.layer_slots(model.config, length), model.transformer.h))
 
-    @property
-    def ring(self):
-        return self.slots < self.length
-
-    def key_positions(self, T, device):
-        """Positions of the keys update() returns for T new tokens, in its order."""
-        if not self.ring:
+    def key_positions(self, T, slots, device):
+        """Positions of the keys update() returns for T new tokens in a layer keeping `slots`, in its order."""
+        if slots == self.length:
             return torch.arange(self.pos + T, device=device)
         if T == 1:  # the ring itself: slot s holds the latest position p with p % slots == s
-            filled = torch.arange(min(self.pos + 1, self.slots), device=device)
-            return self.pos - (self.pos - filled) % self.slots
-        past = min(self.pos, self.slots - 1)  # what the first new query can still see
+            filled = torch.arange(min(self.pos + 1, slots), device=device)
+            return self.pos - (self.pos - filled) % slots
+        past = min(self.pos, slots - 1)  # what the first new query can still see
         return torch.arange(self.pos - past, self.pos + T, device=device)
 
     def __getitem__(self, layer):
         """One layer's part, what its attention writes to and reads from (update)."""
-        return LayerCache(self, self.layers[layer])
+        return self.layers[layer]
 
-    def update(self, stores, **new):
+    def update(self, layer, **new):
         """Store the new tokens' entries (B, heads, T, dim) in a layer's stores; return, in the order given,
-        every entry the new tokens attend to (all so far, or with a window the ones key_positions names)."""
+        every entry the new tokens attend to (all so far, or in a ring the ones key_positions names)."""
         T = next(iter(new.values())).size(2)
         if self.pos + T > self.length:
             raise ValueError(f"KV cache of length {self.length} cannot hold {self.pos + T} positions")
-        out = []
+        slots, out = layer.slots, []
         for name, value in new.items():
-            store = stores[name]
-            if not self.ring:
+            store = layer.stores[name]
+            if slots == self.length:
                 store[:, :, self.pos:self.pos + T] = value
                 out.append(store[:, :, :self.pos + T])
             elif T == 1:
                 store.index_copy_(2, self.slot, value)
-                out.append(store[:, :, :min(self.pos + 1, self.slots)])
+                out.append(store[:, :, :min(self.pos + 1, slots)])
             else:  # the past the window still needs, in order, then the new tokens
-                past = torch.arange(self.pos - min(self.pos, self.slots - 1), self.pos, device=value.device)
-                out.append(torch.cat((store[:, :, past % self.slots], value), dim=2))
-                kept = torch.arange(self.pos, self.pos + T, device=value.device)[-self.slots:]
-                store[:, :, kept % self.slots] = value[:, :, -self.slots:]
+                past = torch.arange(self.pos - min(self.pos, slots - 1), self.pos, device=value.device)
+                out.append(torch.cat((store[:, :, past % slots], value), dim=2))
+                kept = torch.arange(self.pos, self.pos + T, device=value.device)[-slots:]
+                store[:, :, kept % slots] = value[:, :, -slots:]
         return out
 
     def advance(self, T):
         self.pos += T
-        if self.ring:
-            self.slot.fill_(self.pos % self.slots)
+        self.slot.fill_(self.pos % self.ring_slots)
 
     def reset(self):
         """Forget every position (the next call is a prefill)."""
@@ -644,13 +764,14 @@ class KVCache:
 
 
 class LayerCache:
-    """A layer's view of a KVCache: the same object for every layer's code, so a compiled block is one graph."""
+    """A layer's part of a KVCache: its stores and how many positions they keep; the same class for every
+    layer's code, so a compiled block is one graph."""
 
-    def __init__(self, cache, stores):
-        self.cache, self.stores = cache, stores
+    def __init__(self, cache, stores, slots):
+        self.cache, self.stores, self.slots = cache, stores, slots
 
     def update(self, **new):
-        return self.cache.update(self.stores, **new)
+        return self.cache.update(self, **new)
 
 
 def attention_mask(start, T, key_positions, window, device):
@@ -704,7 +825,7 @@ class GatedMLP(nn.Module):
 
     def forward(self, x):
         gate, up = self.c_fc(x).chunk(2, dim=-1)
-        gate = F.silu(gate) if self.silu else F.gelu(gate)
+        gate = F.silu(gate) if self.silu else F.gelu(gate, approximate='tanh')  # GELU's form as in 'gelu' (Gemma's too)
         return self.dropout(self.c_proj(gate * up))
 
 
@@ -728,9 +849,19 @@ class Experts(nn.Module):
     def __init__(self, config):
         super().__init__()
         E, h, d = config.n_expert, config.expert_hidden, config.n_embd
-        self.k = config.n_expert_active
+        self.k, self.limit = config.n_expert_active, config.swiglu_limit
         self.c_fc = nn.Parameter(torch.randn(E, 2 * h, d) * 0.02)
         self.c_proj = nn.Parameter(torch.randn(E, d, h) * 0.02)  # GPT rescales it with the other c_proj
+        if config.moe_bias:  # gpt-oss
+            self.c_fc_bias, self.c_proj_bias = nn.Parameter(torch.zeros(E, 2 * h)), nn.Parameter(torch.zeros(E, d))
+
+    def act(self, gate_up):
+        """SwiGLU of [gate | up]; with swiglu_limit, gpt-oss's clamped form (gate * sigmoid(1.702 gate), times up + 1)."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        if self.limit is None:
+            return F.silu(gate) * up
+        gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
+        return gate * torch.sigmoid(1.702 * gate) * (up + 1)
 
     def per_expert(self):
         """Parameters of one expert (from the shapes: a sharded stack needs no gathering)."""
@@ -752,17 +883,24 @@ class Experts(nn.Module):
         counts = torch.zeros(self.c_fc.size(0), dtype=flat.dtype, device=flat.device).scatter_add_(
             0, flat, torch.ones_like(flat))
         xs = x[tokens]
+        biased = hasattr(self, 'c_fc_bias')
         if _fused_grouped_mm(xs, (self.c_fc.size(2), self.c_proj.size(2))):  # one kernel for all experts, in bf16
             ends = counts.cumsum(0).to(torch.int32)
             bf16 = torch.bfloat16
-            gate, up = F.grouped_mm(xs.to(bf16), self.c_fc.to(bf16).transpose(1, 2), offs=ends).chunk(2, dim=-1)
-            ys = F.grouped_mm(F.silu(gate) * up, self.c_proj.to(bf16).transpose(1, 2), offs=ends).to(xs.dtype)
+            gate_up = F.grouped_mm(xs.to(bf16), self.c_fc.to(bf16).transpose(1, 2), offs=ends)
+            if biased:
+                gate_up = gate_up + self.c_fc_bias.to(bf16)[flat[order]]
+            ys = F.grouped_mm(self.act(gate_up), self.c_proj.to(bf16).transpose(1, 2), offs=ends)
+            if biased:
+                ys = ys + self.c_proj_bias.to(bf16)[flat[order]]
+            ys = ys.to(xs.dtype)
         else:  # a loop over experts, not tokens: the slices' sizes are read on the host (one sync per layer)
             ys, start = torch.empty_like(xs), 0
             for e, n in enumerate(counts.tolist()):
                 if n:
-                    gate, up = F.linear(xs[start:start + n], self.c_fc[e]).chunk(2, dim=-1)
-                    ys[start:start + n] = F.linear(F.silu(gate) * up, self.c_proj[e])
+                    gate_up = F.linear(xs[start:start + n], self.c_fc[e], self.c_fc_bias[e] if biased else None)
+                    ys[start:start + n] = F.linear(self.act(gate_up), self.c_proj[e],
+                                                   self.c_proj_bias[e] if biased else None)
                     start += n
         ys = ys * weights.flatten()[order, None].to(ys.dtype)
         return torch.zeros_like(x).index_add_(0, tokens, ys)
@@ -788,7 +926,7 @@ class MoE(nn.Module):
         self.k, self.E, self.sigmoid = config.n_expert_active, config.n_expert, config.router == 'sigmoid'
         self.groups, self.topk_group, self.norm_topk = config.n_expert_group, config.topk_group, config.router_norm_topk
         self.scaling, self.aux_coef, self.z_coef = config.routed_scaling, config.moe_aux_loss_coef, config.moe_z_loss_coef
-        self.router = nn.Linear(config.n_embd, self.E, bias=False)
+        self.router = nn.Linear(config.n_embd, self.E, bias=config.moe_bias)
         self.experts = Experts(config)
         self.shared = GatedMLP(config, config.n_shared_expert * config.expert_hidden) if config.n_shared_expert else None
         if self.sigmoid:  # saved: it is part of what the model computes
@@ -853,21 +991,30 @@ MLPS = {'gelu': MLP, 'relu': MLP, 'swiglu': GatedMLP, 'geglu': GatedMLP, 'moe': 
 # ----------------------------------------------------------------------------- block and model
 
 class Block(nn.Module):
+    """Attention then MLP, each a residual branch, with the norms where norm_position puts them."""
 
     def __init__(self, config, layer=0):
         super().__init__()
-        self.prenorm = config.prenorm
-        self.ln_1 = make_norm(config)
-        self.attn = ATTENTIONS[config.attn](config)
-        self.ln_2 = make_norm(config)
+        self.position = config.norm_position
+        self.ln_1 = make_norm(config)  # on the attention's input (pre, sandwich) or its output (post, after)
+        self.attn = ATTENTIONS[config.attn](config, layer)
+        self.ln_2 = make_norm(config)  # the same for the MLP
         self.mlp = MLPS[config.mlp_of(layer)](config)
+        if self.position == 'sandwich':  # Gemma: the branches' outputs are normalized too
+            self.ln_1_out, self.ln_2_out = make_norm(config), make_norm(config)
 
     def forward(self, x, rope=None, mask=None, cache=None):
-        if self.prenorm:  # the residual path stays an identity from the top to the bottom
+        if self.position == 'pre':  # the residual path stays an identity from the top to the bottom
             x = x + self.attn(self.ln_1(x), rope, mask, cache)
             return x + self.mlp(self.ln_2(x))
-        x = self.ln_1(x + self.attn(x, rope, mask, cache))
-        return self.ln_2(x + self.mlp(x))
+        if self.position == 'post':  # 2017: the residual stream itself is normalized after each add
+            x = self.ln_1(x + self.attn(x, rope, mask, cache))
+            return self.ln_2(x + self.mlp(x))
+        if self.position == 'sandwich':
+            x = x + self.ln_1_out(self.attn(self.ln_1(x), rope, mask, cache))
+            return x + self.ln_2_out(self.mlp(self.ln_2(x)))
+        x = x + self.ln_1(self.attn(x, rope, mask, cache))  # 'after': each branch's output normalized, inside
+        return x + self.ln_2(self.mlp(x))
 
 
 class GPT(nn.Module):
@@ -880,9 +1027,11 @@ class GPT(nn.Module):
             wpe=POSITIONS[config.pos](config),  # GPT-2's learned table keeps its name; rotary tables hold no weights
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
-            # post-norm blocks already end in a norm, so only pre-norm needs a final one
-            ln_f=make_norm(config) if config.prenorm else nn.Identity(),
+            # post-norm blocks already end in a norm; every other placement leaves the stream unnormalized
+            ln_f=make_norm(config) if config.norm_position != 'post' else nn.Identity(),
         ))
+        if config.rope_local_theta is not None:  # local layers' own tables (Gemma 3), no weights
+            self.rope_local = Rotary(config, local=True)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.transformer.wte.weight = self.lm_head.weight
@@ -914,7 +1063,7 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, cache=None):
         """Logits for every position (B, T, vocab), and the loss when targets are given (in training, with
         the MoE balancing losses the config switches on)."""
-        logits = self.lm_head(self.hidden_states(idx, cache))
+        logits = self.logits(self.hidden_states(idx, cache))
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
@@ -922,6 +1071,12 @@ class GPT(nn.Module):
             if balancing:  # the mean over layers: a coefficient means the same at any depth
                 loss = loss + sum(balancing) / len(balancing)
         return logits, loss
+
+    def logits(self, h):
+        """The head's logits of hidden states, soft-capped to (-c, c) with logit_softcap=c."""
+        logits = self.lm_head(h)
+        cap = self.config.logit_softcap
+        return logits if cap is None else cap * torch.tanh(logits / cap)
 
     # ------------------------------------------------------------------------- mixture of experts
 
@@ -964,14 +1119,26 @@ class GPT(nn.Module):
         """The final normalized hidden states (B, T, n_embd); with a cache, idx continues what it holds."""
         T = idx.size(1)
         start = cache.pos if cache is not None else 0
-        keys = cache.key_positions(T, idx.device) if cache is not None else None
-        x, rope = self.transformer.wpe(self.transformer.wte(idx), start)
-        mask = attention_mask(start, T, keys, self.config.sliding_window, idx.device)
-        if mask is None:  # decided here, in Python: a compiled block gets a plain bool
-            mask = T > 1
+        x = self.transformer.wte(idx)
+        if self.config.embed_scale:
+            x = x * self.config.n_embd ** 0.5
+        x, rope = self.transformer.wpe(x, start)
+        # what each kind of layer attends with: its rotary tables and its mask (decided here, in Python, so a
+        # compiled block gets a plain bool where the mask is plain causal attention)
+        contexts = {}
+        for kind in set(self.config.layer_kinds):
+            window = self.config.sliding_window if kind == 'L' else None
+            keys = None
+            if cache is not None:
+                keys = cache.key_positions(T, KVCache.slots_for(window, cache.length), idx.device)
+            mask = attention_mask(start, T, keys, window, idx.device)
+            kind_rope = None if kind == 'N' else rope
+            if kind == 'L' and hasattr(self, 'rope_local'):
+                kind_rope = self.rope_local(x, start)[1]
+            contexts[kind] = (kind_rope, T > 1 if mask is None else mask)
         x = self.transformer.drop(x)
-        for i, block in enumerate(self.transformer.h):
-            x = block(x, rope, mask, cache[i] if cache is not None else None)
+        for i, (block, kind) in enumerate(zip(self.transformer.h, self.config.layer_kinds)):
+            x = block(x, *contexts[kind], cache[i] if cache is not None else None)
         if cache is not None:
             cache.advance(T)
         return self.transformer.ln_f(x)
@@ -986,8 +1153,8 @@ class GPT(nn.Module):
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 flops += 6 * module.weight.numel()
-            elif hasattr(module, 'token_flops'):
-                flops += module.token_flops(min(T, self.config.sliding_window or T))
+            elif hasattr(module, 'token_flops'):  # attention counts its keys up to its window
+                flops += module.token_flops(T)
         return flops
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops):
@@ -1040,7 +1207,7 @@ class GPT(nn.Module):
                 h = self.hidden_states(window, cache)  # prefill
             else:
                 h = self.hidden_states(window[:, -1:], cache)
-            logits = self.lm_head(h[:, -1, :])[:, :vocab_limit]  # only the last position is sampled from
+            logits = self.logits(h[:, -1, :])[:, :vocab_limit]  # only the last position is sampled from
             nxt = sample_next(logits.float(), temperature, top_k, top_p)
             yield nxt
             window = torch.cat((window, nxt), dim=1)

@@ -180,7 +180,7 @@ def test_grid_runs_each_flag_set_once(monkeypatch, capsys):
     assert list(variants)[:6] == ['vanilla', 'vanilla+rms', 'vanilla+swiglu', 'vanilla+gqa', 'vanilla+rope', 'modern']
     assert variants['modern'] == {'norm': 'rms', 'mlp': 'swiglu', 'n_kv_head': 2, 'pos': 'rope'}
     assert variants['modern-rope'] == {**variants['modern'], 'pos': 'learned'}
-    assert variants['modern+postnorm'] == {**variants['modern'], 'prenorm': False}
+    assert variants['modern+postnorm'] == {**variants['modern'], 'norm_position': 'post'}
     assert variants['kv=1']['n_kv_head'] == 1
     # mlp=gelu is vanilla, mlp=swiglu is vanilla+swiglu, kv=2 is modern: each runs once
     assert 'mlp=gelu' not in variants and 'mlp=swiglu' not in variants and 'kv=2' not in variants
@@ -207,6 +207,28 @@ def test_groups_are_built_from_the_swap_tables(monkeypatch):
     assert variants['mla-mqa-cache']['kv_lora_rank'] + variants['mla-mqa-cache']['qk_rope_head_dim'] == 64
     assert variants['modern+qk_norm_lr=0.01'] == {**modern, 'qk_norm': True, 'learning_rate': 0.01, 'min_lr': 0.001}
     assert 'vanilla' in variants and 'mha' in variants and 'mqa' in variants
+
+
+def test_the_per_layer_groups_vary_one_thing_on_the_modern_block(monkeypatch):
+    monkeypatch.setattr(sys, 'argv', ['ablate.py', '--grid=local_global,sinks,gate,nope,norm_position'])
+    monkeypatch.syspath_prepend(str(REPO))
+    sys.modules.pop('ablate', None)
+    ablate_module = importlib.import_module('ablate')
+    base = ablate_module.base_recipe(str(REPO))  # the CPU recipe: 4 layers, block_size 64
+    variants = ablate_module.build_grid(base)
+    sys.modules.pop('ablate', None)
+    modern, window = variants['modern'], {'sliding_window': 16}  # a quarter of block_size
+    assert variants['layers=LLLG'] == {**modern, 'layers': 'LLLG', **window}
+    assert variants['layers=L'] == {**modern, 'layers': 'L', **window}
+    assert variants['layers=LG+sinks'] == {**modern, 'layers': 'LG', **window, 'attn_sinks': True}
+    assert variants['modern+gate'] == {**modern, 'attn_gate': True}
+    assert variants['layers=GGGN'] == {**modern, 'layers': 'GGGN'}
+    assert variants['rope_fraction=0.25'] == {**modern, 'rope_fraction': 0.25}
+    assert variants['modern+sandwich'] == {**modern, 'norm_position': 'sandwich'}
+    assert variants['modern+after'] == {**modern, 'norm_position': 'after'}
+    from model import GPTConfig
+    for flags in variants.values():  # every variant is a model the recipe can build
+        GPTConfig(**{**ablate_module.model_args(base), **flags})
 
 
 def test_a_report_never_mixes_arguments(tmp_path):

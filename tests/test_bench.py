@@ -131,6 +131,18 @@ def test_moe_and_mla_rows_after_a_long_prompt(tmp_path):
     assert rows['mla']['kv_bytes_per_token'] < rows['modern']['kv_bytes_per_token'] * 2
 
 
+def test_per_layer_rows_cache_what_their_layers_keep(tmp_path):
+    """A window of block_size/4 = 4: all-local layers keep a quarter of modern's cache, 'LLLG' (3 x 4 + 16) / 64."""
+    result = bench('--variants=modern,local,lllg,lg+sinks,gate', '--n_layer=4', '--json=b.json', cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = {r['variant']: r for r in json.loads((tmp_path / 'b.json').read_text())['rows']}
+    modern = rows['modern']['kv_bytes_per_token']
+    assert rows['local']['kv_bytes_per_token'] * 4 == modern
+    assert rows['lllg']['kv_bytes_per_token'] * 64 == modern * 28
+    assert rows['lg+sinks']['kv_bytes_per_token'] * 64 == modern * 40 and rows['gate']['kv_bytes_per_token'] == modern
+    assert rows['gate']['params'] > rows['modern']['params'] and rows['lg+sinks']['decode_tokens_per_s_cached'] > 0
+
+
 FAKE_NANOGPT = f'''
 import sys
 from dataclasses import asdict, dataclass

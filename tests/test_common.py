@@ -156,3 +156,18 @@ def test_only_the_first_signal_interrupts():
         signal.signal(signal.SIGINT, handlers[0])
         signal.signal(signal.SIGTERM, handlers[1])
         sys.excepthook = handlers[2]
+
+
+def test_a_checkpoint_from_before_norm_position_loads_with_its_placement(tmp_path):
+    """Checkpoints saved with prenorm=False (before norm_position) build the same post-norm model."""
+    from model import GPT, GPTConfig
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=8, vocab_size=11, norm_position='post'))
+    checkpoint = common.new_checkpoint(model)
+    checkpoint['model_args'] = {k: v for k, v in checkpoint['model_args'].items() if k != 'norm_position'}
+    checkpoint['model_args']['prenorm'] = False
+    torch.save(checkpoint, tmp_path / 'ckpt.pt')
+    loaded = common.load_checkpoint(str(tmp_path / 'ckpt.pt'))
+    back = common.model_from_checkpoint(loaded)
+    assert back.config.norm_position == 'post' and 'prenorm' not in loaded['model_args']
+    idx = torch.randint(0, 11, (1, 8))
+    assert torch.equal(back(idx)[0], model(idx)[0])

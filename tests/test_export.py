@@ -59,7 +59,7 @@ def test_export_logits_match_and_round_trip(tmp_path, flags, family):
 
 @pytest.mark.parametrize('flags, named', [
     ({'norm': 'rms'}, ["norm='rms'", "mlp='gelu'", "pos='learned'"]),
-    ({'prenorm': False}, ['prenorm=False']),
+    ({'norm_position': 'post'}, ["norm_position='post'"]),
     ({'mlp': 'geglu', 'pos': 'rope'}, ["mlp='geglu'"]),
     ({'n_kv_head': 2}, ['n_kv_head=2']),
 ])

@@ -70,13 +70,21 @@ DIMENSIONS = [
     [{'mlp': m} for m in M.MLPS],
     [{'attn': a} for a in M.ATTENTIONS if a != 'mha'] + [{'attn': 'mha', 'n_kv_head': k} for k in (None, 2, 1)],
     [{'pos': p} for p in M.POSITIONS],
-    [{'prenorm': True}, {'prenorm': False}],
+    [{'norm_position': p} for p in M.NORM_POSITIONS],
     # an original length shorter than the test sequences, so each scaling acts; but 'dynamic' changes every
     # angle with the length, so a KV cache is exact only within its original length (test_dynamic_* below)
     [{}] + [{'rope_scaling': k, 'rope_factor': 4.0, 'rope_original_length': None if k == 'dynamic' else 6}
-            for k in M.ROPE_SCALINGS if k],
-    [{}, {'sliding_window': 5}],  # shorter than BLOCK: the cache keeps a ring of 5
-    [{}, {'qk_norm': True}],
+            for k in M.ROPE_SCALINGS if k] + [{'rope_scaling': 'yarn', 'rope_factor': 4.0, 'rope_original_length': 6,
+                                               'yarn_truncate': False}],
+    # windows shorter than BLOCK (the cache keeps a ring of 5) on every layer, or per layer with the other
+    # kinds: a global layer, one without RoPE, local layers with their own RoPE base
+    [{}, {'sliding_window': 5}, {'layers': 'LG', 'sliding_window': 5}, {'layers': 'NG'},
+     {'layers': 'GL', 'sliding_window': 5, 'rope_local_theta': 100.0}],
+    [{}, {'qk_norm': True}, {'qk_norm': True, 'qk_norm_all_heads': True}],
+    [{}, {'attn_sinks': True}, {'attn_gate': True}, {'attn_sinks': True, 'attn_gate': True, 'attn_scale': 0.5}],
+    [{}, {'rope_fraction': 0.5}],
+    [{}, {'embed_scale': True, 'logit_softcap': 3.0}],
+    [{}, {'moe_bias': True, 'swiglu_limit': 1.0}],  # gpt-oss's experts (MoE only)
     [{}, {'qkv_bias': True, 'bias': False}],
     [{}, {'head_dim': 12}],  # heads wider than n_embd / n_head = 8
     # DeepSeek's MoE (what an MoE layer does with it; other MLPs ignore it): sigmoid router and groups, a
@@ -222,24 +230,38 @@ def test_flag_combination(flags):
 
 
 @pytest.mark.parametrize('norm', ['layernorm', 'rms'])
-@pytest.mark.parametrize('prenorm', [True, False], ids=['pre', 'post'])
-def test_block_norm_placement(prenorm, norm):
-    cfg = tiny_config(prenorm=prenorm, norm=norm)
+@pytest.mark.parametrize('position', M.NORM_POSITIONS)
+def test_block_norm_placement(position, norm):
+    cfg = tiny_config(norm_position=position, norm=norm)
     torch.manual_seed(31)
     block = M.Block(cfg).eval()
     with torch.no_grad():
         for p in block.parameters():
             p.copy_(torch.randn_like(p) * 0.2 + (1.0 if p.dim() == 1 else 0.0))
         x = torch.randn(2, 7, N_EMBD) * 2
-        if prenorm:  # x + f(norm(x)): the residual stream itself is never normalized
+        if position == 'pre':  # x + f(norm(x)): the residual stream itself is never normalized
             h = x + block.attn(block.ln_1(x))
             expected = h + block.mlp(block.ln_2(h))
-        else:  # norm(x + f(x)), as in the 2017 Transformer
+        elif position == 'post':  # norm(x + f(x)), as in the 2017 Transformer
             h = block.ln_1(x + block.attn(x))
             expected = block.ln_2(h + block.mlp(h))
+        elif position == 'sandwich':  # Gemma: x + norm(f(norm(x)))
+            h = x + block.ln_1_out(block.attn(block.ln_1(x)))
+            expected = h + block.ln_2_out(block.mlp(block.ln_2(h)))
+        else:  # OLMo 2: x + norm(f(x))
+            h = x + block.ln_1(block.attn(x))
+            expected = h + block.ln_2(block.mlp(h))
         assert_close(block(x), expected, atol=1e-5)
-    model = build(prenorm=prenorm, norm=norm)
-    assert isinstance(model.transformer.ln_f, nn.Identity) != prenorm  # post-norm blocks end in a norm
+    model = build(norm_position=position, norm=norm)
+    # post-norm blocks end in a norm; the others leave the stream to a final one
+    assert isinstance(model.transformer.ln_f, nn.Identity) == (position == 'post')
+    assert sum(isinstance(m, M.NORMS[norm]) for m in model.transformer.h[0].modules()) == \
+        (4 if position == 'sandwich' else 2)
+
+
+def tanh_gelu(h):
+    """GPT-2's tanh approximation of GELU (Gemma's GEGLU uses it too)."""
+    return 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3)))
 
 
 @pytest.mark.parametrize('mlp', ['gelu', 'relu', 'swiglu', 'geglu'])
@@ -256,12 +278,12 @@ def test_mlp_formulas(mlp):
         if mlp in ('swiglu', 'geglu'):
             assert fc.out_features == 2 * 24
             gate, up = h[..., :24], h[..., 24:]  # [gate | up] along the output
-            act = gate * torch.sigmoid(gate) if mlp == 'swiglu' else 0.5 * gate * (1 + torch.erf(gate / math.sqrt(2)))
+            act = gate * torch.sigmoid(gate) if mlp == 'swiglu' else tanh_gelu(gate)
             h = act * up
         elif mlp == 'relu':
             h = h.clamp_min(0)
-        else:  # GPT-2's tanh approximation
-            h = 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3)))
+        else:
+            h = tanh_gelu(h)
         expected = h @ proj.weight.T + proj.bias
         assert_close(module(x), expected, atol=1e-5)
 
@@ -281,7 +303,7 @@ def test_no_bias_and_untied_models(overrides):
 # ----------------------------------------------------------------------------- 2: forward outputs
 
 @pytest.mark.parametrize('overrides', [dict(), dict(norm='rms', mlp='swiglu', n_kv_head=1, pos='rope'),
-                                       dict(prenorm=False, mlp='relu')], ids=['vanilla', 'llama', 'postnorm'])
+                                       dict(norm_position='post', mlp='relu')], ids=['vanilla', 'llama', 'postnorm'])
 def test_forward_outputs_and_initial_loss(overrides):
     model = build(**overrides)
     torch.manual_seed(5)
@@ -553,7 +575,7 @@ def test_tied_and_untied_embeddings():
 
 @pytest.mark.parametrize('overrides', [dict(), dict(norm='rms', mlp='swiglu', pos='rope', n_kv_head=2,
                                                     bias=False, tie_embeddings=False),
-                                       dict(prenorm=False)], ids=['vanilla', 'llama', 'postnorm'])
+                                       dict(norm_position='post')], ids=['vanilla', 'llama', 'postnorm'])
 def test_configure_optimizers_groups(overrides):
     model = build(**overrides)
     opt = model.configure_optimizers(weight_decay=0.1, learning_rate=3e-4, betas=(0.9, 0.95), device_type='cpu')
@@ -613,8 +635,9 @@ def test_gated_mlp_hidden_sizes_and_param_counts():
     assert count(small) == 3 * 128 * 384
 
 
-def explicit_attend(q, k, v, mask, dropout_p=0.0, scale=None):
-    """attend() with plain matmuls, which torch's FLOP counter sees (it does not count SDPA on the CPU)."""
+def explicit_attend(q, k, v, mask, dropout_p=0.0, scale=None, sinks=None):
+    """attend() with plain matmuls, which torch's FLOP counter sees (it does not count SDPA on the CPU); sinks as
+    gpt-oss writes them: a logit column joining each row's softmax, dropped after it."""
     k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
     v = v.repeat_interleave(q.size(1) // v.size(1), dim=1)
     scores = q @ k.transpose(-2, -1) * (q.size(-1) ** -0.5 if scale is None else scale)
@@ -623,7 +646,36 @@ def explicit_attend(q, k, v, mask, dropout_p=0.0, scale=None):
     if isinstance(mask, bool):  # True: causal, the queries being the last positions; False: sees everything
         full = torch.ones(q.size(2), k.size(2), dtype=torch.bool)
         mask = full.tril(diagonal=k.size(2) - q.size(2)) if mask else full
-    return scores.masked_fill(~mask, float('-inf')).softmax(dim=-1) @ v
+    scores = scores.masked_fill(~mask, float('-inf'))
+    if sinks is not None:
+        scores = torch.cat((scores, sinks.view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)), dim=-1)
+        return scores.softmax(dim=-1)[..., :-1] @ v
+    return scores.softmax(dim=-1) @ v
+
+
+@pytest.mark.parametrize('mask', [True, False, 'window'])
+@pytest.mark.parametrize('n_kv', [4, 2])
+@pytest.mark.parametrize('scale', [0.3, None])
+def test_attention_sinks_are_a_logit_column_in_each_softmax(mask, n_kv, scale):
+    """attend's sinks (an extra key for SDPA) against the written-out softmax with a sink column, values and
+    gradients; a very negative sink is no sink, and a large one takes weight from every key. scale None: the
+    head width's, not the width of SDPA's padded queries."""
+    g = torch.Generator().manual_seed(41)
+    q = torch.randn(2, 4, 7, 8, generator=g, requires_grad=True)
+    k, v = torch.randn(2, n_kv, 7, 8, generator=g), torch.randn(2, n_kv, 7, 8, generator=g)
+    sinks = torch.randn(4, generator=g).requires_grad_()
+    if mask == 'window':
+        mask = M.attention_mask(0, 7, None, 3, 'cpu')
+    out = M.attend(q, k, v, mask, scale=scale, sinks=sinks)
+    expected = explicit_attend(q, k, v, mask, scale=scale, sinks=sinks)
+    assert_close(out, expected, atol=1e-5)
+    grads = torch.autograd.grad(out.square().sum(), (q, sinks))
+    for got, want in zip(grads, torch.autograd.grad(expected.square().sum(), (q, sinks))):
+        assert_close(got, want, atol=1e-5)
+    with torch.no_grad():
+        assert_close(M.attend(q, k, v, mask, scale=scale, sinks=torch.full((4,), -1e4)),
+                     M.attend(q, k, v, mask, scale=scale), atol=1e-6)
+        assert M.attend(q, k, v, mask, scale=scale, sinks=torch.full((4,), 50.0)).abs().max() < 1e-6
 
 
 def counted_training_flops(model, idx, monkeypatch):
@@ -753,7 +805,7 @@ def test_sample_next_filters():
 # ----------------------------------------------------------------------------- 10: KV-cache size
 
 def cache_nbytes(cache):
-    return sum(t.nbytes for layer in cache.layers for t in layer.values())
+    return sum(t.nbytes for layer in cache.layers for t in layer.stores.values())
 
 
 class RecordingCache(M.KVCache):
@@ -828,7 +880,107 @@ def test_a_window_caps_the_cache_and_the_attention_flops():
         assert windowed.kv_cache_bytes(2, seq_len) == wide.kv_cache_bytes(2, min(seq_len, 5))
         assert windowed.flops_per_token(seq_len) == wide.flops_per_token(min(seq_len, 5))
     cache = M.KVCache(windowed, 2, BLOCK, torch.float32, torch.device('cpu'))
-    assert cache_nbytes(cache) == windowed.kv_cache_bytes(2, BLOCK) and cache.slots == 5
+    assert cache_nbytes(cache) == windowed.kv_cache_bytes(2, BLOCK) and [layer.slots for layer in cache.layers] == [5, 5]
+
+
+def test_local_layers_keep_a_ring_and_global_layers_every_position():
+    """layers='LG': the local layer's cache and attention FLOPs stop at the window, the global layer's grow."""
+    wide, mixed = build(pos='rope'), build(pos='rope', layers='LG', sliding_window=5)
+    for seq_len in (3, 5, BLOCK):
+        half = wide.kv_cache_bytes(2, seq_len) // 2  # one layer's
+        assert mixed.kv_cache_bytes(2, seq_len) == wide.kv_cache_bytes(2, min(seq_len, 5)) // 2 + half
+        assert mixed.flops_per_token(seq_len) == (wide.flops_per_token(min(seq_len, 5))
+                                                  + wide.flops_per_token(seq_len)) // 2
+    cache = M.KVCache(mixed, 2, BLOCK, torch.float32, torch.device('cpu'))
+    assert cache_nbytes(cache) == mixed.kv_cache_bytes(2, BLOCK)
+    assert [layer.slots for layer in cache.layers] == [5, BLOCK]
+
+
+@torch.no_grad()
+def test_each_layer_kind_sees_what_its_letter_says():
+    """One layer of each kind: a local layer sees its window, a global one everything; a NoPE layer is blind to
+    order (permuting earlier tokens changes nothing), a rotating one is not."""
+    T, W = 12, 4
+    idx = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(54))
+    far = idx.clone()
+    far[0, 2] = (far[0, 2] + 1) % VOCAB  # T-1-2 = 9 positions back: outside the window
+    swapped = idx.clone()
+    swapped[0, [3, 5]] = idx[0, [5, 3]]
+    for kind, sees_far, sees_order in (('L', False, True), ('G', True, True), ('N', True, False)):
+        model = build(n_layer=1, pos='rope', layers=kind, sliding_window=W if kind == 'L' else None)
+        base = model(idx)[0][0, -1]
+        assert ((model(far)[0][0, -1] - base).abs().max() > 1e-6) == sees_far, kind
+        if kind != 'L':
+            assert ((model(swapped)[0][0, -1] - base).abs().max() > 1e-6) == sees_order, kind
+
+
+def test_local_layers_rotate_with_their_own_unscaled_base():
+    """Gemma 3: local layers at rope_local_theta without the scaling, global layers at rope_theta with it."""
+    model = build(n_layer=2, pos='rope', layers='LG', sliding_window=4, rope_theta=1e4, rope_local_theta=10.0,
+                  rope_scaling='linear', rope_factor=2.0)
+    cos_local, sin_local = model.rope_local(torch.zeros(1, 6, N_EMBD), 0)[1]
+    cos_global, _ = model.transformer.wpe(torch.zeros(1, 6, N_EMBD), 0)[1]
+    hs = N_EMBD // N_HEAD
+    positions = torch.arange(6, dtype=torch.float32)[:, None]
+    local_angles = positions * 10.0 ** (-torch.arange(0, hs, 2).float() / hs)
+    assert_close(cos_local, torch.cat((local_angles, local_angles), -1).cos(), atol=1e-6)
+    assert_close(sin_local, torch.cat((local_angles, local_angles), -1).sin(), atol=1e-6)
+    global_angles = positions / 2.0 * 1e4 ** (-torch.arange(0, hs, 2).float() / hs)  # linear: positions / factor
+    assert_close(cos_global, torch.cat((global_angles, global_angles), -1).cos(), atol=1e-6)
+
+
+def test_partial_rope_rotates_the_first_dims_and_passes_the_rest():
+    model = build(pos='rope', rope_fraction=0.5)
+    hs = N_EMBD // N_HEAD
+    assert model.transformer.wpe.dim == hs // 2
+    cos, sin = model.transformer.wpe(torch.zeros(1, 5, N_EMBD), 0)[1]
+    x = torch.randn(2, N_HEAD, 5, hs, generator=torch.Generator().manual_seed(55))
+    out = M.apply_rope(x, cos, sin)
+    assert torch.equal(out[..., hs // 2:], x[..., hs // 2:])
+    assert_close(out[..., :hs // 2], M.apply_rope(x[..., :hs // 2].contiguous(), cos, sin), atol=0)
+
+
+@torch.no_grad()
+def test_qk_norm_over_all_heads_normalizes_each_tokens_whole_query():
+    model = build(qk_norm=True, qk_norm_all_heads=True, n_kv_head=2)
+    attn = model.transformer.h[0].attn
+    assert attn.q_norm.weight.shape == (N_EMBD,) and attn.k_norm.weight.shape == (2 * N_EMBD // N_HEAD,)
+    x = torch.randn(1, 3, N_EMBD, generator=torch.Generator().manual_seed(56))
+    q = attn.c_attn(x)[..., :N_EMBD]
+    assert_close(attn.q_norm(q), q / q.pow(2).mean(-1, keepdim=True).add(attn.q_norm.eps).sqrt() * attn.q_norm.weight,
+                 atol=1e-5)
+
+
+@torch.no_grad()
+def test_the_output_gate_scales_each_heads_output_by_a_sigmoid_of_the_input():
+    gated, plain = build(attn_gate=True, bias=False), build(bias=False)
+    gated.load_state_dict(plain.state_dict(), strict=False)  # the same weights but the gate's
+    attn = gated.transformer.h[0].attn
+    x = torch.randn(1, 5, N_EMBD, generator=torch.Generator().manual_seed(57))
+    attn.c_gate.weight.zero_()  # sigmoid(0) = 1/2 on every dim: half of the ungated output
+    assert_close(attn(x), plain.transformer.h[0].attn(x) / 2, atol=1e-6)
+    attn.c_gate.weight.normal_(0, 1.0)
+    assert (attn(x) - plain.transformer.h[0].attn(x) / 2).abs().max() > 1e-3
+
+
+@torch.no_grad()
+def test_embedding_scale_softcap_and_query_scale():
+    """embed_scale multiplies the embeddings by sqrt(n_embd); logit_softcap=c gives c*tanh(logits/c); attn_scale
+    set to head_dim**-0.5 changes nothing and another value does."""
+    plain = build(pos='rope', norm='rms')
+    idx = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(58))
+    capped = build(pos='rope', norm='rms', logit_softcap=0.5)
+    assert_close(capped(idx)[0], 0.5 * torch.tanh(plain(idx)[0] / 0.5), atol=1e-6)
+    # scaling the embeddings = an embedding table times sqrt(d) (untied, so the head keeps its weights)
+    unscaled = build(pos='rope', norm='rms', tie_embeddings=False)
+    unscaled.load_state_dict({**plain.state_dict(), 'transformer.wte.weight': plain.transformer.wte.weight * N_EMBD ** 0.5})
+    scaled = build(pos='rope', norm='rms', tie_embeddings=False, embed_scale=True)
+    scaled.load_state_dict(plain.state_dict())
+    assert_close(scaled(idx)[0], unscaled(idx)[0], atol=1e-5)
+    assert (scaled(idx)[0] - plain(idx)[0]).abs().max() > 1e-3
+    same = build(pos='rope', norm='rms', attn_scale=(N_EMBD // N_HEAD) ** -0.5)
+    assert_close(same(idx)[0], plain(idx)[0], atol=1e-6)
+    assert (build(pos='rope', norm='rms', attn_scale=1.0)(idx)[0] - plain(idx)[0]).abs().max() > 1e-4
 
 
 @pytest.mark.parametrize('window', [None, 5])
@@ -943,18 +1095,25 @@ def moe(**overrides):
 
 
 def expert_reference(layer, x, e):
-    """Expert e of an MoE layer on x (N, d), written out: down(silu(gate x) * up x)."""
-    W1, W2 = layer.experts.c_fc[e], layer.experts.c_proj[e]
+    """Expert e of an MoE layer on x (N, d), written out: down(silu(gate x) * up x); with biases and a limit,
+    gpt-oss's clamped form."""
+    experts = layer.experts
+    W1, W2 = experts.c_fc[e], experts.c_proj[e]
+    b1, b2 = (experts.c_fc_bias[e], experts.c_proj_bias[e]) if hasattr(experts, 'c_fc_bias') else (0, 0)
     h = W1.size(0) // 2
-    gate, up = x @ W1[:h].T, x @ W1[h:].T
-    return (gate * torch.sigmoid(gate) * up) @ W2.T
+    bias = torch.is_tensor(b1)
+    gate, up = x @ W1[:h].T + (b1[:h] if bias else 0), x @ W1[h:].T + (b1[h:] if bias else 0)
+    if experts.limit is None:
+        return (gate * torch.sigmoid(gate) * up) @ W2.T + b2
+    gate, up = torch.minimum(gate, torch.tensor(experts.limit)), up.clamp(-experts.limit, experts.limit)
+    return (gate * torch.sigmoid(1.702 * gate) * (up + 1)) @ W2.T + b2
 
 
 def routing_reference(layer, x, router, norm_topk, groups, topk_group, scaling):
     """Token by token: the experts each router picks, and their weights (Mixtral / Qwen3-MoE / DeepSeek-V2 / V3)."""
     out = []
     for token in x:
-        logits = layer.router.weight @ token
+        logits = layer.router.weight @ token + (layer.router.bias if layer.router.bias is not None else 0)
         if router == 'softmax':
             scores = logits.softmax(-1)
             choice = scores.clone()
@@ -991,6 +1150,18 @@ def test_moe_routes_like_the_reference(router, norm_topk, groups, topk_group, sc
         if shared:
             expected = expected + layer.shared(x.view(-1, N_EMBD))
         assert_close(layer(x), expected.view(2, 7, N_EMBD), atol=1e-5)
+
+
+def test_gpt_oss_experts_have_biases_and_a_clamped_swiglu():
+    layer = moe(moe_bias=True, swiglu_limit=0.5)
+    with torch.no_grad():
+        for p in (layer.router.bias, layer.experts.c_fc_bias, layer.experts.c_proj_bias):
+            p.normal_(0, 0.5)
+        layer.experts.c_fc.mul_(50)  # gates and ups well past the limit, so the clamp acts
+    x = torch.randn(2, 7, N_EMBD, generator=torch.Generator().manual_seed(62))
+    with torch.no_grad():
+        expected = routing_reference(layer, x.view(-1, N_EMBD), 'softmax', True, 1, 1, 1.0)
+        assert_close(layer(x), expected.view(2, 7, N_EMBD), atol=1e-4)
 
 
 def test_moe_fused_grouped_matmul_equals_the_loop(monkeypatch):
@@ -1183,6 +1354,26 @@ def test_only_balancing_sigmoid_routers_need_the_load_summed_across_ranks(flags,
     (dict(attn='mla', qk_rope_head_dim=4), 'qk_rope_head_dim'),  # with learned positions
     (dict(attn='mla', pos='rope', qk_rope_head_dim=5), 'qk_rope_head_dim'),
     (dict(attn='mla', kv_lora_rank=0), 'kv_lora_rank'),
+    (dict(layers='LGX', sliding_window=4), 'layers'),  # an unknown letter
+    (dict(layers='LGLG', sliding_window=4), 'layers'),  # longer than the 2 layers
+    (dict(layers=''), 'layers'),
+    (dict(layers='LG'), 'sliding_window'),  # local layers without a window
+    (dict(layers='GN', pos='rope', sliding_window=4), 'sliding_window'),  # a window and no local layer
+    (dict(layers='GN'), 'pos'),  # NoPE layers in a model without RoPE
+    (dict(pos='rope', rope_local_theta=100.0), 'rope_local_theta'),  # no local layers
+    (dict(pos='rope', layers='LG', sliding_window=4, rope_local_theta=0.0), 'rope_local_theta'),
+    (dict(pos='rope', rope_fraction=0.0), 'rope_fraction'),
+    (dict(pos='rope', rope_fraction=1.5), 'rope_fraction'),
+    (dict(pos='rope', rope_fraction=0.1), 'rope'),  # under two of the 8 dims rotate
+    (dict(qk_norm_all_heads=True), 'qk_norm'),
+    (dict(attn='mla', attn_sinks=True), 'attn_sinks'),
+    (dict(attn='mla', pos='rope', attn_gate=True), 'attn_gate'),
+    (dict(attn_scale=0.0), 'attn_scale'),
+    (dict(logit_softcap=-1.0), 'logit_softcap'),
+    (dict(norm_position='middle'), 'norm_position'),
+    (dict(swiglu_limit=7.0), 'swiglu_limit'),  # experts only
+    (dict(mlp='moe', moe_bias='yes'), 'moe_bias'),
+    (dict(embed_scale=1), 'embed_scale'),
 ], ids=lambda v: str(v) if not isinstance(v, dict) else '-'.join(f'{k}={x}' for k, x in v.items()))
 def test_invalid_configs_raise_value_error_naming_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):
@@ -1215,6 +1406,18 @@ def test_a_config_error_says_the_fix(overrides, fix):
     with pytest.raises(ValueError) as e:
         tiny_config(**overrides)
     assert fix in str(e.value), str(e.value)
+
+
+def test_layer_kinds_tile_the_pattern_and_default_to_the_window():
+    assert tiny_config(n_layer=5, pos='rope', layers='LLG', sliding_window=4).layer_kinds == list('LLGLL')
+    assert tiny_config(n_layer=3).layer_kinds == list('GGG')
+    assert tiny_config(n_layer=3, sliding_window=4).layer_kinds == list('LLL')  # one window for all, as before
+    cfg = tiny_config(n_layer=4, pos='rope', layers='LGNG', sliding_window=4)
+    assert [cfg.window_of(i) for i in range(4)] == [4, None, None, None]
+    # checkpoints saved before norm_position said prenorm
+    assert M.upgrade_args({'prenorm': False, 'n_layer': 2}) == {'norm_position': 'post', 'n_layer': 2}
+    old = {k: v for k, v in vars(tiny_config()).items() if k != 'norm_position'}
+    assert GPTConfig.from_dict({**old, 'prenorm': False}).norm_position == 'post'
 
 
 def test_valid_edge_configs():
@@ -1257,7 +1460,7 @@ def test_from_pretrained_gpt2_parity(hf_gpt2_dir):
     ours = GPT.from_pretrained(str(path))
     ours.eval()
     cfg = ours.config
-    assert (cfg.norm, cfg.mlp, cfg.pos, cfg.n_kv_head, cfg.prenorm) == ('layernorm', 'gelu', 'learned', None, True)
+    assert (cfg.norm, cfg.mlp, cfg.pos, cfg.n_kv_head, cfg.norm_position) == ('layernorm', 'gelu', 'learned', None, 'pre')
     assert (cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size) == (2, 4, 32, 32, 100)
     assert cfg.bias and cfg.tie_embeddings
     assert ours.lm_head.weight is ours.transformer.wte.weight
