@@ -5,7 +5,9 @@ this file only translates, so adding a family is a change here alone. Entry poin
 (model.py, which calls from_pretrained below) and export.to_hf.
 """
 
+import math
 from dataclasses import dataclass, fields
+from types import SimpleNamespace
 
 import torch
 
@@ -185,6 +187,165 @@ def _qwen3_read(c):
     return {**_llama_like_read(c), 'qk_norm': True, 'sliding_window': _qwen_window(c)}
 
 
+# ----- Gemma 3 (text), OLMo 2, OLMo 3, SmolLM3: layers of several kinds, and their norms
+
+
+class _Kinds:
+    """In a family's `carries`, for `layers`: None or any string of these layer kinds."""
+
+    def __init__(self, letters):
+        self.letters = letters
+
+    def __contains__(self, layers):
+        return layers is None or set(layers) <= set(self.letters)
+
+
+def _layers_read(kinds):
+    """The shortest string that, tiled over the layers, gives each layer's kind; None when all are global."""
+    if set(kinds) == {'G'}:
+        return None
+    return next(''.join(kinds[:n]) for n in range(1, len(kinds) + 1)
+                if all(k == kinds[i % n] for i, k in enumerate(kinds)))
+
+
+def _layer_types_read(c):
+    """Each layer's kind from layer_types: 'L' sliding, 'G' full."""
+    known = {'sliding_attention': 'L', 'full_attention': 'G'}
+    unknown = set(c.layer_types) - set(known)
+    if unknown:
+        raise ValueError(f"layer_types {sorted(unknown)} are not supported (only {', '.join(map(repr, known))})")
+    return [known[t] for t in c.layer_types[:c.num_hidden_layers]]
+
+
+def _layer_types_write(cfg):
+    return [{'L': 'sliding_attention', 'G': 'full_attention'}[k] for k in cfg.layer_kinds]
+
+
+def _rope_kinds_read(c, kinds):
+    """RoPE flags of a config with rope_parameters per layer type (Gemma 3, OLMo 3): the full layers' (scaling
+    included) as ours, the sliding layers' base as rope_local_theta (those layers take no scaling)."""
+    params = c.rope_parameters
+    full, local = dict(params['full_attention']), dict(params['sliding_attention'])
+    for kind, p in (('full_attention', full), ('sliding_attention', local)):
+        if p.get('partial_rotary_factor', 1.0) != 1.0:
+            raise ValueError(f"rope_parameters[{kind!r}] with a partial_rotary_factor is not supported")
+    if local.get('rope_type', 'default') != 'default' and 'L' in kinds:
+        raise ValueError(f"rope_parameters['sliding_attention'] with rope_type {local['rope_type']!r} is not "
+                         f"supported (sliding layers rotate by their base alone)")
+    flags = _rope_read(SimpleNamespace(rope_parameters=full, max_position_embeddings=c.max_position_embeddings))
+    if 'L' in kinds:
+        flags['rope_local_theta'] = float(local['rope_theta'])
+    return flags
+
+
+def _rope_kinds_write(cfg, family):
+    out = _rope_write(cfg)
+    if 'L' in cfg.layer_kinds and cfg.rope_local_theta is None and cfg.rope_scaling:
+        raise ValueError(f"{family} scales the RoPE of full-attention layers only; this model scales its local "
+                         f"layers too (rope_scaling={cfg.rope_scaling!r}, rope_local_theta=None)")
+    local = {'rope_type': 'default', 'rope_theta': cfg.rope_local_theta or cfg.rope_theta}
+    out['rope_parameters'] = {'full_attention': out['rope_parameters'], 'sliding_attention': local}
+    return out
+
+
+def _gemma3_text_read(c):
+    if c.hidden_activation not in ('gelu_pytorch_tanh', 'gelu_new'):
+        raise ValueError(f"hidden_activation {c.hidden_activation!r} is not supported (only the tanh GELU "
+                         f"'gelu_pytorch_tanh': GEGLU)")
+    if c.attention_bias or c.use_bidirectional_attention:
+        raise ValueError("Gemma 3 with attention_bias or use_bidirectional_attention is not supported")
+    kinds = _layer_types_read(c)
+    head_dim = c.head_dim or c.hidden_size // c.num_attention_heads
+    flags = dict(n_layer=c.num_hidden_layers, n_head=c.num_attention_heads, n_embd=c.hidden_size,
+                 n_kv_head=c.num_key_value_heads, block_size=c.max_position_embeddings,
+                 head_dim=None if head_dim == c.hidden_size // c.num_attention_heads else head_dim,
+                 vocab_size=c.vocab_size, bias=False, norm='rms', norm_eps=c.rms_norm_eps,
+                 norm_position='sandwich', mlp='geglu', ffn_hidden=c.intermediate_size,
+                 tie_embeddings=bool(c.tie_word_embeddings), embed_scale=True, qk_norm=True,
+                 attn_scale=None if c.query_pre_attn_scalar == head_dim else c.query_pre_attn_scalar ** -0.5,
+                 logit_softcap=c.final_logit_softcapping, layers=_layers_read(kinds),
+                 sliding_window=c.sliding_window if 'L' in kinds else None)
+    flags.update(_rope_kinds_read(c, kinds))  # it may set block_size
+    return flags
+
+
+def _gemma3_text_write(cfg):
+    # the softmax scale is query_pre_attn_scalar**-0.5 with an integer scalar
+    scalar = cfg.head_size if cfg.attn_scale is None else round(cfg.attn_scale ** -2)
+    if cfg.attn_scale is not None and not math.isclose(scalar ** -0.5, cfg.attn_scale, rel_tol=1e-9):
+        raise ValueError(f"gemma3_text writes attn_scale as query_pre_attn_scalar**-0.5 with an integer scalar; "
+                         f"attn_scale={cfg.attn_scale} is not one")
+    out = _llama_like_write(cfg)
+    del out['hidden_act']
+    # Gemma builds a sliding mask whatever the layers are: a window no layer uses when none is local
+    return {**out, **_rope_kinds_write(cfg, 'gemma3_text'), 'hidden_activation': 'gelu_pytorch_tanh',
+            'query_pre_attn_scalar': scalar, 'final_logit_softcapping': cfg.logit_softcap,
+            'layer_types': _layer_types_write(cfg), 'sliding_window': cfg.sliding_window or cfg.block_size,
+            'attention_bias': False}
+
+
+def _olmo2_read(c):
+    if getattr(c, 'attention_bias', False):
+        raise ValueError("OLMo with attention_bias is not supported (its q, k, v and o have biases, its MLP none)")
+    return {**_llama_like_read(c), 'norm_position': 'after', 'qk_norm': True, 'qk_norm_all_heads': True}
+
+
+def _olmo2_write(cfg):
+    return {**_llama_like_write(cfg), 'attention_bias': False}
+
+
+def _olmo3_read(c):
+    kinds = _layer_types_read(c)
+    # _olmo2_read reads the rope_parameters of one type; OLMo 3's are per type, read here
+    return {**_olmo2_read(c), 'layers': _layers_read(kinds), 'sliding_window': c.sliding_window if 'L' in kinds
+            else None, **_rope_kinds_read(c, kinds)}
+
+
+def _olmo3_write(cfg):
+    return {**_olmo2_write(cfg), **_rope_kinds_write(cfg, 'olmo3'), 'layer_types': _layer_types_write(cfg),
+            'sliding_window': cfg.sliding_window or cfg.block_size}
+
+
+def _smollm3_read(c):
+    if 'sliding_attention' in c.layer_types[:c.num_hidden_layers]:
+        raise ValueError("SmolLM3 with sliding layers (use_sliding_window) is not supported: its windows are on "
+                         "the layers without RoPE, and our local layers rotate")
+    kinds = ['G' if rope else 'N' for rope in c.no_rope_layers[:c.num_hidden_layers]]  # 1: RoPE, 0: none
+    return {**_llama_read(c), 'layers': _layers_read(kinds)}
+
+
+def _smollm3_write(cfg):
+    return {**_llama_write(cfg), 'no_rope_layers': [int(k != 'N') for k in cfg.layer_kinds],
+            'use_sliding_window': False, 'layer_types': ['full_attention'] * cfg.n_layer,
+            'pad_token_id': None}  # its default (128004) is past a smaller vocabulary, which transformers refuses
+
+
+def _decoder_names(norms, norm_how=None):
+    """A Llama-style name table with these (ours, HF) norm rows (and the final norm), each transformed by
+    norm_how, as are the QK-norms."""
+    layer = 'model.layers.{i}.'
+    return [
+        ('transformer.wte.weight', 'model.embed_tokens.weight', None),
+        ('transformer.ln_f.weight', 'model.norm.weight', norm_how),
+        ('lm_head.weight', 'lm_head.weight', None),
+        *[(f'transformer.h.{{i}}.{ours}.weight', f'{layer}{hf}.weight', norm_how) for ours, hf in norms],
+        ('transformer.h.{i}.attn.c_attn.weight', tuple(f'{layer}self_attn.{n}_proj.weight' for n in 'qkv'), None),
+        ('transformer.h.{i}.attn.c_proj.weight', layer + 'self_attn.o_proj.weight', None),
+        ('transformer.h.{i}.attn.q_norm.weight', layer + 'self_attn.q_norm.weight', norm_how),
+        ('transformer.h.{i}.attn.k_norm.weight', layer + 'self_attn.k_norm.weight', norm_how),
+        ('transformer.h.{i}.mlp.c_fc.weight', (layer + 'mlp.gate_proj.weight', layer + 'mlp.up_proj.weight'), None),
+        ('transformer.h.{i}.mlp.c_proj.weight', layer + 'mlp.down_proj.weight', None),
+    ]
+
+
+# Gemma's norms compute x * (1 + w): '1+w' keeps ours = 1 + theirs
+_GEMMA3_NAMES = _decoder_names([('ln_1', 'input_layernorm'), ('ln_1_out', 'post_attention_layernorm'),
+                                ('ln_2', 'pre_feedforward_layernorm'), ('ln_2_out', 'post_feedforward_layernorm')],
+                               '1+w')
+# OLMo's norms are on the branches' outputs, where our 'after' blocks put ln_1 and ln_2
+_OLMO_NAMES = _decoder_names([('ln_1', 'post_attention_layernorm'), ('ln_2', 'post_feedforward_layernorm')])
+
+
 def _moe_read(c, experts, hidden, **flags):
     return dict(mlp='moe', n_expert=experts, n_expert_active=c.num_experts_per_tok, moe_hidden=hidden,
                 router='softmax', **flags)
@@ -282,6 +443,7 @@ def _kv_rope_rows(config):
 
 _TRANSFORMS = {  # how -> (HF to ours, ours to HF), each (tensor, config) -> tensor
     'T': (lambda t, c: t.t() if t.dim() == 2 else t, lambda t, c: t.t().contiguous() if t.dim() == 2 else t),
+    '1+w': (lambda t, c: t + 1, lambda t, c: t - 1),  # Gemma's norm gains (1 + w)
     'rope_q': (lambda t, c: _rope_rows(t, c, _q_rope_rows, False), lambda t, c: _rope_rows(t, c, _q_rope_rows, True)),
     'rope_kv': (lambda t, c: _rope_rows(t, c, _kv_rope_rows, False),
                 lambda t, c: _rope_rows(t, c, _kv_rope_rows, True)),
@@ -348,6 +510,20 @@ HF_FAMILIES = {  # in the order export tries them: the first that carries every 
     'qwen3': HFFamily('qwen3', 'Qwen3ForCausalLM',
                       {**_LLAMA_LIKE, 'bias': (False,), 'qk_norm': (True,), 'sliding_window': ANY},
                       _LLAMA_NAMES, _qwen3_read, _qwen3_write),
+    'gemma3_text': HFFamily('gemma3_text', 'Gemma3ForCausalLM',
+                            {**_LLAMA_LIKE, 'bias': (False,), 'mlp': ('geglu',), 'norm_position': ('sandwich',),
+                             'embed_scale': (True,), 'qk_norm': (True,), 'attn_scale': ANY, 'logit_softcap': ANY,
+                             'layers': _Kinds('LG'), 'sliding_window': ANY, 'rope_local_theta': ANY},
+                            _GEMMA3_NAMES, _gemma3_text_read, _gemma3_text_write),
+    'olmo2': HFFamily('olmo2', 'Olmo2ForCausalLM', {**_LLAMA_LIKE, 'bias': (False,), 'norm_position': ('after',),
+                                                    'qk_norm': (True,), 'qk_norm_all_heads': (True,)},
+                      _OLMO_NAMES, _olmo2_read, _olmo2_write),
+    'olmo3': HFFamily('olmo3', 'Olmo3ForCausalLM',
+                      {**_LLAMA_LIKE, 'bias': (False,), 'norm_position': ('after',), 'qk_norm': (True,),
+                       'qk_norm_all_heads': (True,), 'layers': _Kinds('LG'), 'sliding_window': ANY,
+                       'rope_local_theta': ANY}, _OLMO_NAMES, _olmo3_read, _olmo3_write),
+    'smollm3': HFFamily('smollm3', 'SmolLM3ForCausalLM', {**_LLAMA_LIKE, 'bias': ANY, 'layers': _Kinds('GN')},
+                        _LLAMA_NAMES, _smollm3_read, _smollm3_write),
     'mixtral': HFFamily('mixtral', 'MixtralForCausalLM', {**_LLAMA_LIKE, **_MOE, 'bias': (False,), 'mlp': ('moe',),
                                                           'sliding_window': ANY}, _LLAMA_NAMES, _mixtral_read,
                         _mixtral_write),

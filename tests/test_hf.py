@@ -199,3 +199,99 @@ def test_deepseek_v2_softmax_experts(topk_method, tmp_path):
     cfg = ours.config
     assert (cfg.router, cfg.router_norm_topk, cfg.routed_scaling) == ('softmax', False, 1.5)
     assert cfg.n_expert_group == (2 if topk_method == 'group_limited_greedy' else 1)
+
+
+# ----- layers of several kinds: Gemma 3 (text), OLMo 2, OLMo 3, SmolLM3
+
+WINDOW = 8  # shorter than PROMPT + NEW
+
+
+def test_gemma3_text_sandwich_norms_and_local_layers(tmp_path):
+    """(1 + w) norms before and after each branch, the embedding scale, per-head QK-norm, a query scale of
+    its own, GEGLU, the logit soft-cap; local layers with their own RoPE base, linear scaling on the global."""
+    rope = {'sliding_attention': {'rope_type': 'default', 'rope_theta': 10.0},
+            'full_attention': {'rope_type': 'linear', 'factor': 4.0, 'rope_theta': 1000.0}}
+    hf = randomized(transformers.Gemma3ForCausalLM(tiny(
+        transformers.Gemma3TextConfig, num_hidden_layers=3, head_dim=12, query_pre_attn_scalar=20,
+        layer_types=['sliding_attention', 'sliding_attention', 'full_attention'], sliding_window=WINDOW,
+        final_logit_softcapping=3.0, rope_parameters=rope, initializer_range=0.2, tie_word_embeddings=True)), 9)
+    ours = check_parity(hf, tmp_path)
+    cfg = ours.config
+    assert (cfg.layers, cfg.sliding_window, cfg.norm_position, cfg.mlp) == ('LLG', WINDOW, 'sandwich', 'geglu')
+    assert (cfg.rope_local_theta, cfg.rope_theta, cfg.rope_scaling, cfg.rope_factor) == (10.0, 1000.0, 'linear', 4.0)
+    assert cfg.attn_scale == 20 ** -0.5 and cfg.logit_softcap == 3.0 and cfg.embed_scale and cfg.qk_norm
+    torch.testing.assert_close(ours.transformer.h[0].ln_1_out.weight,
+                               1 + hf.model.layers[0].post_attention_layernorm.weight, atol=0, rtol=0)
+    # the local layers cache their window only: 2 (k, v) * 2 kv heads * 12 dims * 4 bytes per position
+    assert ours.kv_cache_bytes(1, PROMPT + NEW) == 2 * 2 * 12 * 4 * (WINDOW + WINDOW + PROMPT + NEW)
+
+
+@pytest.mark.parametrize('change,match', [
+    ({'rope_parameters': {'sliding_attention': {'rope_type': 'linear', 'factor': 2.0, 'rope_theta': 10.0},
+                          'full_attention': {'rope_type': 'default', 'rope_theta': 1000.0}}}, 'sliding_attention'),
+    ({'attention_bias': True}, 'attention_bias'),
+    ({'hidden_activation': 'gelu'}, 'hidden_activation'),
+], ids=['scaled-local-rope', 'attention-bias', 'erf-gelu'])
+def test_gemma3_text_features_we_lack_are_refused(change, match):
+    c = tiny(transformers.Gemma3TextConfig, layer_types=['sliding_attention', 'full_attention'], **change)
+    with pytest.raises(ValueError, match=match) as e:
+        H.HF_FAMILIES['gemma3_text'].read_config(c)
+    assert '\n' not in str(e.value)
+
+
+def test_olmo2_norms_after_branches_and_qk_norm_over_all_heads(tmp_path):
+    hf = randomized(transformers.Olmo2ForCausalLM(tiny(transformers.Olmo2Config, initializer_range=0.2)), 10)
+    ours = check_parity(hf, tmp_path)
+    cfg = ours.config
+    assert (cfg.norm_position, cfg.qk_norm, cfg.qk_norm_all_heads, cfg.layers) == ('after', True, True, None)
+    assert ours.transformer.h[0].attn.k_norm.weight.shape == (2 * 8,)  # n_kv_head * head_dim
+
+
+def test_olmo3_local_layers_with_a_rope_base_per_kind(tmp_path):
+    rope = {'sliding_attention': {'rope_type': 'default', 'rope_theta': 10.0},
+            'full_attention': dict(ROPES['yarn'], rope_theta=1000.0)}
+    hf = randomized(transformers.Olmo3ForCausalLM(tiny(
+        transformers.Olmo3Config, num_hidden_layers=4, sliding_window=WINDOW, rope_parameters=rope,
+        layer_types=['sliding_attention'] * 3 + ['full_attention'], initializer_range=0.2)), 11)
+    ours = check_parity(hf, tmp_path)
+    cfg = ours.config
+    assert (cfg.layers, cfg.sliding_window, cfg.norm_position, cfg.qk_norm_all_heads) == ('LLLG', WINDOW, 'after', True)
+    assert (cfg.rope_local_theta, cfg.rope_theta, cfg.rope_scaling) == (10.0, 1000.0, 'yarn')
+
+
+def test_olmo_attention_bias_is_refused():
+    with pytest.raises(ValueError, match='attention_bias'):
+        H.HF_FAMILIES['olmo3'].read_config(tiny(transformers.Olmo3Config, attention_bias=True))
+
+
+def test_smollm3_layers_without_rope(tmp_path):
+    hf = randomized(transformers.SmolLM3ForCausalLM(tiny(
+        transformers.SmolLM3Config, num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0], attention_bias=True,
+        mlp_bias=True, tie_word_embeddings=True, initializer_range=0.2)), 12)
+    ours = check_parity(hf, tmp_path)
+    cfg = ours.config
+    assert (cfg.layers, cfg.bias, cfg.tie_embeddings, cfg.sliding_window) == ('GGGN', True, True, None)
+
+
+def test_smollm3_sliding_layers_are_refused():
+    c = tiny(transformers.SmolLM3Config, num_hidden_layers=4, use_sliding_window=True, sliding_window=WINDOW)
+    with pytest.raises(ValueError, match='use_sliding_window'):
+        H.HF_FAMILIES['smollm3'].read_config(c)
+
+
+def test_export_picks_the_family_of_the_layer_kinds():
+    """A Llama block with NoPE layers goes to SmolLM3; OLMo's with local layers to OLMo 3, without to OLMo 2;
+    local layers mixed with NoPE ones, or a Gemma query scale with no integer scalar, are refused."""
+    from export import hf_family
+    llama = dict(n_layer=4, n_head=4, n_embd=32, vocab_size=VOCAB, block_size=BLOCK, bias=False, norm='rms',
+                 mlp='swiglu', pos='rope')
+    olmo = dict(llama, norm_position='after', qk_norm=True, qk_norm_all_heads=True)
+    gemma = dict(llama, mlp='geglu', norm_position='sandwich', embed_scale=True, qk_norm=True)
+    assert hf_family(GPTConfig(**llama, layers='GGGN')).model_type == 'smollm3'
+    assert hf_family(GPTConfig(**olmo)).model_type == 'olmo2'
+    assert hf_family(GPTConfig(**olmo, layers='LLLG', sliding_window=8)).model_type == 'olmo3'
+    assert hf_family(GPTConfig(**gemma, layers='LLLG', sliding_window=8)).model_type == 'gemma3_text'
+    with pytest.raises(ValueError, match="layers='LN'"):
+        hf_family(GPTConfig(**gemma, layers='LN', sliding_window=8))
+    with pytest.raises(ValueError, match='query_pre_attn_scalar'):
+        to_hf(GPT(GPTConfig(**gemma, attn_scale=0.3)))
