@@ -493,8 +493,9 @@ def attend(q, k, v, mask, dropout_p=0.0, scale=None, sinks=None):
     unless there is a single query. sinks: a logit per query head that joins every softmax's denominator."""
     if mask is None:
         mask = q.size(2) > 1
-    if sinks is not None:
-        q, k, v, mask = _with_sink(q, k, v, mask, sinks, q.size(-1) ** -0.5 if scale is None else scale)
+    if sinks is not None:  # the scale given explicitly: SDPA's default would follow the padded queries' width
+        scale = q.size(-1) ** -0.5 if scale is None else scale
+        q, k, v, mask = _with_sink(q, k, v, mask, sinks, scale)
     gqa = {}
     if k.size(1) != q.size(1):
         # CUDA's fused kernels take enable_gqa only in half precision (flash); fp32 would fall back to math

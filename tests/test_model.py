@@ -655,25 +655,27 @@ def explicit_attend(q, k, v, mask, dropout_p=0.0, scale=None, sinks=None):
 
 @pytest.mark.parametrize('mask', [True, False, 'window'])
 @pytest.mark.parametrize('n_kv', [4, 2])
-def test_attention_sinks_are_a_logit_column_in_each_softmax(mask, n_kv):
+@pytest.mark.parametrize('scale', [0.3, None])
+def test_attention_sinks_are_a_logit_column_in_each_softmax(mask, n_kv, scale):
     """attend's sinks (an extra key for SDPA) against the written-out softmax with a sink column, values and
-    gradients; a very negative sink is no sink, and a large one takes weight from every key."""
+    gradients; a very negative sink is no sink, and a large one takes weight from every key. scale None: the
+    head width's, not the width of SDPA's padded queries."""
     g = torch.Generator().manual_seed(41)
     q = torch.randn(2, 4, 7, 8, generator=g, requires_grad=True)
     k, v = torch.randn(2, n_kv, 7, 8, generator=g), torch.randn(2, n_kv, 7, 8, generator=g)
     sinks = torch.randn(4, generator=g).requires_grad_()
     if mask == 'window':
         mask = M.attention_mask(0, 7, None, 3, 'cpu')
-    out = M.attend(q, k, v, mask, scale=0.3, sinks=sinks)
-    expected = explicit_attend(q, k, v, mask, scale=0.3, sinks=sinks)
+    out = M.attend(q, k, v, mask, scale=scale, sinks=sinks)
+    expected = explicit_attend(q, k, v, mask, scale=scale, sinks=sinks)
     assert_close(out, expected, atol=1e-5)
     grads = torch.autograd.grad(out.square().sum(), (q, sinks))
     for got, want in zip(grads, torch.autograd.grad(expected.square().sum(), (q, sinks))):
         assert_close(got, want, atol=1e-5)
     with torch.no_grad():
-        assert_close(M.attend(q, k, v, mask, scale=0.3, sinks=torch.full((4,), -1e4)),
-                     M.attend(q, k, v, mask, scale=0.3), atol=1e-6)
-        assert M.attend(q, k, v, mask, scale=0.3, sinks=torch.full((4,), 50.0)).abs().max() < 1e-6
+        assert_close(M.attend(q, k, v, mask, scale=scale, sinks=torch.full((4,), -1e4)),
+                     M.attend(q, k, v, mask, scale=scale), atol=1e-6)
+        assert M.attend(q, k, v, mask, scale=scale, sinks=torch.full((4,), 50.0)).abs().max() < 1e-6
 
 
 def counted_training_flops(model, idx, monkeypatch):
