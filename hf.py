@@ -30,7 +30,7 @@ _MOE_SETTINGS = ('n_expert', 'n_expert_active', 'moe_hidden', 'n_shared_expert',
 class HFFamily:
     model_type: str
     hf_class: str  # the transformers class export builds
-    carries: dict  # flag -> tuple of values it can represent, or ANY
+    carries: dict  # flag -> tuple of values it can represent, ANY, or a test (value -> bool)
     names: list  # the name table
     read_config: callable  # HF config -> our flags
     write_config: callable  # GPTConfig -> HF config kwargs
@@ -45,7 +45,7 @@ class HFFamily:
                 continue
             value = getattr(config, f.name)
             allowed = self.carries.get(f.name, (defaults[f.name].default,))
-            if allowed is not ANY and value not in allowed:
+            if allowed is not ANY and not (allowed(value) if callable(allowed) else value in allowed):
                 out.append(f"{f.name}={value!r}")
         return out
 
@@ -70,17 +70,22 @@ def _gpt2_write(cfg):
                 eos_token_id=special)
 
 
-def _rope_read(c):
-    """Our RoPE flags from a transformers 5 config (its rope_parameters also hold an old rope_scaling)."""
+def _rope_read(c, partial=False):
+    """Our RoPE flags from a transformers 5 config (its rope_parameters also hold an old rope_scaling).
+    partial: the family rotates only partial_rotary_factor of each head (GLM-4.5, MiniMax-M2). The other families'
+    transformers code ignores the factor in plain RoPE, as we do, and cannot run it with a scaling: refused."""
     params = dict(getattr(c, 'rope_parameters', None) or {})
     kind = params.get('rope_type', params.get('type', 'default'))
     flags = dict(pos='rope', rope_theta=float(params.get('rope_theta', getattr(c, 'rope_theta', 10000.0))))
+    fraction = float(params.get('partial_rotary_factor') or 1.0)
+    if partial:
+        flags['rope_fraction'] = fraction
     if kind == 'default':
         return flags
     if kind not in ROPE_SCALINGS:
         raise ValueError(f"rope_type {kind!r} is not supported ({', '.join(map(repr, ROPE_SCALINGS[1:]))} are)")
-    if params.get('partial_rotary_factor', 1.0) != 1.0 or params.get('truncate', True) is not True:
-        raise ValueError("partial rotary factors and yarn's truncate=False are not supported")
+    if fraction != 1.0 and not partial:
+        raise ValueError(f"partial_rotary_factor={fraction} is not supported with {c.model_type}'s rope_type {kind!r}")
     # 'dynamic' stretches past max_position_embeddings; yarn and llama3 past their own original length
     original = c.max_position_embeddings if kind == 'dynamic' else params.get('original_max_position_embeddings')
     flags.update(rope_scaling=kind, rope_factor=float(params['factor']) if params.get('factor') else None,
@@ -96,13 +101,17 @@ def _rope_read(c):
                      yarn_beta_slow=float(params.get('beta_slow') or 1.0),
                      yarn_mscale=float(params.get('mscale') or 0.0),
                      yarn_mscale_all_dim=float(params.get('mscale_all_dim') or 0.0),
-                     rope_attention_factor=params.get('attention_factor'))
+                     rope_attention_factor=params.get('attention_factor'),
+                     yarn_truncate=bool(params.get('truncate', True)))
     return flags
 
 
-def _rope_write(cfg):
-    """rope_parameters (and max_position_embeddings) for a transformers config."""
+def _rope_write(cfg, partial=False):
+    """rope_parameters (and max_position_embeddings) for a transformers config; partial: the family reads
+    partial_rotary_factor (and GLM-4.5's config fills in 0.5 where it is missing)."""
     params = {'rope_type': cfg.rope_scaling or 'default', 'rope_theta': cfg.rope_theta}
+    if partial:
+        params['partial_rotary_factor'] = cfg.rope_fraction
     if cfg.rope_scaling:
         params['factor'] = float(cfg.rope_scale)
     if cfg.rope_scaling in ('yarn', 'llama3'):
@@ -113,6 +122,8 @@ def _rope_write(cfg):
         params.update(beta_fast=cfg.yarn_beta_fast, beta_slow=cfg.yarn_beta_slow)
         params.update({k: v for k, v in (('mscale', cfg.yarn_mscale), ('mscale_all_dim', cfg.yarn_mscale_all_dim),
                                          ('attention_factor', cfg.rope_attention_factor)) if v})
+        if not cfg.yarn_truncate:
+            params['truncate'] = False
     # transformers' 'dynamic' stretches past max_position_embeddings itself
     length = cfg.rope_length if cfg.rope_scaling == 'dynamic' else cfg.block_size
     return dict(rope_parameters=params, max_position_embeddings=length)
@@ -128,8 +139,8 @@ def _qwen_window(c):
     return c.sliding_window if c.max_window_layers == 0 else None
 
 
-def _llama_like_read(c):
-    """The flags every Llama-style family shares (rms, swiglu, rope, n_kv_head, head_dim)."""
+def _llama_like_read(c, partial=False):
+    """The flags every Llama-style family shares (rms, swiglu, rope, n_kv_head, head_dim); partial: as _rope_read."""
     if c.hidden_act != 'silu':
         raise ValueError(f"hidden_act {c.hidden_act!r} is not supported (only 'silu': SwiGLU)")
     head_dim = getattr(c, 'head_dim', None)
@@ -138,7 +149,7 @@ def _llama_like_read(c):
                  head_dim=None if head_dim in (None, c.hidden_size // c.num_attention_heads) else head_dim,
                  vocab_size=c.vocab_size, bias=False, norm='rms', norm_eps=c.rms_norm_eps, mlp='swiglu',
                  ffn_hidden=c.intermediate_size, tie_embeddings=bool(c.tie_word_embeddings))
-    flags.update(_rope_read(c))  # it may set block_size
+    flags.update(_rope_read(c, partial))  # it may set block_size
     return flags
 
 
@@ -190,17 +201,12 @@ def _qwen3_read(c):
 # ----- Gemma 3 (text), OLMo 2, OLMo 3, SmolLM3: layers of several kinds, and their norms
 
 
-class _Kinds:
+def _made_of(letters):
     """In a family's `carries`, for `layers`: None or any string of these layer kinds."""
-
-    def __init__(self, letters):
-        self.letters = letters
-
-    def __contains__(self, layers):
-        return layers is None or set(layers) <= set(self.letters)
+    return lambda layers: layers is None or set(layers) <= set(letters)
 
 
-def _layers_read(kinds):
+def _tiling(kinds):
     """The shortest string that, tiled over the layers, gives each layer's kind; None when all are global."""
     if set(kinds) == {'G'}:
         return None
@@ -211,10 +217,11 @@ def _layers_read(kinds):
 def _layer_types_read(c):
     """Each layer's kind from layer_types: 'L' sliding, 'G' full."""
     known = {'sliding_attention': 'L', 'full_attention': 'G'}
-    unknown = set(c.layer_types) - set(known)
+    types = getattr(c, 'layer_types', None) or ['full_attention'] * c.num_hidden_layers
+    unknown = set(types) - set(known)
     if unknown:
         raise ValueError(f"layer_types {sorted(unknown)} are not supported (only {', '.join(map(repr, known))})")
-    return [known[t] for t in c.layer_types[:c.num_hidden_layers]]
+    return [known[t] for t in types[:c.num_hidden_layers]]
 
 
 def _layer_types_write(cfg):
@@ -263,7 +270,7 @@ def _gemma3_text_read(c):
                  norm_position='sandwich', mlp='geglu', ffn_hidden=c.intermediate_size,
                  tie_embeddings=bool(c.tie_word_embeddings), embed_scale=True, qk_norm=True,
                  attn_scale=None if c.query_pre_attn_scalar == head_dim else c.query_pre_attn_scalar ** -0.5,
-                 logit_softcap=c.final_logit_softcapping, layers=_layers_read(kinds),
+                 logit_softcap=c.final_logit_softcapping, layers=_tiling(kinds),
                  sliding_window=c.sliding_window if 'L' in kinds else None)
     flags.update(_rope_kinds_read(c, kinds))  # it may set block_size
     return flags
@@ -297,7 +304,7 @@ def _olmo2_write(cfg):
 def _olmo3_read(c):
     kinds = _layer_types_read(c)
     # _olmo2_read reads the rope_parameters of one type; OLMo 3's are per type, read here
-    return {**_olmo2_read(c), 'layers': _layers_read(kinds), 'sliding_window': c.sliding_window if 'L' in kinds
+    return {**_olmo2_read(c), 'layers': _tiling(kinds), 'sliding_window': c.sliding_window if 'L' in kinds
             else None, **_rope_kinds_read(c, kinds)}
 
 
@@ -311,7 +318,7 @@ def _smollm3_read(c):
         raise ValueError("SmolLM3 with sliding layers (use_sliding_window) is not supported: its windows are on "
                          "the layers without RoPE, and our local layers rotate")
     kinds = ['G' if rope else 'N' for rope in c.no_rope_layers[:c.num_hidden_layers]]  # 1: RoPE, 0: none
-    return {**_llama_read(c), 'layers': _layers_read(kinds)}
+    return {**_llama_read(c), 'layers': _tiling(kinds)}
 
 
 def _smollm3_write(cfg):
@@ -419,6 +426,105 @@ def _deepseek_v2_write(cfg):
     return {**_deepseek_write(cfg), 'topk_method': 'group_limited_greedy' if cfg.n_expert_group > 1 else 'greedy'}
 
 
+# gpt-oss, GLM-4.5 (glm4_moe) and MiniMax-M2: layer kinds, sinks, partial RoPE and their experts
+
+def _layers_read(c):
+    """layers and sliding_window from a config's layer_types (every layer full when it has none)."""
+    kinds = _layer_types_read(c)
+    return dict(layers=_tiling(kinds), sliding_window=c.sliding_window if 'L' in kinds else None)
+
+
+def _layers_write(cfg):
+    return dict(layer_types=_layer_types_write(cfg), sliding_window=cfg.sliding_window)
+
+
+def _gpt_oss_read(c):
+    if c.swiglu_alpha != 1.702:
+        raise ValueError(f"swiglu_alpha={c.swiglu_alpha} is not supported (gpt-oss's experts use 1.702)")
+    return {**_llama_like_read(c), **_layers_read(c), 'bias': bool(c.attention_bias), 'attn_sinks': True,
+            **_moe_read(c, c.num_local_experts, c.intermediate_size, router_norm_topk=True, moe_bias=True,
+                        swiglu_limit=float(c.swiglu_limit))}
+
+
+def _gpt_oss_write(cfg):
+    return {**_llama_like_write(cfg), **_moe_write(cfg), **_layers_write(cfg), 'num_local_experts': cfg.n_expert,
+            'intermediate_size': cfg.expert_hidden, 'attention_bias': cfg.bias, 'swiglu_limit': cfg.swiglu_limit,
+            'swiglu_alpha': 1.702}
+
+
+def _glm4_moe_read(c):
+    flags = {**_llama_like_read(c, partial=True), 'qkv_bias': bool(c.attention_bias), 'qk_norm': bool(c.use_qk_norm)}
+    if c.first_k_dense_replace < c.num_hidden_layers:  # MoE layers after the first dense ones
+        flags.update(_moe_read(c, c.n_routed_experts, c.moe_intermediate_size, router_norm_topk=bool(c.norm_topk_prob),
+                               n_shared_expert=c.n_shared_experts, n_expert_group=c.n_group, topk_group=c.topk_group,
+                               routed_scaling=float(c.routed_scaling_factor),
+                               first_dense_layers=c.first_k_dense_replace), router='sigmoid')
+    return flags
+
+
+def _glm4_moe_write(cfg):
+    moe = cfg.mlp == 'moe'
+    return {**_llama_like_write(cfg), **_rope_write(cfg, partial=True), 'attention_bias': cfg.qkv_bias,
+            'use_qk_norm': cfg.qk_norm, 'n_routed_experts': cfg.n_expert, 'num_experts_per_tok': cfg.n_expert_active,
+            'moe_intermediate_size': cfg.expert_hidden, 'n_shared_experts': cfg.n_shared_expert,
+            'routed_scaling_factor': float(cfg.routed_scaling), 'n_group': cfg.n_expert_group,
+            'topk_group': cfg.topk_group, 'norm_topk_prob': cfg.router_norm_topk,
+            'first_k_dense_replace': cfg.first_dense_layers if moe else cfg.n_layer}
+
+
+def _minimax_m2_read(c):
+    return {**_llama_like_read(c, partial=True), 'qk_norm': True, 'qk_norm_all_heads': True,
+            **_moe_read(c, c.num_local_experts, c.intermediate_size, router_norm_topk=True), 'router': 'sigmoid'}
+
+
+def _minimax_m2_write(cfg):
+    return {**_llama_like_write(cfg), **_rope_write(cfg, partial=True), **_moe_write(cfg),
+            'num_local_experts': cfg.n_expert, 'intermediate_size': cfg.expert_hidden}
+
+
+def _interleaved(t):
+    """[gate | up] along the last dim as gpt-oss keeps it: gate in the even columns, up in the odd ones."""
+    return torch.stack(t.chunk(2, dim=-1), dim=-1).flatten(-2)
+
+
+def _split(t):
+    """gpt-oss's interleaved gate and up columns as our [gate | up]."""
+    return torch.cat((t[..., 0::2], t[..., 1::2]), dim=-1)
+
+
+_GPT_OSS_TRANSFORMS = {  # gpt-oss multiplies x @ W (E, d, 2h), gate and up interleaved; we F.linear by (E, 2h, d)
+    'oss_gate_up': (lambda t, c: _split(t).transpose(1, 2).contiguous(),
+                    lambda t, c: _interleaved(t.transpose(1, 2)).contiguous()),
+    'oss_gate_up_bias': (lambda t, c: _split(t), lambda t, c: _interleaved(t)),
+    'oss_down': (lambda t, c: t.transpose(1, 2).contiguous(), lambda t, c: t.transpose(1, 2).contiguous()),
+}
+_ATTN_NAMES = [  # the Llama names of the attention and norms every one of these families has
+    ('transformer.wte.weight', 'model.embed_tokens.weight', None),
+    ('transformer.ln_f.weight', 'model.norm.weight', None),
+    ('lm_head.weight', 'lm_head.weight', None),
+    ('transformer.h.{i}.ln_1.weight', 'model.layers.{i}.input_layernorm.weight', None),
+    ('transformer.h.{i}.ln_2.weight', 'model.layers.{i}.post_attention_layernorm.weight', None),
+    ('transformer.h.{i}.attn.c_attn.{b}', tuple(f'model.layers.{{i}}.self_attn.{n}_proj.{{b}}' for n in 'qkv'), None),
+    ('transformer.h.{i}.attn.c_proj.{b}', 'model.layers.{i}.self_attn.o_proj.{b}', None),
+    ('transformer.h.{i}.attn.q_norm.weight', 'model.layers.{i}.self_attn.q_norm.weight', None),
+    ('transformer.h.{i}.attn.k_norm.weight', 'model.layers.{i}.self_attn.k_norm.weight', None),
+]
+_GPT_OSS_NAMES = _ATTN_NAMES + [
+    ('transformer.h.{i}.attn.sinks', 'model.layers.{i}.self_attn.sinks', None),
+    ('transformer.h.{i}.mlp.router.{b}', 'model.layers.{i}.mlp.router.{b}', None),
+    ('transformer.h.{i}.mlp.experts.c_fc', 'model.layers.{i}.mlp.experts.gate_up_proj', 'oss_gate_up'),
+    ('transformer.h.{i}.mlp.experts.c_fc_bias', 'model.layers.{i}.mlp.experts.gate_up_proj_bias', 'oss_gate_up_bias'),
+    ('transformer.h.{i}.mlp.experts.c_proj', 'model.layers.{i}.mlp.experts.down_proj', 'oss_down'),
+    ('transformer.h.{i}.mlp.experts.c_proj_bias', 'model.layers.{i}.mlp.experts.down_proj_bias', None),
+]
+_MINIMAX_M2_NAMES = _ATTN_NAMES + [  # the experts as Mixtral's, the balancing bias on the MoE block
+    ('transformer.h.{i}.mlp.router.weight', 'model.layers.{i}.mlp.gate.weight', None),
+    ('transformer.h.{i}.mlp.expert_bias', 'model.layers.{i}.mlp.e_score_correction_bias', None),
+    ('transformer.h.{i}.mlp.experts.c_fc', 'model.layers.{i}.mlp.experts.gate_up_proj', None),
+    ('transformer.h.{i}.mlp.experts.c_proj', 'model.layers.{i}.mlp.experts.down_proj', None),
+]
+
+
 def _rope_rows(tensor, config, rows_of, inverse):
     """DeepSeek's checkpoints rotate pairs (x[2j], x[2j+1]); we rotate halves (x[j], x[j + d/2]): reorder the
     rows that make the rotated parts (the same rotation, so the same attention)."""
@@ -444,6 +550,7 @@ def _kv_rope_rows(config):
 _TRANSFORMS = {  # how -> (HF to ours, ours to HF), each (tensor, config) -> tensor
     'T': (lambda t, c: t.t() if t.dim() == 2 else t, lambda t, c: t.t().contiguous() if t.dim() == 2 else t),
     '1+w': (lambda t, c: t + 1, lambda t, c: t - 1),  # Gemma's norm gains (1 + w)
+    **_GPT_OSS_TRANSFORMS,
     'rope_q': (lambda t, c: _rope_rows(t, c, _q_rope_rows, False), lambda t, c: _rope_rows(t, c, _q_rope_rows, True)),
     'rope_kv': (lambda t, c: _rope_rows(t, c, _kv_rope_rows, False),
                 lambda t, c: _rope_rows(t, c, _kv_rope_rows, True)),
@@ -454,7 +561,7 @@ _SIZES = {k: ANY for k in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_e
                            'ffn_hidden', 'multiple_of', 'tie_embeddings')}
 _ROPE = {k: ANY for k in ('rope_theta', 'rope_scaling', 'rope_factor', 'rope_original_length', 'rope_low_freq_factor',
                           'rope_high_freq_factor', 'yarn_beta_fast', 'yarn_beta_slow', 'yarn_mscale',
-                          'yarn_mscale_all_dim', 'rope_attention_factor')}
+                          'yarn_mscale_all_dim', 'rope_attention_factor', 'yarn_truncate')}
 _LLAMA_LIKE = {**_SIZES, **_ROPE, 'norm': ('rms',), 'mlp': ('swiglu',), 'pos': ('rope',), 'n_kv_head': ANY,
                'head_dim': ANY}
 _GPT2_NAMES = [(n, n, None) for n in ('transformer.wte.weight', 'transformer.wpe.weight', 'transformer.ln_f.{b}',
@@ -513,16 +620,16 @@ HF_FAMILIES = {  # in the order export tries them: the first that carries every 
     'gemma3_text': HFFamily('gemma3_text', 'Gemma3ForCausalLM',
                             {**_LLAMA_LIKE, 'bias': (False,), 'mlp': ('geglu',), 'norm_position': ('sandwich',),
                              'embed_scale': (True,), 'qk_norm': (True,), 'attn_scale': ANY, 'logit_softcap': ANY,
-                             'layers': _Kinds('LG'), 'sliding_window': ANY, 'rope_local_theta': ANY},
+                             'layers': _made_of('LG'), 'sliding_window': ANY, 'rope_local_theta': ANY},
                             _GEMMA3_NAMES, _gemma3_text_read, _gemma3_text_write),
     'olmo2': HFFamily('olmo2', 'Olmo2ForCausalLM', {**_LLAMA_LIKE, 'bias': (False,), 'norm_position': ('after',),
                                                     'qk_norm': (True,), 'qk_norm_all_heads': (True,)},
                       _OLMO_NAMES, _olmo2_read, _olmo2_write),
     'olmo3': HFFamily('olmo3', 'Olmo3ForCausalLM',
                       {**_LLAMA_LIKE, 'bias': (False,), 'norm_position': ('after',), 'qk_norm': (True,),
-                       'qk_norm_all_heads': (True,), 'layers': _Kinds('LG'), 'sliding_window': ANY,
+                       'qk_norm_all_heads': (True,), 'layers': _made_of('LG'), 'sliding_window': ANY,
                        'rope_local_theta': ANY}, _OLMO_NAMES, _olmo3_read, _olmo3_write),
-    'smollm3': HFFamily('smollm3', 'SmolLM3ForCausalLM', {**_LLAMA_LIKE, 'bias': ANY, 'layers': _Kinds('GN')},
+    'smollm3': HFFamily('smollm3', 'SmolLM3ForCausalLM', {**_LLAMA_LIKE, 'bias': ANY, 'layers': _made_of('GN')},
                         _LLAMA_NAMES, _smollm3_read, _smollm3_write),
     'mixtral': HFFamily('mixtral', 'MixtralForCausalLM', {**_LLAMA_LIKE, **_MOE, 'bias': (False,), 'mlp': ('moe',),
                                                           'sliding_window': ANY}, _LLAMA_NAMES, _mixtral_read,
@@ -537,6 +644,23 @@ HF_FAMILIES = {  # in the order export tries them: the first that carries every 
     'deepseek_v2': HFFamily('deepseek_v2', 'DeepseekV2ForCausalLM', {**_DEEPSEEK, 'router': ('softmax',),
                                                                       'router_norm_topk': (False,)},
                             _DEEPSEEK_NAMES, _deepseek_read, _deepseek_v2_write),
+    'gpt_oss': HFFamily('gpt_oss', 'GptOssForCausalLM',
+                        {**_LLAMA_LIKE, **_MOE, 'bias': ANY, 'mlp': ('moe',), 'attn_sinks': (True,),
+                         'moe_bias': (True,), 'swiglu_limit': lambda v: v is not None,
+                         'layers': _made_of('LG'), 'sliding_window': ANY},
+                        _GPT_OSS_NAMES, _gpt_oss_read, _gpt_oss_write),
+    'glm4_moe': HFFamily('glm4_moe', 'Glm4MoeForCausalLM',
+                         {**_LLAMA_LIKE, **_MOE, 'bias': (False,), 'qkv_bias': ANY, 'qk_norm': ANY,
+                          'rope_fraction': ANY, 'mlp': ('swiglu', 'moe'), 'router': ('sigmoid',),
+                          'router_norm_topk': ANY, 'n_shared_expert': lambda v: v >= 1, 'n_expert_group': ANY,
+                          'topk_group': ANY, 'routed_scaling': ANY, 'first_dense_layers': ANY,
+                          'moe_bias_update_rate': ANY},
+                         _LLAMA_NAMES, _glm4_moe_read, _glm4_moe_write),
+    'minimax_m2': HFFamily('minimax_m2', 'MiniMaxM2ForCausalLM',
+                           {**_LLAMA_LIKE, **_MOE, 'bias': (False,), 'qk_norm': (True,), 'qk_norm_all_heads': (True,),
+                            'rope_fraction': ANY, 'mlp': ('moe',), 'router': ('sigmoid',),
+                            'moe_bias_update_rate': ANY},
+                           _MINIMAX_M2_NAMES, _minimax_m2_read, _minimax_m2_write),
 }
 
 

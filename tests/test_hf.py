@@ -70,6 +70,9 @@ ROPES = {
     'yarn': {'rope_type': 'yarn', 'rope_theta': 10000.0, 'factor': 4.0, 'original_max_position_embeddings': 16},
     'yarn-mscale': {'rope_type': 'yarn', 'rope_theta': 10000.0, 'factor': 4.0, 'original_max_position_embeddings': 16,
                     'mscale': 1.0, 'mscale_all_dim': 0.5, 'beta_fast': 16.0, 'beta_slow': 2.0},
+    # gpt-oss's: the band's edges (0.55 and 1.63 of head_dim 8's 4 frequencies here) not rounded to whole ones
+    'yarn-untruncated': {'rope_type': 'yarn', 'rope_theta': 150000.0, 'factor': 4.0, 'beta_fast': 0.5,
+                         'beta_slow': 0.02, 'truncate': False, 'original_max_position_embeddings': 16},
 }
 
 
@@ -129,7 +132,7 @@ def test_a_checkpoint_feature_we_lack_is_refused_not_dropped(tmp_path):
     assert unused == {'model.layers.0.self_attn.q_norm.weight'}
 
 
-@pytest.mark.parametrize('rope', ['linear', 'dynamic', 'yarn', 'yarn-mscale', 'llama3'])
+@pytest.mark.parametrize('rope', ['linear', 'dynamic', 'yarn', 'yarn-mscale', 'yarn-untruncated', 'llama3'])
 @pytest.mark.parametrize('length', [12, 40, 100])
 def test_rope_frequencies_equal_transformers(rope, length):
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -295,3 +298,100 @@ def test_export_picks_the_family_of_the_layer_kinds():
         hf_family(GPTConfig(**gemma, layers='LN', sliding_window=8))
     with pytest.raises(ValueError, match='query_pre_attn_scalar'):
         to_hf(GPT(GPTConfig(**gemma, attn_scale=0.3)))
+
+
+def randomized_experts(hf, seed):
+    """randomized() and the experts' biases, which are (n_expert, width) and start at zero."""
+    randomized(hf, seed)
+    g = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith('_proj_bias'):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    return hf
+
+
+def test_gpt_oss_sinks_local_layers_and_clamped_experts(tmp_path):
+    torch.manual_seed(0)  # the same random model every run: an MoE's top-k may not stand on a near-tie
+    # swiglu_limit 1 so the clamps bite; yarn without truncation on every layer, local and global
+    hf = randomized_experts(transformers.GptOssForCausalLM(tiny(
+        transformers.GptOssConfig, head_dim=8, num_local_experts=4, num_experts_per_tok=2, swiglu_limit=1.0,
+        sliding_window=8, layer_types=['sliding_attention', 'full_attention'], initializer_range=0.2,
+        rope_parameters=dict(ROPES['yarn-untruncated']))), 9)
+    assert hf.model.layers[0].self_attn.sinks.std() > 0.1 and hf.model.layers[0].mlp.router.bias.abs().sum() > 0
+    ours = check_parity(hf, tmp_path)
+    cfg = ours.config
+    assert (cfg.layers, cfg.sliding_window, cfg.attn_sinks, cfg.bias, cfg.yarn_truncate) == ('LG', 8, True, True, False)
+    assert (cfg.mlp, cfg.router, cfg.router_norm_topk, cfg.moe_bias, cfg.swiglu_limit) == \
+        ('moe', 'softmax', True, True, 1.0)
+    # the interleaved [gate, up] columns became our [gate | up] rows
+    up = hf.model.layers[1].mlp.experts.gate_up_proj[2][:, 1::2]
+    assert torch.equal(ours.transformer.h[1].mlp.experts.c_fc[2][48:], up.t())
+    per_position = ours.kv_cache_bytes(1, 1) // 2  # of one layer
+    assert ours.kv_cache_bytes(1, PROMPT + NEW) == per_position * (PROMPT + NEW + 8)  # the local layer keeps 8
+
+
+def test_glm4_moe_partial_rope_and_grouped_sigmoid_experts(tmp_path):
+    torch.manual_seed(0)
+    hf = randomized(transformers.Glm4MoeForCausalLM(tiny(
+        transformers.Glm4MoeConfig, head_dim=12, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2,
+        n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.5,
+        use_qk_norm=True, attention_bias=True, initializer_range=0.2)), 10)
+    ours = check_parity(hf, tmp_path)
+    cfg = ours.config
+    assert (cfg.rope_fraction, cfg.rope_dim, cfg.qkv_bias, cfg.bias, cfg.qk_norm, cfg.qk_norm_all_heads) == \
+        (0.5, 6, True, False, True, False)
+    assert (cfg.router, cfg.n_expert_group, cfg.topk_group, cfg.routed_scaling, cfg.n_shared_expert,
+            cfg.first_dense_layers, cfg.moe_hidden, cfg.ffn_hidden) == ('sigmoid', 2, 1, 2.5, 1, 1, 16, 48)
+    bias = ours.transformer.h[1].mlp.expert_bias
+    assert torch.equal(bias, hf.model.layers[1].mlp.gate.e_score_correction_bias) and bias.abs().sum() > 0
+    assert ours.transformer.h[0].attn.c_proj.bias is None  # GLM's o_proj has none
+
+
+def test_minimax_m2_qk_norm_over_all_heads_and_partial_yarn(tmp_path):
+    torch.manual_seed(0)
+    hf = randomized(transformers.MiniMaxM2ForCausalLM(tiny(
+        transformers.MiniMaxM2Config, head_dim=12, rotary_dim=6, num_local_experts=4, num_experts_per_tok=2,
+        initializer_range=0.2, rope_parameters=dict(ROPES['yarn']))), 11)
+    ours = check_parity(hf, tmp_path)
+    cfg = ours.config
+    assert (cfg.rope_fraction, cfg.rope_scaling, cfg.qk_norm, cfg.qk_norm_all_heads) == (0.5, 'yarn', True, True)
+    assert (cfg.router, cfg.router_norm_topk, cfg.n_shared_expert, cfg.moe_hidden) == ('sigmoid', True, 0, 48)
+    assert ours.transformer.h[0].attn.q_norm.weight.shape == (4 * 12,)
+    bias = ours.transformer.h[1].mlp.expert_bias
+    assert torch.equal(bias, hf.model.layers[1].mlp.e_score_correction_bias) and bias.abs().sum() > 0
+
+
+GPT_OSS_FLAGS = dict(n_layer=2, n_head=4, n_embd=32, vocab_size=VOCAB, block_size=BLOCK, bias=True, norm='rms',
+                     pos='rope', mlp='moe', n_expert=4, attn_sinks=True, moe_bias=True, swiglu_limit=7.0,
+                     layers='LG', sliding_window=8)
+SIGMOID_FLAGS = dict(n_layer=2, n_head=4, n_embd=32, vocab_size=VOCAB, block_size=BLOCK, bias=False, norm='rms',
+                     pos='rope', mlp='moe', n_expert=4, router='sigmoid', rope_fraction=0.5)
+
+
+@pytest.mark.parametrize('flags,family,refused', [
+    (GPT_OSS_FLAGS, 'gpt_oss', None),
+    ({**GPT_OSS_FLAGS, 'layers': 'LN'}, None, "layers='LN'"),  # gpt-oss rotates every layer
+    ({**GPT_OSS_FLAGS, 'swiglu_limit': None}, None, 'swiglu_limit=None'),  # its experts always clamp
+    ({**GPT_OSS_FLAGS, 'moe_bias': False}, None, 'moe_bias=False'),
+    ({**SIGMOID_FLAGS, 'n_shared_expert': 1, 'qk_norm': True}, 'glm4_moe', None),
+    ({**SIGMOID_FLAGS, 'qk_norm': True, 'qk_norm_all_heads': True}, 'minimax_m2', None),
+    ({**SIGMOID_FLAGS, 'qk_norm': True}, None, 'n_shared_expert=0'),  # GLM always has a shared expert
+], ids=['gpt_oss', 'gpt_oss-nope', 'gpt_oss-unclamped', 'gpt_oss-no-biases', 'glm4_moe', 'minimax_m2',
+        'glm4_moe-no-shared'])
+def test_export_picks_the_2025_families_or_refuses(flags, family, refused):
+    from export import hf_family
+    config = GPTConfig(**flags)
+    if refused is None:
+        assert hf_family(config).model_type == family
+    else:
+        with pytest.raises(ValueError, match=refused) as e:
+            hf_family(config)
+        assert '\n' not in str(e.value)
+
+
+def test_gpt_oss_other_swiglu_alpha_is_refused():
+    config = tiny(transformers.GptOssConfig, head_dim=8, num_local_experts=4, num_experts_per_tok=2, swiglu_alpha=1.5)
+    with pytest.raises(ValueError, match='swiglu_alpha=1.5') as e:
+        H.HF_FAMILIES['gpt_oss'].read_config(config)
+    assert '\n' not in str(e.value)
