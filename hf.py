@@ -498,33 +498,6 @@ _GPT_OSS_TRANSFORMS = {  # gpt-oss multiplies x @ W (E, d, 2h), gate and up inte
     'oss_gate_up_bias': (lambda t, c: _split(t), lambda t, c: _interleaved(t)),
     'oss_down': (lambda t, c: t.transpose(1, 2).contiguous(), lambda t, c: t.transpose(1, 2).contiguous()),
 }
-_ATTN_NAMES = [  # the Llama names of the attention and norms every one of these families has
-    ('transformer.wte.weight', 'model.embed_tokens.weight', None),
-    ('transformer.ln_f.weight', 'model.norm.weight', None),
-    ('lm_head.weight', 'lm_head.weight', None),
-    ('transformer.h.{i}.ln_1.weight', 'model.layers.{i}.input_layernorm.weight', None),
-    ('transformer.h.{i}.ln_2.weight', 'model.layers.{i}.post_attention_layernorm.weight', None),
-    ('transformer.h.{i}.attn.c_attn.{b}', tuple(f'model.layers.{{i}}.self_attn.{n}_proj.{{b}}' for n in 'qkv'), None),
-    ('transformer.h.{i}.attn.c_proj.{b}', 'model.layers.{i}.self_attn.o_proj.{b}', None),
-    ('transformer.h.{i}.attn.q_norm.weight', 'model.layers.{i}.self_attn.q_norm.weight', None),
-    ('transformer.h.{i}.attn.k_norm.weight', 'model.layers.{i}.self_attn.k_norm.weight', None),
-]
-_GPT_OSS_NAMES = _ATTN_NAMES + [
-    ('transformer.h.{i}.attn.sinks', 'model.layers.{i}.self_attn.sinks', None),
-    ('transformer.h.{i}.mlp.router.{b}', 'model.layers.{i}.mlp.router.{b}', None),
-    ('transformer.h.{i}.mlp.experts.c_fc', 'model.layers.{i}.mlp.experts.gate_up_proj', 'oss_gate_up'),
-    ('transformer.h.{i}.mlp.experts.c_fc_bias', 'model.layers.{i}.mlp.experts.gate_up_proj_bias', 'oss_gate_up_bias'),
-    ('transformer.h.{i}.mlp.experts.c_proj', 'model.layers.{i}.mlp.experts.down_proj', 'oss_down'),
-    ('transformer.h.{i}.mlp.experts.c_proj_bias', 'model.layers.{i}.mlp.experts.down_proj_bias', None),
-]
-_MINIMAX_M2_NAMES = _ATTN_NAMES + [  # the experts as Mixtral's, the balancing bias on the MoE block
-    ('transformer.h.{i}.mlp.router.weight', 'model.layers.{i}.mlp.gate.weight', None),
-    ('transformer.h.{i}.mlp.expert_bias', 'model.layers.{i}.mlp.e_score_correction_bias', None),
-    ('transformer.h.{i}.mlp.experts.c_fc', 'model.layers.{i}.mlp.experts.gate_up_proj', None),
-    ('transformer.h.{i}.mlp.experts.c_proj', 'model.layers.{i}.mlp.experts.down_proj', None),
-]
-
-
 def _rope_rows(tensor, config, rows_of, inverse):
     """DeepSeek's checkpoints rotate pairs (x[2j], x[2j+1]); we rotate halves (x[j], x[j + d/2]): reorder the
     rows that make the rotated parts (the same rotation, so the same attention)."""
@@ -568,7 +541,7 @@ _GPT2_NAMES = [(n, n, None) for n in ('transformer.wte.weight', 'transformer.wpe
                                       'transformer.h.{i}.ln_1.{b}', 'transformer.h.{i}.ln_2.{b}', 'lm_head.weight')] + [
     (n, n, 'T') for n in ('transformer.h.{i}.attn.c_attn.{b}', 'transformer.h.{i}.attn.c_proj.{b}',
                           'transformer.h.{i}.mlp.c_fc.{b}', 'transformer.h.{i}.mlp.c_proj.{b}')]
-_LLAMA_NAMES = [
+_LLAMA_ATTN_NAMES = [  # the embeddings, norms and attention of every Llama-style family
     ('transformer.wte.weight', 'model.embed_tokens.weight', None),
     ('transformer.ln_f.weight', 'model.norm.weight', None),
     ('lm_head.weight', 'lm_head.weight', None),
@@ -578,6 +551,8 @@ _LLAMA_NAMES = [
     ('transformer.h.{i}.attn.c_proj.{b}', 'model.layers.{i}.self_attn.o_proj.{b}', None),
     ('transformer.h.{i}.attn.q_norm.weight', 'model.layers.{i}.self_attn.q_norm.weight', None),
     ('transformer.h.{i}.attn.k_norm.weight', 'model.layers.{i}.self_attn.k_norm.weight', None),
+]
+_LLAMA_NAMES = _LLAMA_ATTN_NAMES + [
     ('transformer.h.{i}.mlp.c_fc.{b}', ('model.layers.{i}.mlp.gate_proj.{b}', 'model.layers.{i}.mlp.up_proj.{b}'), None),
     ('transformer.h.{i}.mlp.c_proj.{b}', 'model.layers.{i}.mlp.down_proj.{b}', None),
     # MoE layers: transformers keeps its experts stacked as we do, [gate | up] too
@@ -588,6 +563,20 @@ _LLAMA_NAMES = [
     ('transformer.h.{i}.mlp.shared.c_fc.weight', ('model.layers.{i}.mlp.shared_experts.gate_proj.weight',
                                                   'model.layers.{i}.mlp.shared_experts.up_proj.weight'), None),
     ('transformer.h.{i}.mlp.shared.c_proj.weight', 'model.layers.{i}.mlp.shared_experts.down_proj.weight', None),
+]
+_GPT_OSS_NAMES = _LLAMA_ATTN_NAMES + [
+    ('transformer.h.{i}.attn.sinks', 'model.layers.{i}.self_attn.sinks', None),
+    ('transformer.h.{i}.mlp.router.{b}', 'model.layers.{i}.mlp.router.{b}', None),
+    ('transformer.h.{i}.mlp.experts.c_fc', 'model.layers.{i}.mlp.experts.gate_up_proj', 'oss_gate_up'),
+    ('transformer.h.{i}.mlp.experts.c_fc_bias', 'model.layers.{i}.mlp.experts.gate_up_proj_bias', 'oss_gate_up_bias'),
+    ('transformer.h.{i}.mlp.experts.c_proj', 'model.layers.{i}.mlp.experts.down_proj', 'oss_down'),
+    ('transformer.h.{i}.mlp.experts.c_proj_bias', 'model.layers.{i}.mlp.experts.down_proj_bias', None),
+]
+_MINIMAX_M2_NAMES = _LLAMA_ATTN_NAMES + [  # the experts as Mixtral's, the balancing bias on the MoE block
+    ('transformer.h.{i}.mlp.router.weight', 'model.layers.{i}.mlp.gate.weight', None),
+    ('transformer.h.{i}.mlp.expert_bias', 'model.layers.{i}.mlp.e_score_correction_bias', None),
+    ('transformer.h.{i}.mlp.experts.c_fc', 'model.layers.{i}.mlp.experts.gate_up_proj', None),
+    ('transformer.h.{i}.mlp.experts.c_proj', 'model.layers.{i}.mlp.experts.down_proj', None),
 ]
 _MOE = {k: ANY for k in ('n_expert', 'n_expert_active', 'moe_hidden', 'moe_aux_loss_coef', 'moe_z_loss_coef')}
 _DEEPSEEK_NAMES = [row for row in _LLAMA_NAMES if '.attn.' not in row[0]] + [

@@ -35,3 +35,13 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def fresh_interrupt_state():
+    """Each test starts as a new process would: no interrupt pending, held or under way in common.py (tests run
+    scripts in this process with catch_interrupts, which re-arms it, replaced, and simulate signals)."""
+    common = sys.modules.get('common')
+    if common is not None:
+        common._critical, common._pending, common._stopping = 0, None, False
+    yield

@@ -157,7 +157,7 @@ def test_failed_run_is_reported_and_the_others_finish(tmp_path):
 @pytest.mark.parametrize('args, fragment', [
     (['--grid=custom', "--custom={'a': {'pos': 'rope'"], 'not a Python literal'),
     (['--grid=custom', "--custom={'a': {'posn': 'rope'}}"], "unknown flag(s) 'posn'"),
-    (['--grid=default,nope'], "unknown grid group 'nope'"),
+    (['--grid=default,no_such_group'], "unknown grid group 'no_such_group'"),
     (['--grid=kv'], 'n_kv_heads'),
     (['--grid=stability', '--train_args=--learning_rate=1e-3'], 'train_args set learning_rate'),
 ], ids=['literal', 'flag', 'group', 'kv', 'train_args'])
