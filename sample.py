@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from configurator import configure, model_flags, settings_of
+from configurator import configure, init_from_problem, model_flags, settings_of
 
 # ----------------------------------------------------------------------------- settings
 init_from = 'resume'  # 'resume' (out_dir/ckpt.pt), or a GPT-2 / Llama name or directory
@@ -40,6 +40,10 @@ globals().update({k: v for k, v in model_flags(runtime_only=True).items() if k !
 settings = configure(settings_of(globals()), sys.argv[1:], prog='sample.py', doc=__doc__,
                      from_model=model_flags(runtime_only=True))
 globals().update(settings)
+
+if init_from_problem(init_from, modes=('resume',)):  # a typo of a name: said before torch loads
+    print(f"error: {init_from_problem(init_from, modes=('resume',))}", file=sys.stderr)
+    sys.exit(2)
 
 # the heavy imports only now: --help and a mistyped setting answer before torch loads
 import torch  # noqa: E402

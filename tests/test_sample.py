@@ -419,3 +419,8 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 130 and err.strip() == 'error: interrupted (SIGINT)', err
+
+
+def test_a_mistyped_init_from_is_one_line_with_a_suggestion(tmp_path, sample):
+    code, err = sample('--init_from=resum', expect_exit=True)
+    assert_one_line_error(code, err, "'resum'", "did you mean 'resume'")
