@@ -983,14 +983,15 @@ def test_embedding_scale_softcap_and_query_scale():
     assert (build(pos='rope', norm='rms', attn_scale=1.0)(idx)[0] - plain(idx)[0]).abs().max() > 1e-4
 
 
-@pytest.mark.parametrize('window', [None, 5])
-def test_compiled_decoding_makes_one_graph_per_kind_of_call_not_per_ring_slot(window):
+@pytest.mark.parametrize('window, layers', [(None, None), (5, None), (5, 'LG')])
+def test_compiled_decoding_makes_one_graph_per_kind_of_call_not_per_ring_slot(window, layers):
     """Blocks compiled as sample.py compiles them (dynamic shapes; dynamo's own 'eager' backend, which keeps the
     guards and skips code generation): the same tokens as eager, past a context shift, and a few graphs (prefill,
     decoding while the cache fills, decoding a full cache or ring, a windowed prefill), never one per position
-    or ring slot."""
+    or ring slot; with local and global layers (four, with sinks) a few per kind of layer, not per layer."""
     import torch._dynamo
-    model = build(n_layer=1, pos='rope', sliding_window=window)
+    model = build(n_layer=1, pos='rope', sliding_window=window) if layers is None else \
+        build(n_layer=4, pos='rope', sliding_window=window, layers=layers, attn_sinks=True)
     idx = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(53))
     eager = model.generate(idx, 3 * BLOCK, temperature=0)
     torch._dynamo.reset()
@@ -999,7 +1000,7 @@ def test_compiled_decoding_makes_one_graph_per_kind_of_call_not_per_ring_slot(wi
         for block in model.transformer.h:
             block.compile(dynamic=True, backend='eager')
         assert torch.equal(model.generate(idx, 3 * BLOCK, temperature=0), eager)
-        assert torch._dynamo.utils.counters['stats']['unique_graphs'] <= 4
+        assert torch._dynamo.utils.counters['stats']['unique_graphs'] <= (4 if layers is None else 8)
         assert not torch._dynamo.utils.counters['graph_break']
     finally:
         torch._dynamo.reset()
