@@ -93,6 +93,7 @@ class GPTConfig:
     n_expert_active: int = 2  # routed experts each token goes to (top-k)
     moe_hidden: Optional[int] = None  # width of each expert; None: the dense width / n_expert_active
     n_shared_expert: int = 0  # experts every token goes to, each moe_hidden wide (DeepSeekMoE)
+    shared_expert_gate: bool = False  # the shared experts' output times sigmoid(a learned projection of the token) (Qwen3-Next)
     router: str = 'softmax'  # 'softmax' (Mixtral, Qwen3-MoE) or 'sigmoid' (DeepSeek-V3, balanced by a bias)
     router_norm_topk: bool = True  # the chosen experts' weights rescaled to sum to 1
     n_expert_group: int = 1  # experts come from the topk_group best of this many groups (DeepSeek)
@@ -185,7 +186,7 @@ class GPTConfig:
                     or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a number >= 0, got {getattr(self, name)!r}")
         for name in ('bias', 'tie_embeddings', 'qkv_bias', 'qk_norm', 'router_norm_topk', 'attn_sinks', 'attn_gate',
-                     'qk_norm_all_heads', 'embed_scale', 'yarn_truncate', 'moe_bias'):
+                     'qk_norm_all_heads', 'embed_scale', 'yarn_truncate', 'moe_bias', 'shared_expert_gate'):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         # a scaling's own flags do nothing without it: refused rather than recorded as if they applied
@@ -195,6 +196,8 @@ class GPTConfig:
                 raise ValueError(f"{name}={value!r} applies only with rope_scaling="
                                  f"{' or '.join(map(repr, scalings))}, got rope_scaling={self.rope_scaling!r} (set "
                                  f"--rope_scaling, or --{name}={default})")
+        if self.shared_expert_gate and not self.n_shared_expert:
+            raise ValueError("shared_expert_gate=True gates the shared experts: set n_shared_expert >= 1")
         if self.qk_norm_all_heads and not self.qk_norm:
             raise ValueError("qk_norm_all_heads=True says how qk_norm normalizes: set qk_norm=True too")
         expert_only = [f"{k}={getattr(self, k)!r}" for k, default in (('moe_bias', False), ('swiglu_limit', None))
@@ -1124,6 +1127,8 @@ class MoE(nn.Module):
         self.router = nn.Linear(config.n_embd, self.E, bias=config.moe_bias)
         self.experts = Experts(config)
         self.shared = GatedMLP(config, config.n_shared_expert * config.expert_hidden) if config.n_shared_expert else None
+        if config.shared_expert_gate:  # how much of the shared experts each token takes (Qwen3-Next)
+            self.shared_gate = nn.Linear(config.n_embd, 1, bias=False)
         if self.sigmoid:  # saved: it is part of what the model computes
             self.register_buffer('expert_bias', torch.zeros(self.E))
         self.register_buffer('load', torch.zeros(self.E), persistent=False)  # assignments per expert
@@ -1150,7 +1155,8 @@ class MoE(nn.Module):
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         y = self.experts(x, experts, weights * self.scaling)
         if self.shared is not None:
-            y = y + self.shared(x)
+            y = y + (self.shared(x) * torch.sigmoid(self.shared_gate(x)) if hasattr(self, 'shared_gate')
+                     else self.shared(x))
         self._account(logits, scores, experts)
         return self.dropout(y.view(shape))
 

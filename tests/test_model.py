@@ -92,7 +92,7 @@ DIMENSIONS = [
     # DeepSeek's MoE (what an MoE layer does with it; other MLPs ignore it): sigmoid router and groups, a
     # shared expert, a dense first layer
     [{}, {'router': 'sigmoid', 'n_expert_group': 2, 'topk_group': 1, 'n_shared_expert': 1, 'first_dense_layers': 1,
-          'routed_scaling': 2.5}],
+          'routed_scaling': 2.5}, {'n_shared_expert': 1, 'shared_expert_gate': True}],  # Qwen3-Next's gated shared expert
     [{}, {'q_lora_rank': 16, 'v_head_dim': 6}],  # MLA's query bottleneck and a value width of its own
 ]
 
@@ -1435,6 +1435,7 @@ def test_only_balancing_sigmoid_routers_need_the_load_summed_across_ranks(flags,
     (dict(swiglu_limit=7.0), 'swiglu_limit'),  # experts only
     (dict(mlp='moe', moe_bias='yes'), 'moe_bias'),
     (dict(embed_scale=1), 'embed_scale'),
+    (dict(mlp='moe', shared_expert_gate=True), 'n_shared_expert'),
     (dict(layers='DG', linear_n_value_head=6), 'linear_n_value_head'),  # 6 value heads over 4 key heads (n_head)
     (dict(layers='DG', linear_n_key_head=2, linear_n_value_head=3), 'linear_n_value_head'),
     (dict(layers='DG', linear_conv_kernel=0), 'linear_conv_kernel'),
