@@ -395,3 +395,27 @@ def test_gpt_oss_other_swiglu_alpha_is_refused():
     with pytest.raises(ValueError, match='swiglu_alpha=1.5') as e:
         H.HF_FAMILIES['gpt_oss'].read_config(config)
     assert '\n' not in str(e.value)
+
+
+def qwen3_next(**overrides):
+    """Qwen3-Next's shapes: head_dim 16 (not 32 / 4), a quarter of it rotated, two key heads of 8 for four value
+    heads of 6 in the Gated DeltaNet layers."""
+    args = dict(head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                linear_value_head_dim=6, linear_conv_kernel_dim=4, partial_rotary_factor=0.25,
+                layer_types=['linear_attention', 'linear_attention', 'full_attention'], num_hidden_layers=3,
+                num_experts=0)
+    return tiny(transformers.Qwen3NextConfig, **{**args, **overrides})
+
+
+@pytest.mark.parametrize('moe', [False, True], ids=['dense', 'moe'])
+def test_qwen3_next_deltanet_layers_gated_attention_and_shared_expert(moe, tmp_path):
+    extra = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=16,
+                 mlp_only_layers=[0], norm_topk_prob=True) if moe else {}
+    torch.manual_seed(0)
+    hf = randomized(transformers.Qwen3NextForCausalLM(qwen3_next(**extra)), seed=8)
+    ours = check_parity(hf, tmp_path)
+    cfg = ours.config
+    assert cfg.layers == 'DDG' and cfg.attn_gate and cfg.qk_norm and cfg.rope_dim == 4
+    assert cfg.linear_dims == {'k_heads': 2, 'v_heads': 4, 'k_dim': 8, 'v_dim': 6}
+    if moe:
+        assert cfg.mlp == 'moe' and cfg.first_dense_layers == 1 and cfg.n_shared_expert == 1 and cfg.shared_expert_gate
