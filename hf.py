@@ -705,10 +705,21 @@ def _qwen3_next_write(cfg):
             'router_aux_loss_coef': cfg.moe_aux_loss_coef}
 
 
-def _qwen3_next_parts(cfg):
+def _qwen3_5_text_read(c):
+    return _qwen3_next_read(SimpleNamespace(**{**c.to_dict(), 'num_experts': 0}))
+
+
+def _qwen3_5_text_write(cfg):
+    moe = ('num_experts', 'num_experts_per_tok', 'moe_intermediate_size', 'shared_expert_intermediate_size',
+           'norm_topk_prob', 'decoder_sparse_step', 'mlp_only_layers', 'router_aux_loss_coef')
+    return {k: v for k, v in _qwen3_next_write(cfg).items() if k not in moe}
+
+
+def _qwen3_next_parts(cfg, linear=True):
     """Per layer, the packed tensors and the named parts each splits into, as (packed name, groups, [(part
     name, rows per group)]): q_proj is per head [q | gate]; in_proj_qkvz per key head [q | k | v | z] and
-    in_proj_ba [b | a], the v, z, b and a of the value heads that key head serves."""
+    in_proj_ba [b | a], the v, z, b and a of the value heads that key head serves (linear=False: Qwen3.5's
+    checkpoints keep them apart already)."""
     dims, hd = cfg.linear_dims, cfg.head_size
     Hk, r, dk, dv = dims['k_heads'], dims['v_heads'] // dims['k_heads'], dims['k_dim'], dims['v_dim']
     for i, kind in enumerate(cfg.layer_kinds):
@@ -716,18 +727,27 @@ def _qwen3_next_parts(cfg):
         if kind == 'G':
             yield pre + 'self_attn.q_proj.weight', cfg.n_head, [(pre + 'self_attn.q_proj.weight', hd),
                                                                 (pre + 'self_attn.gate_proj.weight', hd)]
-        else:
+        elif linear:
             at = pre + 'linear_attn.'
             yield at + 'in_proj_qkvz.weight', Hk, [(at + 'q', dk), (at + 'k', dk), (at + 'v', r * dv), (at + 'z', r * dv)]
             yield at + 'in_proj_ba.weight', Hk, [(at + 'in_proj_b.weight', r), (at + 'in_proj_a.weight', r)]
 
 
+def _split_rows(tensor, groups, parts):
+    """[(name, rows)] of a matrix whose rows are `groups` groups of the parts, each part's rows together."""
+    pieces = tensor.view(groups, -1, tensor.size(-1)).split([n for _, n in parts], dim=1)
+    return [(name, piece.reshape(-1, tensor.size(-1))) for (name, _), piece in zip(parts, pieces)]
+
+
+def _join_rows(pieces, groups):
+    width = pieces[0].size(-1)
+    return torch.cat([p.reshape(groups, -1, width) for p in pieces], dim=1).reshape(-1, width)
+
+
 def _qwen3_next_unpack(hf_state, cfg):
     out = dict(hf_state)
     for packed, groups, parts in _qwen3_next_parts(cfg):
-        tensor = out.pop(packed)
-        pieces = tensor.view(groups, -1, tensor.size(-1)).split([n for _, n in parts], dim=1)
-        out.update({name: piece.reshape(-1, tensor.size(-1)) for (name, _), piece in zip(parts, pieces)})
+        out.update(_split_rows(out.pop(packed), groups, parts))
     for i, kind in enumerate(cfg.layer_kinds):  # q, k and v are one matrix in ours, as in Qwen3.5's checkpoints
         at = f'model.layers.{i}.linear_attn.'
         if kind == 'D':
@@ -745,9 +765,7 @@ def _qwen3_next_pack(hf_state, cfg):
                 [dims['k_heads'] * dims['k_dim']] * 2 + [dims['v_heads'] * dims['v_dim']])
             out.update({at + 'q': q, at + 'k': k, at + 'v': v, at + 'z': out.pop(at + 'in_proj_z.weight')})
     for packed, groups, parts in _qwen3_next_parts(cfg):
-        pieces = [out.pop(name) for name, _ in parts]
-        width = pieces[0].size(-1)
-        out[packed] = torch.cat([p.reshape(groups, -1, width) for p in pieces], dim=1).reshape(-1, width)
+        out[packed] = _join_rows([out.pop(name) for name, _ in parts], groups)
     return out
 
 
@@ -775,6 +793,26 @@ HF_FAMILIES['qwen3_next'] = HFFamily(
      **{k: ANY for k in ('linear_n_key_head', 'linear_n_value_head', 'linear_key_dim', 'linear_value_dim',
                          'linear_conv_kernel', 'linear_chunk_size')}},
     _QWEN3_NEXT_NAMES, _qwen3_next_read, _qwen3_next_write, _qwen3_next_unpack, _qwen3_next_pack)
+
+
+def _qwen3_5_split_q(hf_state, cfg):
+    return dict(hf_state) | {name: t for packed, groups, parts in _qwen3_next_parts(cfg, linear=False)
+                             for name, t in _split_rows(hf_state[packed], groups, parts)}
+
+
+def _qwen3_5_join_q(hf_state, cfg):
+    out = dict(hf_state)
+    for packed, groups, parts in _qwen3_next_parts(cfg, linear=False):
+        out[packed] = _join_rows([out.pop(name) for name, _ in parts], groups)
+    return out
+
+
+# Qwen3.5's text model: Qwen3-Next's dense block, its DeltaNet projections in separate tensors (its MRoPE sections
+# all read the one text position: plain RoPE)
+HF_FAMILIES['qwen3_5_text'] = HFFamily(
+    'qwen3_5_text', 'Qwen3_5ForCausalLM',
+    {**{k: v for k, v in HF_FAMILIES['qwen3_next'].carries.items() if k not in _MOE_SETTINGS}, 'mlp': ('swiglu',)},
+    _QWEN3_NEXT_NAMES, _qwen3_5_text_read, _qwen3_5_text_write, _qwen3_5_split_q, _qwen3_5_join_q)
 
 
 def _rows(family, config):

@@ -35,8 +35,9 @@ def randomized(hf, seed):
     return hf.eval()
 
 
-def check_parity(hf, path, seed=0):
-    """Save hf, load it into our GPT and compare logits, greedy decoding and the export back."""
+def check_parity(hf, path, seed=0, family=None):
+    """Save hf, load it into our GPT and compare logits, greedy decoding and the export back (to the family
+    export picks, or to `family`)."""
     hf.save_pretrained(path)
     ours = GPT.from_pretrained(str(path)).eval()
     g = torch.Generator().manual_seed(seed)
@@ -48,7 +49,7 @@ def check_parity(hf, path, seed=0):
         hf_tokens = hf.generate(prompt, max_new_tokens=NEW, do_sample=False, eos_token_id=None, pad_token_id=0,
                                 attention_mask=torch.ones_like(prompt))
         assert torch.equal(ours.generate(prompt, NEW, temperature=0.0), hf_tokens)
-        back = to_hf(ours)
+        back = to_hf(ours, family=family)
         assert type(back) is type(hf)
         torch.testing.assert_close(back(idx).logits, expected, atol=1e-4, rtol=0)
     return ours
@@ -419,3 +420,14 @@ def test_qwen3_next_deltanet_layers_gated_attention_and_shared_expert(moe, tmp_p
     assert cfg.linear_dims == {'k_heads': 2, 'v_heads': 4, 'k_dim': 8, 'v_dim': 6}
     if moe:
         assert cfg.mlp == 'moe' and cfg.first_dense_layers == 1 and cfg.n_shared_expert == 1 and cfg.shared_expert_gate
+
+
+def test_qwen3_5_text_deltanet_layers_in_separate_projections(tmp_path):
+    config = qwen3_next(layer_types=['linear_attention', 'full_attention', 'linear_attention'])
+    args = {k: v for k, v in config.to_dict().items() if k in transformers.Qwen3_5TextConfig.__dataclass_fields__
+            or k in ('partial_rotary_factor',)}
+    torch.manual_seed(0)
+    hf = randomized(transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**args)), seed=9)
+    ours = check_parity(hf, tmp_path, family='qwen3_5_text')  # export's first choice for it is qwen3_next
+    assert type(to_hf(ours)) is transformers.Qwen3NextForCausalLM
+    assert ours.config.layer_kinds == ['D', 'G', 'D'] and ours.config.mlp == 'swiglu' and ours.config.linear_dims['v_heads'] == 4
