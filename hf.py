@@ -870,6 +870,8 @@ def from_pretrained(name_or_path, override_args=None):
     if unknown:
         raise ValueError(f"override_args may only set 'dropout', got {sorted(unknown)}")
     hf_config = AutoConfig.from_pretrained(name_or_path)
+    if hf_config.model_type == 'qwen3_5':  # Qwen3.5's vision-language checkpoint: its text model (what
+        hf_config = hf_config.text_config  # AutoModelForCausalLM loads of it)
     family = HF_FAMILIES.get(hf_config.model_type)
     if family is None:
         raise ValueError(f"{name_or_path}: model_type {hf_config.model_type!r} is not supported "

@@ -431,3 +431,18 @@ def test_qwen3_5_text_deltanet_layers_in_separate_projections(tmp_path):
     ours = check_parity(hf, tmp_path, family='qwen3_5_text')  # export's first choice for it is qwen3_next
     assert type(to_hf(ours)) is transformers.Qwen3NextForCausalLM
     assert ours.config.layer_kinds == ['D', 'G', 'D'] and ours.config.mlp == 'swiglu' and ours.config.linear_dims['v_heads'] == 4
+
+
+def test_a_qwen3_5_vision_language_checkpoint_loads_its_text_model(tmp_path):
+    text = {k: v for k, v in qwen3_next().to_dict().items() if k in transformers.Qwen3_5TextConfig.__dataclass_fields__
+            or k == 'partial_rotary_factor'}
+    vision = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=16, out_hidden_size=32)
+    torch.manual_seed(0)
+    full = randomized(transformers.Qwen3_5ForConditionalGeneration(
+        transformers.Qwen3_5Config(text_config=text, vision_config=vision)), seed=10)
+    full.save_pretrained(tmp_path)
+    ours = GPT.from_pretrained(str(tmp_path)).eval()
+    assert ours.config.layers == 'DDG'
+    idx = torch.randint(0, VOCAB, (2, PROMPT + NEW), generator=torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx)[0], full(idx).logits, atol=1e-4, rtol=0)
