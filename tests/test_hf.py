@@ -446,3 +446,13 @@ def test_a_qwen3_5_vision_language_checkpoint_loads_its_text_model(tmp_path):
     idx = torch.randint(0, VOCAB, (2, PROMPT + NEW), generator=torch.Generator().manual_seed(11))
     with torch.no_grad():
         torch.testing.assert_close(ours(idx)[0], full(idx).logits, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize('change, match', [
+    (dict(attention_bias=True), 'attention_bias'),
+    (dict(num_experts=4, mlp_only_layers=[1]), 'mlp_only_layers'),
+    (dict(num_experts=4, moe_intermediate_size=16, shared_expert_intermediate_size=24), 'shared_expert_intermediate_size'),
+], ids=['attention_bias', 'dense-later-layer', 'shared-not-a-multiple'])
+def test_qwen3_next_features_we_lack_are_refused(change, match):
+    with pytest.raises(ValueError, match=match):
+        H.HF_FAMILIES['qwen3_next'].read_config(qwen3_next(**change))
