@@ -62,8 +62,8 @@ class GPTConfig:
     # Gated DeltaNet ('D' layers): linear attention with a state that does not grow (Qwen3-Next, Qwen3.5)
     linear_n_key_head: Optional[int] = None  # query/key heads of a 'D' layer; None: n_head
     linear_n_value_head: Optional[int] = None  # value heads, a multiple of the key heads; None: linear_n_key_head
-    linear_key_dim: Optional[int] = None  # width of each query/key head; None: n_embd // n_head
-    linear_value_dim: Optional[int] = None  # width of each value head; None: n_embd // n_head
+    linear_key_dim: Optional[int] = None  # width of each query/key head; None: the attention's head width
+    linear_value_dim: Optional[int] = None  # width of each value head; None: the attention's head width
     linear_conv_kernel: int = 4  # the causal depthwise convolution over q, k and v, in tokens
     linear_chunk_size: int = 64  # training and prefill work in chunks of this many tokens, parallel inside one
     # positions
@@ -872,8 +872,9 @@ ATTENTIONS = {'mha': CausalSelfAttention, 'mla': LatentAttention}
 
 class KVCache:
     """What each layer's attention keeps of past tokens (its cache_entries), preallocated as (B, heads, slots,
-    dim) tensors for `length` positions; a Gated DeltaNet layer keeps its fixed states (cache_states) instead. A local layer whose window is shorter than that keeps only the last
-    `window` positions, in a ring: slot = position % window; a global layer keeps every position."""
+    dim) tensors for `length` positions. A local layer whose window is shorter than that keeps only the last
+    `window` positions, in a ring: slot = position % window; a global layer keeps every position; a Gated
+    DeltaNet layer its fixed states (cache_states), whatever the length."""
 
     def __init__(self, model, batch_size, length, dtype, device):
         config = model.config
