@@ -22,7 +22,8 @@ size), attention (MHA, GQA, MQA and MLA with GQA's and MQA's cache sizes), long_
 the length table), stability (modern with and without qk_norm at each of learning_rates), local_global (all
 global, 'LG', 'LLLG', all local, with a window of a quarter of block_size), sinks (local and 'LG' with and without
 attention sinks), gate (modern with and without the attention output gate), nope (modern, a NoPE layer in four,
-half and a quarter of each head rotated), custom (a dict). Other learning rates: --train_args='--learning_rate=...'.
+half and a quarter of each head rotated), hybrid (modern, Qwen3-Next's 3 Gated DeltaNet layers to 1 global ('DDDG'),
+all Gated DeltaNet, the DeltaNet's heads narrowed to attention's parameters), custom (a dict). Other learning rates: --train_args='--learning_rate=...'.
 extrapolation: the methods of the length table: the val loss of each RoPE run's final checkpoint at 1x, 2x, 4x and
 8x its block_size, with plain RoPE, linear, dynamic NTK, YaRN (each stretched to the length) or a sliding window
 of block_size; learned positions give 1x only.
@@ -173,6 +174,13 @@ def group_members(group, base):
     if group == 'nope':  # where positions are: every layer rotates all dims, a NoPE layer in four, part of each head
         return [('modern', modern), ('layers=GGGN', {**modern, 'layers': 'GGGN'})] + [
             (f'rope_fraction={f:g}', {**modern, 'rope_fraction': f}) for f in (0.5, 0.25)]
+    if group == 'hybrid':  # linear attention in the block: Qwen3-Next's 3:1, and every layer
+        cfg = GPTConfig(**{**model_args(base), **modern})
+        # q, k, v, the output gate and the output projection at 3/5 of a head each: the parameters of GQA's
+        # q, k + v (half the heads) and output, 3 head widths
+        width = max(1, round(0.6 * cfg.head_size))
+        linear = {'linear_key_dim': width, 'linear_value_dim': width}
+        return [('modern', modern)] + [(f'layers={p}', {**modern, 'layers': p, **linear}) for p in ('DDDG', 'D')]
     if group == 'mlp':
         return [(f'mlp={m}', {'mlp': m}) for m in ('relu', 'gelu', 'swiglu', 'geglu')]
     if group == 'kv':
@@ -202,7 +210,7 @@ def group_members(group, base):
     if group == 'custom':
         return list(parse_custom(custom, base).items())
     die(f"unknown grid group {group!r}; groups are default, leave_one_out, norm_position, mlp, kv, moe, attention, "
-        f"long_context, stability, local_global, sinks, gate, nope, custom")
+        f"long_context, stability, local_global, sinks, gate, nope, hybrid, custom")
 
 
 def model_args(base):

@@ -12,7 +12,8 @@ of the flags: vanilla (the flags unchanged: with the defaults, GPT-2's block), e
 None), mqa (n_kv_head 1), each of model.BEYOND_MODERN (moe, mla), mla-rebuild (MLA decoding that rebuilds
 past keys and values instead of attending over the latents with absorbed weights), and per-layer attention with a
 window of block_size/4: local (every layer), lllg (three local to one global), lg+sinks (gpt-oss's alternation with
-sinks), gate (the output gate), nope (a layer in four without RoPE), partial (half of each head rotated).
+sinks), gate (the output gate), nope (a layer in four without RoPE), partial (half of each head rotated), hybrid
+(three Gated DeltaNet layers to one global, Qwen3-Next's 'DDDG'), deltanet (every layer Gated DeltaNet).
 decode_prompt: decoding starts after this many prompt tokens (the cache already holds them: a long context).
 nanogpt_dir: a checkout of karpathy/nanoGPT; its GPT, at the same sizes, is timed as an extra row.
 Training times full steps (forward, backward, AdamW) on random tokens; decoding samples decode_tokens new
@@ -85,7 +86,8 @@ _window = {'sliding_window': max(1, block_size // 4)}
 VARIANTS.update({'local': {**modern, 'layers': 'L', **_window}, 'lllg': {**modern, 'layers': 'LLLG', **_window},
                  'lg+sinks': {**modern, 'layers': 'LG', **_window, 'attn_sinks': True},
                  'gate': {**modern, 'attn_gate': True}, 'nope': {**modern, 'layers': 'GGGN'},
-                 'partial': {**modern, 'rope_fraction': 0.5}})
+                 'partial': {**modern, 'rope_fraction': 0.5},
+                 'hybrid': {**modern, 'layers': 'DDDG'}, 'deltanet': {**modern, 'layers': 'D'}})
 
 # ----------------------------------------------------------------------------- checks first, then minutes of timing
 for name in ('batch_size', 'train_iters', 'decode_tokens', 'decode_batch', 'decode_prompt'):
@@ -241,7 +243,8 @@ def bench(name, model, accounting, ours=True):
     compared = [{'variant': f'{name} ({compare_dtype})', 'params': None, 'active_params': None,
                  'train_ms_per_iter': 1000 * t, 'train_tokens_per_s': batch_size * block_size / t,
                  'mfu': accounting.estimate_mfu(batch_size, t, 1.0), 'decode_tokens_per_s_cached': None,
-                 'decode_tokens_per_s_uncached': None, 'cache_speedup': None, 'kv_bytes_per_token': None}
+                 'decode_tokens_per_s_uncached': None, 'cache_speedup': None, 'kv_bytes_per_token': None,
+                 'kv_bytes_per_sequence': None}
                 for t in other]  # the same steps in compare_dtype, taken in turn with these
     if name == 'mla-rebuild':
         for block in model.transformer.h:
@@ -254,7 +257,9 @@ def bench(name, model, accounting, ours=True):
            'mfu': accounting.estimate_mfu(batch_size, dt, 1.0),
            'decode_tokens_per_s_cached': cached, 'decode_tokens_per_s_uncached': uncached,
            'cache_speedup': cached / uncached if ours else None,
-           'kv_bytes_per_token': accounting.kv_cache_bytes(1, block_size, cache_dtype) // block_size if ours else None}
+           'kv_bytes_per_token': accounting.kv_cache_bytes(1, block_size, cache_dtype) // block_size if ours else None,
+           # a Gated DeltaNet's state is per sequence, whatever its length: the whole cache at block_size
+           'kv_bytes_per_sequence': accounting.kv_cache_bytes(1, block_size, cache_dtype) if ours else None}
     return [row] + compared
 
 

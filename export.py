@@ -31,14 +31,19 @@ def hf_family(config):
         f"{name} cannot carry {', '.join(flags)}" for name, flags in closest))
 
 
-def to_hf(model, bos_token_id=None, eos_token_id=None):
+def to_hf(model, bos_token_id=None, eos_token_id=None, family=None):
     """The transformers model computing the same logits as our GPT (fp32, eval mode); its special token ids are
-    the tokenizer's (by default GPT-2's <|endoftext|> where the vocabulary has it, else none)."""
+    the tokenizer's (by default GPT-2's <|endoftext|> where the vocabulary has it, else none). family: a model_type
+    of hf.HF_FAMILIES where several can carry the model (qwen3_next or qwen3_5_text); None: the first that can."""
     import transformers
 
-    from hf import ours_to_hf
+    from hf import HF_FAMILIES, ours_to_hf
     config = model.config
-    family = hf_family(config)
+    if family is not None:
+        blocking = HF_FAMILIES[family].blocking(config)
+        if blocking:
+            raise ValueError(f"{family} cannot carry {', '.join(blocking)}")
+    family = hf_family(config) if family is None else HF_FAMILIES[family]
     hf_class = getattr(transformers, family.hf_class)
     eot = 50256 if config.vocab_size > 50256 else None
     special = dict(bos_token_id=eot if bos_token_id is None else bos_token_id,

@@ -54,11 +54,18 @@ class GPTConfig:
     qkv_bias: bool = False  # biases on the q, k and v projections only (Qwen2), whatever `bias` says
     qk_norm: bool = False  # RMSNorm on each query and key head before RoPE (Qwen3, Gemma 3, GLM-4.5)
     sliding_window: Optional[int] = None  # each query sees only the last W keys, itself included (Mistral)
-    layers: Optional[str] = None  # each layer's attention, the string tiled over the layers: 'G' global, 'L' local (sliding_window), 'N' global without RoPE; None: all 'G' (all 'L' with a sliding_window)
+    layers: Optional[str] = None  # each layer's attention, the string tiled over the layers: 'G' global, 'L' local (sliding_window), 'N' global without RoPE, 'D' Gated DeltaNet (linear attention); None: all 'G' (all 'L' with a sliding_window)
     attn_sinks: bool = False  # a learned logit per head in the softmax's denominator, so a head may attend nowhere (gpt-oss)
     attn_gate: bool = False  # the attention output times sigmoid(a projection of the block input), per head dim (Qwen3-Next)
     qk_norm_all_heads: bool = False  # with qk_norm: normalize each token's whole query and key, all heads at once (OLMo 2, MiniMax-M2)
     attn_scale: Optional[float] = None  # softmax scale on q.k; None: head_dim**-0.5 (Gemma 3: query_pre_attn_scalar**-0.5)
+    # Gated DeltaNet ('D' layers): linear attention with a state that does not grow (Qwen3-Next, Qwen3.5)
+    linear_n_key_head: Optional[int] = None  # query/key heads of a 'D' layer; None: n_head
+    linear_n_value_head: Optional[int] = None  # value heads, a multiple of the key heads; None: linear_n_key_head
+    linear_key_dim: Optional[int] = None  # width of each query/key head; None: the attention's head width
+    linear_value_dim: Optional[int] = None  # width of each value head; None: the attention's head width
+    linear_conv_kernel: int = 4  # the causal depthwise convolution over q, k and v, in tokens
+    linear_chunk_size: int = 64  # training and prefill work in chunks of this many tokens, parallel inside one
     # positions
     pos: str = 'learned'  # a key of POSITIONS: 'learned' (GPT-2's table) or 'rope' (rotary)
     rope_theta: float = 10000.0  # RoPE base: the slowest rotation's wavelength is about 2*pi*theta
@@ -86,6 +93,7 @@ class GPTConfig:
     n_expert_active: int = 2  # routed experts each token goes to (top-k)
     moe_hidden: Optional[int] = None  # width of each expert; None: the dense width / n_expert_active
     n_shared_expert: int = 0  # experts every token goes to, each moe_hidden wide (DeepSeekMoE)
+    shared_expert_gate: bool = False  # the shared experts' output times sigmoid(a learned projection of the token) (Qwen3-Next)
     router: str = 'softmax'  # 'softmax' (Mixtral, Qwen3-MoE) or 'sigmoid' (DeepSeek-V3, balanced by a bias)
     router_norm_topk: bool = True  # the chosen experts' weights rescaled to sum to 1
     n_expert_group: int = 1  # experts come from the topk_group best of this many groups (DeepSeek)
@@ -151,6 +159,7 @@ class GPTConfig:
                 raise ValueError(f"{', '.join(set_)} apply to attn='mla' only, got attn={self.attn!r} (set --attn=mla, "
                                  f"or {' '.join(f'--{k}=None' for k in set_)})")
         self._check_layers()
+        self._check_linear()
         if not (isinstance(self.rope_fraction, (int, float)) and 0 < self.rope_fraction <= 1) \
                 or isinstance(self.rope_fraction, bool):
             raise ValueError(f"rope_fraction must be in (0, 1], got {self.rope_fraction!r}")
@@ -177,7 +186,7 @@ class GPTConfig:
                     or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a number >= 0, got {getattr(self, name)!r}")
         for name in ('bias', 'tie_embeddings', 'qkv_bias', 'qk_norm', 'router_norm_topk', 'attn_sinks', 'attn_gate',
-                     'qk_norm_all_heads', 'embed_scale', 'yarn_truncate', 'moe_bias'):
+                     'qk_norm_all_heads', 'embed_scale', 'yarn_truncate', 'moe_bias', 'shared_expert_gate'):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         # a scaling's own flags do nothing without it: refused rather than recorded as if they applied
@@ -187,6 +196,8 @@ class GPTConfig:
                 raise ValueError(f"{name}={value!r} applies only with rope_scaling="
                                  f"{' or '.join(map(repr, scalings))}, got rope_scaling={self.rope_scaling!r} (set "
                                  f"--rope_scaling, or --{name}={default})")
+        if self.shared_expert_gate and not self.n_shared_expert:
+            raise ValueError("shared_expert_gate=True gates the shared experts: set n_shared_expert >= 1")
         if self.qk_norm_all_heads and not self.qk_norm:
             raise ValueError("qk_norm_all_heads=True says how qk_norm normalizes: set qk_norm=True too")
         expert_only = [f"{k}={getattr(self, k)!r}" for k, default in (('moe_bias', False), ('swiglu_limit', None))
@@ -200,7 +211,7 @@ class GPTConfig:
             if not isinstance(self.layers, str) or not self.layers or set(self.layers) - set(LAYER_KINDS) \
                     or len(self.layers) > self.n_layer:
                 raise ValueError(f"layers must be a string of {', '.join(map(repr, LAYER_KINDS))} (global, local, global "
-                                 f"without RoPE) at most n_layer={self.n_layer} long, tiled over the layers; got "
+                                 f"without RoPE, Gated DeltaNet) at most n_layer={self.n_layer} long, tiled over the layers; got "
                                  f"{self.layers!r}")
             if 'L' in self.layers and self.sliding_window is None:
                 raise ValueError(f"layers={self.layers!r} has local ('L') layers: set sliding_window, their window")
@@ -215,6 +226,32 @@ class GPTConfig:
                              f"none: set layers (e.g. 'LLLLLG') and sliding_window, or rope_local_theta=None")
         if self.rope_local_theta is not None and self.pos != 'rope':
             raise ValueError(f"rope_local_theta needs pos='rope', got pos={self.pos!r}")
+
+    def _check_linear(self):
+        """The Gated DeltaNet flags: they apply to 'D' layers only."""
+        names = ('linear_n_key_head', 'linear_n_value_head', 'linear_key_dim', 'linear_value_dim')
+        for name in names:
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), 'None or a positive int')
+        for name in ('linear_conv_kernel', 'linear_chunk_size'):
+            _check_int(name, getattr(self, name), 'an int >= 1')
+        dims = self.linear_dims
+        if dims['v_heads'] % dims['k_heads'] != 0:
+            raise ValueError(f"linear_n_value_head ({dims['v_heads']}) must be a multiple of linear_n_key_head "
+                             f"({dims['k_heads']}): each key head serves a group of value heads")
+        set_ = [k for k in names + ('linear_conv_kernel', 'linear_chunk_size')
+                if getattr(self, k) != self.__dataclass_fields__[k].default]
+        if set_ and 'D' not in self.layer_kinds:
+            raise ValueError(f"{', '.join(set_)} apply to Gated DeltaNet ('D') layers and layers={self.layers!r} has "
+                             f"none: add 'D' to layers or leave them at their defaults")
+
+    @property
+    def linear_dims(self):
+        """A 'D' layer's heads and widths, the defaults filled in."""
+        hs = self.head_size
+        k_heads = self.linear_n_key_head or self.n_head
+        return {'k_heads': k_heads, 'v_heads': self.linear_n_value_head or k_heads,
+                'k_dim': self.linear_key_dim or hs, 'v_dim': self.linear_value_dim or hs}
 
     @property
     def head_size(self):
@@ -231,7 +268,8 @@ class GPTConfig:
 
     @property
     def layer_kinds(self):
-        """Each layer's attention: 'G' global, 'L' local (sliding_window), 'N' global without RoPE."""
+        """Each layer's attention: 'G' global, 'L' local (sliding_window), 'N' global without RoPE, 'D' Gated
+        DeltaNet."""
         pattern = self.layers or ('L' if self.sliding_window is not None else 'G')
         return [pattern[i % len(pattern)] for i in range(self.n_layer)]
 
@@ -293,7 +331,7 @@ ROPE_SCALING_FLAGS = {'rope_factor': ('linear', 'dynamic', 'yarn', 'llama3'),
 RUNTIME_FLAGS = ('block_size', 'dropout', 'sliding_window', 'rope_scaling', 'rope_factor', 'rope_original_length',
                  'rope_low_freq_factor', 'rope_high_freq_factor', 'yarn_beta_fast', 'yarn_beta_slow', 'yarn_mscale',
                  'yarn_mscale_all_dim', 'rope_attention_factor', 'yarn_truncate')
-LAYER_KINDS = ('G', 'L', 'N')  # global attention, local (a sliding window), global without RoPE (NoPE)
+LAYER_KINDS = ('G', 'L', 'N', 'D')  # global attention, local (a sliding window), global without RoPE (NoPE), Gated DeltaNet
 
 
 def upgrade_args(args):
@@ -680,20 +718,171 @@ class LatentAttention(nn.Module):
         return y @ w[:, self.nope:].transpose(1, 2)  # (B, H, 1, v)
 
 
+def l2_normalize(x, eps=1e-6):
+    """x over its last dim scaled to unit length (eps inside the root, as Qwen3-Next and fla)."""
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def gated_delta_chunked(q, k, v, g, beta, chunk, state=None, final=False):
+    """The gated delta rule over a sequence, chunk tokens at a time: inside a chunk in parallel, the state
+    carried from chunk to chunk. q, k (B, H, T, dk), v (B, H, T, dv), log-decays g and write strengths beta
+    (B, H, T), all fp32; state (B, H, dk, dv) or None (zeros). Returns the outputs (B, H, T, dv) and, with
+    final=True, the state after the last token.
+
+    Per token t (the recurrent form): S = e^g_t S; S += k_t (beta_t (v_t - S^T k_t))^T; o_t = S^T q_t. Unrolled
+    inside a chunk, with G_t the decay summed from the chunk's start and S0 the state before it, the writes
+    u_t = beta_t (v_t - S^T k_t) solve the unit lower triangular system (I + A) u = beta v - beta e^G k S0 with
+    A_tj = beta_t e^(G_t - G_j) k_t.k_j (j < t), so that o_t = e^G_t S0^T q_t + sum_(j<=t) e^(G_t - G_j) (q_t.k_j) u_j."""
+    B, H, T, dk = k.shape
+    dv = v.shape[-1]
+    C = min(chunk, T)
+    n = -(-T // C)
+    pad = n * C - T  # padded tokens write nothing (k = 0, beta = 0) and do not decay (g = 0)
+    q, k, v = (F.pad(x, (0, 0, 0, pad)).view(B, H, n, C, -1) for x in (q, k, v))
+    g, beta = (F.pad(x, (0, pad)).view(B, H, n, C) for x in (g, beta))
+    g = g.cumsum(-1)  # G: the decay from the chunk's start to each token, itself included
+    below = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    decay = (g[..., :, None] - g[..., None, :]).masked_fill(~below, float('-inf')).exp()  # e^(G_t - G_j), j <= t
+    k_beta = k * beta[..., None]
+    # the diagonal is taken as 1 (unitriangular), so A's own diagonal does not matter
+    uw = torch.linalg.solve_triangular((k_beta @ k.transpose(-1, -2)) * decay,
+                                       torch.cat((v * beta[..., None], k_beta * g.exp()[..., None]), dim=-1),
+                                       upper=False, unitriangular=True)
+    u, w = uw.split([dv, dk], dim=-1)  # the writes are u - w S0
+    scores = (q @ k.transpose(-1, -2)) * decay
+    q_decayed = q * g.exp()[..., None]  # reads S0 decayed to each token
+    k_decayed = k * (g[..., -1:] - g).exp()[..., None]  # writes decayed to the chunk's end
+    out = []
+    for i in range(n):
+        if state is None:  # a zero state reads and corrects nothing
+            u_i = u[:, :, i]
+            out.append(scores[:, :, i] @ u_i)
+        else:
+            u_i = u[:, :, i] - w[:, :, i] @ state
+            out.append(q_decayed[:, :, i] @ state + scores[:, :, i] @ u_i)
+        if i < n - 1 or final:
+            written = k_decayed[:, :, i].transpose(-1, -2) @ u_i
+            state = written if state is None else state * g[:, :, i, -1, None, None].exp() + written
+    return torch.stack(out, dim=2).view(B, H, n * C, dv)[:, :, :T], state
+
+
+def gated_delta_recurrent(q, k, v, g, beta, state=None):
+    """The same rule one token at a time (decoding): shapes as gated_delta_chunked; returns (outputs, state)."""
+    B, H, T, dk = k.shape
+    if state is None:
+        state = q.new_zeros(B, H, dk, v.shape[-1])
+    out = []
+    for t in range(T):
+        state = state * g[:, :, t, None, None].exp()
+        remembered = (state * k[:, :, t, :, None]).sum(-2)  # S^T k: what the state already says for this key
+        delta = beta[:, :, t, None] * (v[:, :, t] - remembered)
+        state = state + k[:, :, t, :, None] * delta[:, :, None, :]
+        out.append((state * q[:, :, t, :, None]).sum(-2))
+    return torch.stack(out, dim=2), state
+
+
+class GatedDeltaNet(nn.Module):
+    """Gated DeltaNet (Qwen3-Next, Qwen3.5), a 'D' layer: linear attention whose state, a (key dim, value dim)
+    matrix per value head, is decayed by e^g and corrected towards each new value by the delta rule, so the
+    cache holds that state and the convolution's last inputs, whatever the context. q, k and v pass a short
+    causal depthwise convolution (SiLU); q and k are L2-normalized per head; beta = sigmoid(b(x)) is each
+    token's write strength and g = -exp(A_log) softplus(a(x) + dt_bias) its decay; the output is RMS-normalized
+    per head, gated by silu(z(x)) and projected. Key heads may be fewer than value heads (each serves a group)."""
+
+    def __init__(self, config, layer=0):
+        super().__init__()
+        dims = config.linear_dims
+        self.k_heads, self.v_heads, self.k_dim, self.v_dim = dims['k_heads'], dims['v_heads'], dims['k_dim'], dims['v_dim']
+        self.kernel, self.chunk, self.eps = config.linear_conv_kernel, config.linear_chunk_size, config.norm_eps
+        d, width = config.n_embd, self.conv_width
+        self.in_proj_qkv = nn.Linear(d, width, bias=False)
+        self.in_proj_z = nn.Linear(d, self.v_heads * self.v_dim, bias=False)
+        self.in_proj_b = nn.Linear(d, self.v_heads, bias=False)
+        self.in_proj_a = nn.Linear(d, self.v_heads, bias=False)
+        self.conv1d = nn.Conv1d(width, width, self.kernel, groups=width, bias=False)
+        # decay rates A in [1, 16] and time steps softplus(dt_bias) in [1e-3, 0.1], log-uniform (Mamba's init)
+        self.A_log = nn.Parameter(torch.empty(self.v_heads).uniform_(1, 16).log())
+        dt = torch.empty(self.v_heads).uniform_(math.log(1e-3), math.log(0.1)).exp()
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+        self.norm = nn.Parameter(torch.ones(self.v_dim))  # the gated RMSNorm's gain, shared by the heads
+        self.c_proj = nn.Linear(self.v_heads * self.v_dim, d, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    @property
+    def conv_width(self):
+        return 2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
+
+    def cache_states(self):
+        """What the cache keeps, whatever the length: {name: (shape without the batch, dtype or None for the
+        cache's)}: the convolution's last kernel-1 inputs, and the recurrent state in fp32 (it sums every
+        token's write)."""
+        return {'conv': ((self.conv_width, self.kernel - 1), None),
+                'state': ((self.v_heads, self.k_dim, self.v_dim), torch.float32)}
+
+    def token_flops(self, seq_len):
+        """Forward + backward FLOPs per token of the matmuls that are not Linears, as training (the chunked
+        form, no state carried in or out) runs them over seq_len tokens, per value head and chunk: the two score
+        matrices, the triangular solve's backward product (the solve itself is not a matmul, as the
+        convolution is kernel-many products per channel: left out like the norms), the scores times the
+        writes, and the state's reads and writes between chunks."""
+        C = min(self.chunk, seq_len)
+        n = -(-seq_len // C)
+        dk, dv = self.k_dim, self.v_dim
+        per_head = 3 * n * (2 * C * C * dk * 2 + 2 * C * C * dv) + n * 2 * C * C * (dv + dk) \
+            + 3 * (n - 1) * 3 * 2 * C * dk * dv
+        return self.v_heads * per_head / seq_len
+
+    def forward(self, x, rope=None, mask=None, cache=None):
+        """rope and mask are attention's: a DeltaNet has no positions but its order. cache: this layer's part
+        of a KVCache (LayerCache), whose stores this layer reads and overwrites."""
+        B, T, _ = x.size()
+        Hk, Hv, dk, dv = self.k_heads, self.v_heads, self.k_dim, self.v_dim
+        fresh = cache is None or cache.cache.pos == 0
+        qkv = self.in_proj_qkv(x).transpose(1, 2)  # (B, width, T)
+        past = qkv.new_zeros(B, qkv.size(1), self.kernel - 1) if fresh else cache.stores['conv'].to(qkv.dtype)
+        qkv = torch.cat((past, qkv), dim=2)
+        if cache is not None:
+            cache.stores['conv'].copy_(qkv[:, :, qkv.size(2) - (self.kernel - 1):])
+        # the depthwise convolution as kernel-many products per channel (torch's FLOP counter miscounts a
+        # grouped convolution's backward, and this is as cheap)
+        qkv = F.silu((qkv.unfold(2, self.kernel, 1) * self.conv1d.weight).sum(-1)).transpose(1, 2)
+        q, k, v = qkv.split([Hk * dk, Hk * dk, Hv * dv], dim=-1)
+        q, k = (l2_normalize(t.view(B, T, Hk, dk).transpose(1, 2).float()) for t in (q, k))
+        q = q * dk ** -0.5
+        if Hv != Hk:  # consecutive value heads share a key head
+            q, k = q.repeat_interleave(Hv // Hk, dim=1), k.repeat_interleave(Hv // Hk, dim=1)
+        v = v.view(B, T, Hv, dv).transpose(1, 2).float()
+        beta = torch.sigmoid(self.in_proj_b(x).float()).transpose(1, 2)  # (B, Hv, T)
+        g = (-self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())).transpose(1, 2)
+        state = None if fresh else cache.stores['state']
+        if cache is not None and T == 1:
+            y, state = gated_delta_recurrent(q, k, v, g, beta, state)
+        else:
+            y, state = gated_delta_chunked(q, k, v, g, beta, self.chunk, state, final=cache is not None)
+        if cache is not None:
+            cache.stores['state'].copy_(state)
+        y = y.transpose(1, 2)  # (B, T, Hv, dv)
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm.float()
+        y = y * F.silu(self.in_proj_z(x).view(B, T, Hv, dv).float())
+        return self.resid_dropout(self.c_proj(y.reshape(B, T, Hv * dv).to(x.dtype)))
+
+
 ATTENTIONS = {'mha': CausalSelfAttention, 'mla': LatentAttention}
 
 
 class KVCache:
     """What each layer's attention keeps of past tokens (its cache_entries), preallocated as (B, heads, slots,
     dim) tensors for `length` positions. A local layer whose window is shorter than that keeps only the last
-    `window` positions, in a ring: slot = position % window; a global layer keeps every position."""
+    `window` positions, in a ring: slot = position % window; a global layer keeps every position; a Gated
+    DeltaNet layer its fixed states (cache_states), whatever the length."""
 
     def __init__(self, model, batch_size, length, dtype, device):
         config = model.config
         self.length, self.window = length, config.sliding_window
         self.ring_slots = self.slots_for(self.window, length)  # the local layers' (all share one window)
-        self.layers = [LayerCache(self, {name: torch.empty(batch_size, heads, slots, dim, dtype=dtype, device=device)
-                                         for name, (heads, dim) in block.attn.cache_entries().items()}, slots)
+        self.layers = [LayerCache(self, {name: torch.zeros(batch_size, *shape, dtype=dt, device=device)
+                                         for name, (shape, dt) in self.layer_stores(block.attn, slots, dtype)},
+                                  slots)
                        for slots, block in zip(self.layer_slots(config, length), model.transformer.h)]
         self.pos = 0  # positions seen
         # the ring slot the next single token goes to, as a tensor: a compiled block would specialise on an int
@@ -706,16 +895,26 @@ class KVCache:
 
     @staticmethod
     def layer_slots(config, length):
-        """Positions each layer keeps: a local layer its window, a global one all."""
-        return [KVCache.slots_for(config.window_of(i), length) for i in range(config.n_layer)]
+        """Positions each layer keeps: a local layer its window, a global one all, a Gated DeltaNet none (its
+        state stands for them)."""
+        return [0 if config.layer_kinds[i] == 'D' else KVCache.slots_for(config.window_of(i), length)
+                for i in range(config.n_layer)]
+
+    @staticmethod
+    def layer_stores(attn, slots, dtype):
+        """A layer's stores as [(name, (shape without the batch, dtype))]: an attention's entries per position
+        kept, a Gated DeltaNet's fixed states."""
+        if hasattr(attn, 'cache_states'):
+            return [(name, (shape, own or dtype)) for name, (shape, own) in attn.cache_states().items()]
+        return [(name, ((heads, slots, dim), dtype)) for name, (heads, dim) in attn.cache_entries().items()]
 
     @staticmethod
     def bytes_for(model, batch_size, length, dtype):
         """Bytes a cache of these dimensions takes, without allocating it."""
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        return batch_size * itemsize * sum(
-            slots * sum(heads * dim for heads, dim in block.attn.cache_entries().values())
-            for slots, block in zip(KVCache.layer_slots(model.config, length), model.transformer.h))
+        return batch_size * sum(
+            math.prod(shape) * torch.empty((), dtype=dtype_).element_size()
+            for slots, block in zip(KVCache.layer_slots(model.config, length), model.transformer.h)
+            for _, (shape, dtype_) in KVCache.layer_stores(block.attn, slots, dtype))
 
     def key_positions(self, T, slots, device):
         """Positions of the keys update() returns for T new tokens in a layer keeping `slots`, in its order."""
@@ -929,6 +1128,8 @@ class MoE(nn.Module):
         self.router = nn.Linear(config.n_embd, self.E, bias=config.moe_bias)
         self.experts = Experts(config)
         self.shared = GatedMLP(config, config.n_shared_expert * config.expert_hidden) if config.n_shared_expert else None
+        if config.shared_expert_gate:  # how much of the shared experts each token takes (Qwen3-Next)
+            self.shared_gate = nn.Linear(config.n_embd, 1, bias=False)
         if self.sigmoid:  # saved: it is part of what the model computes
             self.register_buffer('expert_bias', torch.zeros(self.E))
         self.register_buffer('load', torch.zeros(self.E), persistent=False)  # assignments per expert
@@ -955,7 +1156,8 @@ class MoE(nn.Module):
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         y = self.experts(x, experts, weights * self.scaling)
         if self.shared is not None:
-            y = y + self.shared(x)
+            y = y + (self.shared(x) * torch.sigmoid(self.shared_gate(x)) if hasattr(self, 'shared_gate')
+                     else self.shared(x))
         self._account(logits, scores, experts)
         return self.dropout(y.view(shape))
 
@@ -997,7 +1199,8 @@ class Block(nn.Module):
         super().__init__()
         self.position = config.norm_position
         self.ln_1 = make_norm(config)  # on the attention's input (pre, sandwich) or its output (post, after)
-        self.attn = ATTENTIONS[config.attn](config, layer)
+        self.attn = GatedDeltaNet(config, layer) if config.layer_kinds[layer] == 'D' else \
+            ATTENTIONS[config.attn](config, layer)
         self.ln_2 = make_norm(config)  # the same for the MLP
         self.mlp = MLPS[config.mlp_of(layer)](config)
         if self.position == 'sandwich':  # Gemma: the branches' outputs are normalized too
@@ -1126,7 +1329,7 @@ class GPT(nn.Module):
         # what each kind of layer attends with: its rotary tables and its mask (decided here, in Python, so a
         # compiled block gets a plain bool where the mask is plain causal attention)
         contexts = {}
-        for kind in set(self.config.layer_kinds):
+        for kind in set(self.config.layer_kinds) - {'D'}:
             window = self.config.sliding_window if kind == 'L' else None
             keys = None
             if cache is not None:
@@ -1136,6 +1339,7 @@ class GPT(nn.Module):
             if kind == 'L' and hasattr(self, 'rope_local'):
                 kind_rope = self.rope_local(x, start)[1]
             contexts[kind] = (kind_rope, T > 1 if mask is None else mask)
+        contexts['D'] = (None, None)  # a Gated DeltaNet knows positions only by their order
         x = self.transformer.drop(x)
         for i, (block, kind) in enumerate(zip(self.transformer.h, self.config.layer_kinds)):
             x = block(x, *contexts[kind], cache[i] if cache is not None else None)

@@ -231,6 +231,27 @@ def test_the_per_layer_groups_vary_one_thing_on_the_modern_block(monkeypatch):
         GPTConfig(**{**ablate_module.model_args(base), **flags})
 
 
+def test_the_hybrid_group_varies_the_layer_kinds_at_about_equal_parameters(monkeypatch):
+    """modern, 'DDDG' and 'D' differ only in their layers (and the DeltaNet's widths), and the parameters of
+    the three stay within 5% of each other."""
+    monkeypatch.setattr(sys, 'argv', ['ablate.py', '--grid=hybrid'])
+    monkeypatch.syspath_prepend(str(REPO))
+    sys.modules.pop('ablate', None)
+    ablate_module = importlib.import_module('ablate')
+    base = ablate_module.base_recipe(str(REPO))
+    variants = ablate_module.build_grid(base)
+    sys.modules.pop('ablate', None)
+    assert list(variants) == ['modern', 'layers=DDDG', 'layers=D']
+    modern = variants['modern']
+    linear = {k: v for k, v in variants['layers=D'].items() if k.startswith('linear_')}
+    assert variants['layers=DDDG'] == {**modern, 'layers': 'DDDG', **linear}
+    assert variants['layers=D'] == {**modern, 'layers': 'D', **linear}
+    from model import GPT, GPTConfig
+    sizes = [GPT(GPTConfig(**{**ablate_module.model_args(base), 'vocab_size': 65, **flags})).get_num_params()
+             for flags in variants.values()]
+    assert max(sizes) < 1.05 * min(sizes), sizes
+
+
 def test_a_report_never_mixes_arguments(tmp_path):
     """Runs made with other train_args are left out of the report, and named (the new ones train beside
     them); a corrupt done.json is one error line."""

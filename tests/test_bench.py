@@ -143,6 +143,20 @@ def test_per_layer_rows_cache_what_their_layers_keep(tmp_path):
     assert rows['gate']['params'] > rows['modern']['params'] and rows['lg+sinks']['decode_tokens_per_s_cached'] > 0
 
 
+def test_deltanet_rows_keep_a_cache_that_does_not_grow(tmp_path):
+    """Per sequence, all 'D' keeps per layer its conv inputs (3 x 32 channels x 3 positions) and state (2 heads
+    x 16 x 16), whatever the length; 'DDDG' one global layer's K/V plus three of those states."""
+    result = bench('--variants=hybrid,deltanet', '--n_layer=4', '--json=b.json', cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = {r['variant']: r for r in json.loads((tmp_path / 'b.json').read_text())['rows']}
+    assert rows['deltanet']['decode_tokens_per_s_cached'] > 0 and rows['hybrid']['train_ms_per_iter'] > 0
+    per_sequence = {v: rows[v]['kv_bytes_per_sequence'] for v in rows}
+    state = (3 * 32 * 3 + 2 * 16 * 16) * 4  # one DeltaNet layer's, fp32
+    assert per_sequence['deltanet'] == 4 * state
+    # k and v, one K/V head (modern's n_head / 2), block_size positions, head dim, fp32
+    assert per_sequence['hybrid'] == 2 * 1 * 16 * 16 * 4 + 3 * state
+
+
 FAKE_NANOGPT = f'''
 import sys
 from dataclasses import asdict, dataclass

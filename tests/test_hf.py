@@ -35,8 +35,9 @@ def randomized(hf, seed):
     return hf.eval()
 
 
-def check_parity(hf, path, seed=0):
-    """Save hf, load it into our GPT and compare logits, greedy decoding and the export back."""
+def check_parity(hf, path, seed=0, family=None):
+    """Save hf, load it into our GPT and compare logits, greedy decoding and the export back (to the family
+    export picks, or to `family`)."""
     hf.save_pretrained(path)
     ours = GPT.from_pretrained(str(path)).eval()
     g = torch.Generator().manual_seed(seed)
@@ -48,7 +49,7 @@ def check_parity(hf, path, seed=0):
         hf_tokens = hf.generate(prompt, max_new_tokens=NEW, do_sample=False, eos_token_id=None, pad_token_id=0,
                                 attention_mask=torch.ones_like(prompt))
         assert torch.equal(ours.generate(prompt, NEW, temperature=0.0), hf_tokens)
-        back = to_hf(ours)
+        back = to_hf(ours, family=family)
         assert type(back) is type(hf)
         torch.testing.assert_close(back(idx).logits, expected, atol=1e-4, rtol=0)
     return ours
@@ -395,3 +396,63 @@ def test_gpt_oss_other_swiglu_alpha_is_refused():
     with pytest.raises(ValueError, match='swiglu_alpha=1.5') as e:
         H.HF_FAMILIES['gpt_oss'].read_config(config)
     assert '\n' not in str(e.value)
+
+
+def qwen3_next(**overrides):
+    """Qwen3-Next's shapes: head_dim 16 (not 32 / 4), a quarter of it rotated, two key heads of 8 for four value
+    heads of 6 in the Gated DeltaNet layers."""
+    args = dict(head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                linear_value_head_dim=6, linear_conv_kernel_dim=4, partial_rotary_factor=0.25,
+                layer_types=['linear_attention', 'linear_attention', 'full_attention'], num_hidden_layers=3,
+                num_experts=0)
+    return tiny(transformers.Qwen3NextConfig, **{**args, **overrides})
+
+
+@pytest.mark.parametrize('moe', [False, True], ids=['dense', 'moe'])
+def test_qwen3_next_deltanet_layers_gated_attention_and_shared_expert(moe, tmp_path):
+    extra = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=16,
+                 mlp_only_layers=[0], norm_topk_prob=True) if moe else {}
+    torch.manual_seed(0)
+    hf = randomized(transformers.Qwen3NextForCausalLM(qwen3_next(**extra)), seed=8)
+    ours = check_parity(hf, tmp_path)
+    cfg = ours.config
+    assert cfg.layers == 'DDG' and cfg.attn_gate and cfg.qk_norm and cfg.rope_dim == 4
+    assert cfg.linear_dims == {'k_heads': 2, 'v_heads': 4, 'k_dim': 8, 'v_dim': 6}
+    if moe:
+        assert cfg.mlp == 'moe' and cfg.first_dense_layers == 1 and cfg.n_shared_expert == 1 and cfg.shared_expert_gate
+
+
+def test_qwen3_5_text_deltanet_layers_in_separate_projections(tmp_path):
+    config = qwen3_next(layer_types=['linear_attention', 'full_attention', 'linear_attention'])
+    args = {k: v for k, v in config.to_dict().items() if k in transformers.Qwen3_5TextConfig.__dataclass_fields__
+            or k in ('partial_rotary_factor',)}
+    torch.manual_seed(0)
+    hf = randomized(transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**args)), seed=9)
+    ours = check_parity(hf, tmp_path, family='qwen3_5_text')  # export's first choice for it is qwen3_next
+    assert type(to_hf(ours)) is transformers.Qwen3NextForCausalLM
+    assert ours.config.layer_kinds == ['D', 'G', 'D'] and ours.config.mlp == 'swiglu' and ours.config.linear_dims['v_heads'] == 4
+
+
+def test_a_qwen3_5_vision_language_checkpoint_loads_its_text_model(tmp_path):
+    text = {k: v for k, v in qwen3_next().to_dict().items() if k in transformers.Qwen3_5TextConfig.__dataclass_fields__
+            or k == 'partial_rotary_factor'}
+    vision = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=16, out_hidden_size=32)
+    torch.manual_seed(0)
+    full = randomized(transformers.Qwen3_5ForConditionalGeneration(
+        transformers.Qwen3_5Config(text_config=text, vision_config=vision)), seed=10)
+    full.save_pretrained(tmp_path)
+    ours = GPT.from_pretrained(str(tmp_path)).eval()
+    assert ours.config.layers == 'DDG'
+    idx = torch.randint(0, VOCAB, (2, PROMPT + NEW), generator=torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx)[0], full(idx).logits, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize('change, match', [
+    (dict(attention_bias=True), 'attention_bias'),
+    (dict(num_experts=4, mlp_only_layers=[1]), 'mlp_only_layers'),
+    (dict(num_experts=4, moe_intermediate_size=16, shared_expert_intermediate_size=24), 'shared_expert_intermediate_size'),
+], ids=['attention_bias', 'dense-later-layer', 'shared-not-a-multiple'])
+def test_qwen3_next_features_we_lack_are_refused(change, match):
+    with pytest.raises(ValueError, match=match):
+        H.HF_FAMILIES['qwen3_next'].read_config(qwen3_next(**change))
