@@ -148,28 +148,55 @@ if os.path.exists(meta_path):
     meta_vocab_size = meta['vocab_size']
     if meta.get('kind') == 'tiktoken':  # GPT-2's 50257 padded to 50304: a multiple of 64 runs faster on GPUs
         meta_vocab_size = 64 * math.ceil(meta_vocab_size / 64)
+# each split is a list of files of uint16 tokens: train.bin / val.bin, or the shards meta.json lists
+# (data/fineweb_edu/prepare.py: [name, tokens, ...] per shard)
+shard_files = {}
 for split in ('train', 'val'):
-    path = os.path.join(data_dir, f'{split}.bin')
-    if not os.path.isfile(path):
-        die(f"dataset file '{path}' not found; create it with: python data/{dataset}/prepare.py")
-    size = os.path.getsize(path)
-    if size % 2:
-        die(f"'{path}' is {size} bytes, not whole uint16 tokens: rerun python data/{dataset}/prepare.py")
-    if meta.get(f'{split}_tokens', size // 2) != size // 2:
-        die(f"'{path}' holds {size // 2} tokens but meta.json says {meta[f'{split}_tokens']}: the files are from "
-            f"different runs of prepare.py; rerun it")
+    if isinstance(meta.get('shards'), dict):
+        listed = [entry[0] for entry in meta['shards'].get(split, [])]
+        if not listed:
+            die(f"'{meta_path}' lists no {split} shards: rerun python data/{dataset}/prepare.py")
+        # a shard of another preparation beside ours would be read as ours: refused
+        strays = sorted(n for n in os.listdir(data_dir) if n.endswith('.bin') and f'_{split}_' in n and n not in listed)
+        if strays:
+            die(f"'{data_dir}' holds {split} shards '{meta_path}' does not list ({strays[0]}, ...): two preparations "
+                f"mixed; remove them or rerun python data/{dataset}/prepare.py into an empty directory")
+        shard_files[split] = [os.path.join(data_dir, name) for name in listed]
+    else:
+        shard_files[split] = [os.path.join(data_dir, f'{split}.bin')]
+    for path in shard_files[split]:
+        if not os.path.isfile(path):
+            die(f"dataset file '{path}' not found; create it with: python data/{dataset}/prepare.py")
+        size = os.path.getsize(path)
+        if size % 2:
+            die(f"'{path}' is {size} bytes, not whole uint16 tokens: rerun python data/{dataset}/prepare.py")
+    total = sum(os.path.getsize(p) // 2 for p in shard_files[split])
+    if meta.get(f'{split}_tokens', total) != total:
+        die(f"'{data_dir}' holds {total} {split} tokens but meta.json says {meta[f'{split}_tokens']}: the files are "
+            f"from different runs of prepare.py; rerun it")
+split_tokens = {split: [os.path.getsize(p) // 2 for p in files] for split, files in shard_files.items()}
 
 
 def get_batch(split, generator, fetch=True):
-    """(x, y) on the device; fetch=False only draws the batch's offsets (the generator moves alike) -> None."""
-    # a fresh memmap per batch: numpy keeps a long-lived one's pages and memory grows
-    data = np.memmap(os.path.join(data_dir, f'{split}.bin'), dtype=np.uint16, mode='r')
-    ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator).tolist()
+    """(x, y) on the device; fetch=False only draws the batch's offsets (the generator moves alike) -> None.
+    Over shards, every window of every shard is equally likely (uniform by tokens): one draw over them all."""
+    # each shard's windows, one after another: one file's draws are those of the single file they always were
+    starts = [max(0, n - block_size) for n in split_tokens[split]]
+    ix = torch.randint(sum(starts), (batch_size,), generator=generator).tolist()
     if not fetch:
         return None
-    xy = np.stack([data[i:i + 1 + block_size] for i in ix]).astype(np.int64)
+    rows, files, ends = [], [], np.cumsum(starts)
+    for i in ix:
+        k = int(np.searchsorted(ends, i, side='right'))
+        files.append(shard_files[split][k])
+        # a fresh memmap per batch: numpy keeps a long-lived one's pages and memory grows
+        data = np.memmap(shard_files[split][k], dtype=np.uint16, mode='r')
+        offset = i - (ends[k - 1] if k else 0)
+        rows.append(data[offset:offset + 1 + block_size])
+    xy = np.stack(rows).astype(np.int64)
     if xy.max() >= vocab_limit:
-        die(f"'{data_dir}/{split}.bin' holds token id {xy.max()} but the model's vocabulary has {vocab_limit}: the "
+        die(f"'{files[int(xy.max(axis=1).argmax())]}' holds token id {xy.max()} but the model's vocabulary has "
+            f"{vocab_limit}: the "
             f"data and meta.json (or the model) do not belong together")
     # one contiguous (B, T+1) block pinned and sent once; inputs and targets are its views on the device
     xy = torch.from_numpy(xy)
@@ -193,9 +220,10 @@ if init_from == 'scratch':
     except ValueError as e:
         die(str(e))
     for split in ('train', 'val'):
-        tokens = os.path.getsize(os.path.join(data_dir, f'{split}.bin')) // 2
+        tokens = max(split_tokens[split])
         if tokens <= block_size:
-            die(f"'{data_dir}/{split}.bin' holds {tokens} tokens, too few for block_size {block_size}")
+            die(f"'{shard_files[split][split_tokens[split].index(tokens)]}' holds {tokens} tokens, too few for "
+                f"block_size {block_size}")
 ckpt_path = os.path.join(out_dir, 'ckpt.pt')  # the latest state: what resume continues from
 best_path = os.path.join(out_dir, 'best.pt')  # the model of the best val loss so far
 log_path = os.path.join(out_dir, 'log.jsonl')
@@ -279,9 +307,10 @@ except Exception as e:
         code=1)
 vocab_limit = model.config.vocab_size
 for split in ('train', 'val'):
-    tokens = os.path.getsize(os.path.join(data_dir, f'{split}.bin')) // 2
+    tokens = max(split_tokens[split])
     if tokens <= model.config.block_size:
-        die(f"'{data_dir}/{split}.bin' holds {tokens} tokens, too few for block_size {model.config.block_size}")
+        die(f"'{shard_files[split][split_tokens[split].index(tokens)]}' holds {tokens} tokens, too few for "
+            f"block_size {model.config.block_size}")
 trained_args = trained_args or asdict(model.config)
 for k in MODEL_FLAGS:  # what was really built is what gets logged and saved
     settings[k] = getattr(model.config, k)

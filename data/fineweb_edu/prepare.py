@@ -124,7 +124,8 @@ def main():
     try:
         load_encoder()
     except Exception as e:  # offline without a cache, tiktoken raises whatever its HTTP client raises
-        fail(f"cannot load the GPT-2 encoding ({type(e).__name__}); offline, set TIKTOKEN_CACHE_DIR to a tiktoken cache")
+        fail(f"cannot load the GPT-2 encoding ({type(e).__name__}); offline, set TIKTOKEN_CACHE_DIR to a tiktoken "
+             f"cache")
 
     # what decides the shards' contents: a rerun continues only a preparation with the same
     source = os.path.abspath(args.input) if args.input else f"HuggingFaceFW/fineweb-edu:{args.sample}"
