@@ -173,8 +173,9 @@ def check_tasks(manager, names):
                                             "; see lm-eval --tasks list, or give its YAML's folder as --include_path"))
 
 
-def run_tasks(lm, names, manager, limit=None, num_fewshot=None, log_samples=False):
-    """The harness's results dict of these tasks on lm (an LM: ours or the harness's own)."""
+def run_tasks(lm, names, manager, limit=None, num_fewshot=None, log_samples=False, seeds=True):
+    """The harness's results dict of these tasks on lm (an LM: ours or the harness's own); seeds=False leaves
+    the global random generators alone (a training run's dropout and resume go on as without it)."""
     import logging
 
     from lm_eval import simple_evaluate
@@ -182,7 +183,8 @@ def run_tasks(lm, names, manager, limit=None, num_fewshot=None, log_samples=Fals
     for name in ('lm_eval', 'lm-eval'):  # its per-task progress lines would bury a training run's log
         logging.getLogger(name).setLevel(logging.ERROR)
     return simple_evaluate(model=lm, tasks=list(names), num_fewshot=num_fewshot, limit=limit, task_manager=manager,
-                           log_samples=log_samples, verbosity='ERROR')
+                           log_samples=log_samples,
+                           **({} if seeds else dict(random_seed=None, numpy_random_seed=None, torch_random_seed=None)))
 
 
 def scores(results, task):

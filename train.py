@@ -27,6 +27,11 @@ eval_interval = 2000
 log_interval = 10  # iterations between printed losses: reading one waits for the device
 eval_iters = 200
 eval_only = False  # evaluate once (appending to log.jsonl) and exit
+# one lm-evaluation-harness task scored at every evaluation, beside val loss, on rank 0 alone (pip install lm-eval)
+eval_task = ''  # '': off; a harness task name, e.g. 'hellaswag'
+eval_task_limit: Optional[int] = 500  # items scored each time; None: all of them
+eval_task_fewshot = 0
+eval_task_include_path = ''  # a folder of task YAML files of your own
 always_save_checkpoint = True  # else save only when val loss improves
 init_from = 'scratch'  # 'scratch', 'resume', or a Hugging Face name or directory (GPT-2, Llama, Qwen, ...)
 # wandb (works with WANDB_MODE=offline)
@@ -83,6 +88,15 @@ for name in ('beta1', 'beta2'):
 check(0 <= seed < 2 ** 63, f"seed must be in [0, 2**63), got {seed}")
 check(not (os.path.exists(out_dir) and not os.path.isdir(out_dir)), f"out_dir '{out_dir}' is a file, not a directory")
 check(init_from_problem(init_from) is None, init_from_problem(init_from))
+if eval_task:
+    import importlib.util
+    check(importlib.util.find_spec('lm_eval') is not None,
+          f"eval_task={eval_task!r} needs lm-evaluation-harness: pip install lm-eval")
+    check(eval_task_limit is None or eval_task_limit >= 1, f"eval_task_limit must be at least 1 (or None), got "
+          f"{eval_task_limit}")
+    check(eval_task_fewshot >= 0, f"eval_task_fewshot must be >= 0, got {eval_task_fewshot}")
+    check(not eval_task_include_path or os.path.isdir(eval_task_include_path),
+          f"eval_task_include_path '{eval_task_include_path}' is not a directory (it should hold task YAML files)")
 
 # the heavy imports only now: --help and a mistyped setting answer before torch loads
 import numpy as np  # noqa: E402
@@ -531,6 +545,28 @@ if master:
             die(f"wandb could not start ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                 f"try WANDB_MODE=offline")
 
+# ----------------------------------------------------------------------------- a downstream task
+task_lm = None  # rank 0 scores it alone (the others wait at the next step's all-reduce)
+if eval_task and master:
+    if fsdp:  # the model's forward needs every rank's shards
+        die("eval_task runs on rank 0 alone, which cannot run an FSDP-sharded model; train with DDP (fsdp=False) "
+            "or score checkpoints with eval.py")
+    from common import load_tokenizer
+    from eval import check_tasks, harness_lm, run_tasks, scores, task_manager  # only now: lm-eval is optional
+    task_index = task_manager(eval_task_include_path, [eval_task])
+    task_tokenizer = load_tokenizer(meta_path if os.path.exists(meta_path) else None,
+                                    pretrained=None if init_from in ('scratch', 'resume') else init_from)
+    check_tasks(task_index, [eval_task])  # a typo said now, not at the first evaluation
+    task_lm = harness_lm(raw_model, task_tokenizer, device, dtype, batch_size)
+
+
+def score_task():
+    """The task's metrics now ({'acc': ..., 'acc_norm': ...}); the model back in training mode after."""
+    results = run_tasks(task_lm, [eval_task], task_index, eval_task_limit, eval_task_fewshot, seeds=False)
+    raw_model.train()
+    return scores(results, eval_task)
+
+
 # ----------------------------------------------------------------------------- training loop
 t_start = time.time() - elapsed_before  # elapsed_s continues across resumes
 resumed_at = iter_num if init_from == 'resume' else None
@@ -564,6 +600,10 @@ try:
                 record = {'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val'], 'lr': lr,
                           'tokens': tokens_seen, 'elapsed_s': round(time.time() - t_start, 3),
                           'ms_per_iter': 1000 * train_time / train_steps if train_steps else None}
+                if task_lm is not None:
+                    record['task'] = {eval_task: score_task()}
+                    print(f"step {iter_num}: {eval_task} " + ', '.join(f"{k} {v:.4f}"
+                                                                      for k, v in record['task'][eval_task].items()))
                 if eval_only:  # an evaluation of the trained model, maybe at another length or scaling: say so
                     record.update(eval_only=True, **{k: getattr(raw_model.config, k) for k in RUNTIME_FLAGS
                                                      if k != 'dropout' and getattr(raw_model.config, k) != trained_args[k]})

@@ -243,6 +243,8 @@ def test_init_from_local_hf_gpt2(workdir, run):
     (['--block_size=2000'], ['val.bin', 'too few for block_size 2000']),
     (['--compile=maybe'], ["'compile' expects bool or None"]),
     (['--init_from=resum'], ["init_from 'resum'", "did you mean 'resume'"]),
+    (['--eval_task=x', '--eval_task_include_path=nowhere'], ["eval_task_include_path 'nowhere'", 'not a directory']),
+    (['--eval_task=x', '--eval_task_limit=0'], ['eval_task_limit must be at least 1']),
 ])
 def test_user_mistakes_are_one_line(workdir, args, fragments, monkeypatch, capsys):
     code, _, err = train_here(workdir, '--max_iters=1', *args, monkeypatch=monkeypatch, capsys=capsys)
@@ -814,3 +816,40 @@ def test_damaged_shard_directories_are_one_line(tmp_path, damage, fragments, mon
     damage(make_sharded_dataset(tmp_path))
     code, _, err = train_here(tmp_path, '--dataset=shards', '--max_iters=1', monkeypatch=monkeypatch, capsys=capsys)
     one_line_error(code, err, *fragments)
+
+
+CHAR_TASK = """task: tiny_char
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    validation: {path}
+validation_split: validation
+output_type: multiple_choice
+doc_to_text: "{{{{ctx}}}}"
+doc_to_target: label
+doc_to_choice: "{{{{endings}}}}"
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+"""
+
+
+def test_a_downstream_task_is_scored_beside_val_loss(workdir, run, single_thread):
+    """eval_task: a harness task (here a local one in HellaSwag's shape, in the dataset's characters) scored at
+    every evaluation, logged beside val loss."""
+    pytest.importorskip('lm_eval')
+    tasks = workdir / 'tasks'
+    tasks.mkdir()
+    items = [{'ctx': 'the quick brown', 'endings': [' fox jumps.', ' dog lazy.', ' over the.'], 'label': 0},
+             {'ctx': 'jumps over the', 'endings': [' quick dog.', ' lazy dog.', ' brown.'], 'label': 1},
+             {'ctx': 'the lazy', 'endings': [' fox.', ' jumps.', ' dog.'], 'label': 2}]
+    (tasks / 'items.jsonl').write_text(''.join(json.dumps(item) + '\n' for item in items))
+    (tasks / 'tiny_char.yaml').write_text(CHAR_TASK.format(path=tasks / 'items.jsonl'))
+    result = run(workdir, '--max_iters=4', '--eval_interval=2', '--out_dir=out', '--eval_task=tiny_char',
+                 f'--eval_task_include_path={tasks}', '--eval_task_limit=2')
+    assert re.search(r'step 4: tiny_char acc \d\.\d{4}, acc_norm \d\.\d{4}', result.stdout), result.stdout
+    records = [json.loads(line) for line in (workdir / 'out' / 'log.jsonl').read_text().splitlines()]
+    assert [r['iter'] for r in records] == [0, 2, 4]
+    for r in records:
+        assert set(r['task']['tiny_char']) == {'acc', 'acc_norm'}
+        assert r['task']['tiny_char']['acc'] in (0, 0.5, 1)  # two items scored
