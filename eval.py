@@ -18,6 +18,20 @@ import os
 import sys
 from typing import Optional
 
+# ----------------------------------------------------------------------------- settings
+# (read by configure() when eval.py runs; train.py imports the functions below alone)
+out_dir = ''  # a train.py out_dir: its ckpt.pt is scored
+init_from = ''  # or a GPT-2 / Llama name or directory (an export.py directory too)
+tokenizer = ''  # '': the model's own (its dataset's, a directory's, else GPT-2's BPE); 'gpt2' or a HF tokenizer
+tasks = 'hellaswag'  # comma-separated harness task names
+include_path = ''  # a folder of task YAML files of your own
+limit: Optional[int] = None  # items per task; None: all
+num_fewshot: Optional[int] = None  # None: each task's default
+batch_size = 16  # sequences per forward pass
+device = 'auto'  # 'auto' (cuda, mps, cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
+dtype = 'auto'  # 'auto' (bf16, else fp16 on CUDA; fp32 elsewhere), 'float32', 'bfloat16', 'float16'
+output = ''  # a .json path for the harness's results dict
+
 _INSTALL = "lm-evaluation-harness is not installed: pip install lm-eval"
 
 
@@ -196,18 +210,6 @@ def scores(results, task):
 
 if __name__ == '__main__':
     from configurator import configure, settings_of
-    # ------------------------------------------------------------------------- settings
-    out_dir = ''  # a train.py out_dir: its ckpt.pt is scored
-    init_from = ''  # or a GPT-2 / Llama name or directory (an export.py directory too)
-    tokenizer = ''  # '': the model's own (its dataset's, a directory's, else GPT-2's BPE); 'gpt2' or a HF tokenizer
-    tasks = 'hellaswag'  # comma-separated harness task names
-    include_path = ''  # a folder of task YAML files of your own
-    limit: Optional[int] = None  # items per task; None: all
-    num_fewshot: Optional[int] = None  # None: each task's default
-    batch_size = 16  # sequences per forward pass
-    device = 'auto'  # 'auto' (cuda, mps, cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
-    dtype = 'auto'  # 'auto' (bf16, else fp16 on CUDA; fp32 elsewhere), 'float32', 'bfloat16', 'float16'
-    output = ''  # a .json path for the harness's results dict
     settings = configure(settings_of(globals()), sys.argv[1:], prog='eval.py', doc=__doc__)
     globals().update(settings)
 
