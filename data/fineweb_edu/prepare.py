@@ -59,11 +59,19 @@ def tokenize(text):
     return np.array(ids, dtype=np.uint16)  # GPT-2's 50257 ids fit in uint16
 
 
+def quiet_worker():
+    """A worker ignores Ctrl-C (the terminal sends it to the whole group: this process alone stops, with one
+    line) and ends silently on the SIGTERM with which the pool stops it (not with our handler's traceback)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def load(args):
     from datasets import load_dataset
     if args.input is None:
         try:
-            return load_dataset("HuggingFaceFW/fineweb-edu", name=args.sample, split="train", num_proc=args.num_proc)
+            ds = load_dataset("HuggingFaceFW/fineweb-edu", name=args.sample, split="train", num_proc=args.num_proc)
+            return ds.select_columns(["text"])  # its other columns (url, score, ...) need not be read
         except Exception as e:
             fail(f"cannot load FineWeb-Edu '{args.sample}' from the Hugging Face hub: {reason(e)}; offline, give "
                  f"local parquet files with --input PATH")
@@ -184,8 +192,7 @@ def main():
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
         filled = 0
 
-    # the workers ignore Ctrl-C (the terminal sends it to them too): this process alone stops, with one line
-    workers = Pool(args.num_proc, signal.signal, (signal.SIGINT, signal.SIG_IGN)) if args.num_proc > 1 else None
+    workers = Pool(args.num_proc, quiet_worker) if args.num_proc > 1 else None
     with workers or nullcontext() as pool:
         stream = pool.imap(tokenize, texts(ds, docs), chunksize=16) if pool else map(tokenize, texts(ds, docs))
         with tqdm(total=len(ds), initial=docs, unit="doc", desc="tokenizing") as bar:
