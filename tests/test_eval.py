@@ -179,6 +179,14 @@ def test_cli_writes_the_harness_results(tmp_path, bpe, monkeypatch, capsys, sing
     results = json.loads((tmp_path / 'scores.json').read_text())
     assert results['results']['tiny_swag']['acc,none'] in (0, 1 / 3, 2 / 3, 1)
     assert results['n-samples']['tiny_swag']['effective'] == 3
+    # the same weights as a Hugging Face directory, through GPT.from_pretrained and the directory's tokenizer
+    import export
+    export.main('out', 'hf')
+    code, _, err = run_eval(tmp_path, '--init_from=hf', '--tasks=tiny_swag', f'--include_path={tasks}', '--limit=3',
+                            '--output=hf.json', monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, err[-3000:]
+    pretrained = json.loads((tmp_path / 'hf.json').read_text())['results']['tiny_swag']
+    assert pretrained['acc_norm,none'] == results['results']['tiny_swag']['acc_norm,none']
 
 
 @pytest.mark.parametrize('args, fragments', [
