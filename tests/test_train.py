@@ -845,11 +845,11 @@ def test_a_downstream_task_is_scored_beside_val_loss(workdir, run, single_thread
              {'ctx': 'the lazy', 'endings': [' fox.', ' jumps.', ' dog.'], 'label': 2}]
     (tasks / 'items.jsonl').write_text(''.join(json.dumps(item) + '\n' for item in items))
     (tasks / 'tiny_char.yaml').write_text(CHAR_TASK.format(path=tasks / 'items.jsonl'))
-    result = run(workdir, '--max_iters=4', '--eval_interval=2', '--out_dir=out', '--eval_task=tiny_char',
+    result = run(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=out', '--eval_task=tiny_char',
                  f'--eval_task_include_path={tasks}', '--eval_task_limit=2')
-    assert re.search(r'step 4: tiny_char acc \d\.\d{4}, acc_norm \d\.\d{4}', result.stdout), result.stdout
+    assert re.search(r'step 2: tiny_char acc \d\.\d{4}, acc_norm \d\.\d{4}', result.stdout), result.stdout
     records = [json.loads(line) for line in (workdir / 'out' / 'log.jsonl').read_text().splitlines()]
-    assert [r['iter'] for r in records] == [0, 2, 4]
+    assert [r['iter'] for r in records] == [0, 2]
     for r in records:
         assert set(r['task']['tiny_char']) == {'acc', 'acc_norm'}
         assert r['task']['tiny_char']['acc'] in (0, 0.5, 1)  # two items scored
