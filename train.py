@@ -29,7 +29,7 @@ eval_iters = 200
 eval_only = False  # evaluate once (appending to log.jsonl) and exit
 # one lm-evaluation-harness task scored at every evaluation, beside val loss, on rank 0 alone (pip install lm-eval)
 eval_task = ''  # '': off; a harness task name, e.g. 'hellaswag'
-eval_task_limit: Optional[int] = 500  # items scored each time; None: all of them
+eval_task_limit = 500  # items scored each time; 0: all of them
 eval_task_fewshot = 0
 eval_task_include_path = ''  # a folder of task YAML files of your own
 always_save_checkpoint = True  # else save only when val loss improves
@@ -92,8 +92,7 @@ if eval_task:
     import importlib.util
     check(importlib.util.find_spec('lm_eval') is not None,
           f"eval_task={eval_task!r} needs lm-evaluation-harness: pip install lm-eval")
-    check(eval_task_limit is None or eval_task_limit >= 1, f"eval_task_limit must be at least 1 (or None), got "
-          f"{eval_task_limit}")
+    check(eval_task_limit >= 0, f"eval_task_limit must be >= 0 (0: every item), got {eval_task_limit}")
     check(eval_task_fewshot >= 0, f"eval_task_fewshot must be >= 0, got {eval_task_fewshot}")
     check(not eval_task_include_path or os.path.isdir(eval_task_include_path),
           f"eval_task_include_path '{eval_task_include_path}' is not a directory (it should hold task YAML files)")
@@ -562,7 +561,7 @@ if eval_task and master:
 
 def score_task():
     """The task's metrics now ({'acc': ..., 'acc_norm': ...}); the model back in training mode after."""
-    results = run_tasks(task_lm, [eval_task], task_index, eval_task_limit, eval_task_fewshot, seeds=False)
+    results = run_tasks(task_lm, [eval_task], task_index, eval_task_limit or None, eval_task_fewshot, seeds=False)
     raw_model.train()
     return scores(results, eval_task)
 

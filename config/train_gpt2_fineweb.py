@@ -25,7 +25,7 @@ eval_iters = 80  # 80 * 16 * 1024: ~1.3M val tokens, as build-nanogpt
 log_interval = 10
 
 # HellaSwag at every evaluation, on rank 0 (the other GPUs wait for it): 2000 of its 10,042 items keep that
-# short with a standard error near 1%; eval_task_limit = None scores all of them, as published numbers do
+# short with a standard error near 1%; eval_task_limit = 0 scores all of them, as published numbers do
 eval_task = 'hellaswag'
 eval_task_limit = 2000
 eval_task_fewshot = 0

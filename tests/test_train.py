@@ -244,7 +244,7 @@ def test_init_from_local_hf_gpt2(workdir, run):
     (['--compile=maybe'], ["'compile' expects bool or None"]),
     (['--init_from=resum'], ["init_from 'resum'", "did you mean 'resume'"]),
     (['--eval_task=x', '--eval_task_include_path=nowhere'], ["eval_task_include_path 'nowhere'", 'not a directory']),
-    (['--eval_task=x', '--eval_task_limit=0'], ['eval_task_limit must be at least 1']),
+    (['--eval_task=x', '--eval_task_limit=-1'], ['eval_task_limit must be >= 0']),
 ])
 def test_user_mistakes_are_one_line(workdir, args, fragments, monkeypatch, capsys):
     code, _, err = train_here(workdir, '--max_iters=1', *args, monkeypatch=monkeypatch, capsys=capsys)
