@@ -209,8 +209,7 @@ def get_batch(split, generator, fetch=True):
     xy = np.stack(rows).astype(np.int64)
     if xy.max() >= vocab_limit:
         die(f"'{files[int(xy.max(axis=1).argmax())]}' holds token id {xy.max()} but the model's vocabulary has "
-            f"{vocab_limit}: the "
-            f"data and meta.json (or the model) do not belong together")
+            f"{vocab_limit}: the data and meta.json (or the model) do not belong together")
     # one contiguous (B, T+1) block pinned and sent once; inputs and targets are its views on the device
     xy = torch.from_numpy(xy)
     xy = xy.pin_memory().to(device, non_blocking=True) if device_type == 'cuda' else xy.to(device)
@@ -546,10 +545,10 @@ if master:
 
 # ----------------------------------------------------------------------------- a downstream task
 task_lm = None  # rank 0 scores it alone (the others wait at the next step's all-reduce)
+if eval_task and fsdp:  # every rank stops: the model's forward would need every rank's shards
+    die("eval_task runs on rank 0 alone, which cannot run an FSDP-sharded model; train with DDP (fsdp=False) "
+        "or score checkpoints with eval.py")
 if eval_task and master:
-    if fsdp:  # the model's forward needs every rank's shards
-        die("eval_task runs on rank 0 alone, which cannot run an FSDP-sharded model; train with DDP (fsdp=False) "
-            "or score checkpoints with eval.py")
     from common import load_tokenizer
     from eval import check_tasks, harness_lm, run_tasks, scores, task_manager  # only now: lm-eval is optional
     task_index = task_manager(eval_task_include_path, [eval_task])
