@@ -90,12 +90,12 @@ check(not (os.path.exists(out_dir) and not os.path.isdir(out_dir)), f"out_dir '{
 check(init_from_problem(init_from) is None, init_from_problem(init_from))
 if eval_task:
     import importlib.util
-    check(importlib.util.find_spec('lm_eval') is not None,
-          f"eval_task={eval_task!r} needs lm-evaluation-harness: pip install lm-eval")
     check(eval_task_limit >= 0, f"eval_task_limit must be >= 0 (0: every item), got {eval_task_limit}")
     check(eval_task_fewshot >= 0, f"eval_task_fewshot must be >= 0, got {eval_task_fewshot}")
     check(not eval_task_include_path or os.path.isdir(eval_task_include_path),
           f"eval_task_include_path '{eval_task_include_path}' is not a directory (it should hold task YAML files)")
+    check(importlib.util.find_spec('lm_eval') is not None,
+          f"eval_task={eval_task!r} needs lm-evaluation-harness: pip install lm-eval")
 
 # the heavy imports only now: --help and a mistyped setting answer before torch loads
 import numpy as np  # noqa: E402
