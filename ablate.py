@@ -96,7 +96,7 @@ REPO = os.path.dirname(os.path.abspath(__file__))
 TRAIN_PY = os.path.join(REPO, 'train.py')
 EXTRAPOLATION_SEED = 4242  # one set of batches per length, the same for every variant
 MULTIPLES = (1, 2, 4, 8)
-SUMMARY_VERSION = 2  # done.json figures older than this are recomputed from the run's files
+SUMMARY_VERSION = 3  # done.json figures older than this are recomputed from the run's files
 CLAIM_STALE_S = 600  # a claim whose owner stopped refreshing it this long ago is free
 
 
@@ -289,7 +289,8 @@ def summarize_run(path, cwd):
                'tokens_per_s': tokens_per_iter / ms_per_iter * 1000 if ms_per_iter and tokens_per_iter else None,
                'load_max_over_mean': statistics.mean(last['moe']['max_over_mean']) if 'moe' in last else None,
                'diverged_at': read_json(diverged)['iter'] if os.path.exists(diverged) else None,
-               'parameters': None, 'active_parameters': None, 'kv_bytes_per_token': None}
+               'parameters': None, 'active_parameters': None, 'kv_bytes_per_token': None,
+               'task': task_scores(last)}
     ckpt_path = os.path.join(path, 'ckpt.pt')
     if os.path.exists(ckpt_path):  # not when val loss never improved with always_save_checkpoint=False
         model = model_from_checkpoint(load_checkpoint(ckpt_path), ckpt_path)
@@ -297,6 +298,17 @@ def summarize_run(path, cwd):
         figures.update(parameters=model.get_num_params(), active_parameters=model.get_num_params(active=True),
                        kv_bytes_per_token=model.kv_cache_bytes(1, block, torch.float32) / block)
     return figures
+
+
+def task_scores(record):
+    """The downstream task's headline metric a run logged at this evaluation (train.py's eval_task), as
+    {'hellaswag acc_norm': 0.29}: acc_norm where the task has it, else acc, else its first metric."""
+    out = {}
+    for name, metrics in (record.get('task') or {}).items():
+        metric = next((m for m in ('acc_norm', 'acc') if m in metrics), next(iter(metrics), None))
+        if metric is not None:
+            out[f'{name} {metric}'] = metrics[metric]
+    return out
 
 
 def method_args(method, trained, multiple):
@@ -525,6 +537,8 @@ def aggregate(runs):
                                                               'tokens_per_s', 'kv_bytes_per_token',
                                                               'load_max_over_mean')},
             'diverged_at': [r['diverged_at'] for r in runs],
+            'task': {k: mean_or_none((r.get('task') or {}).get(k) for r in runs)
+                     for k in dict.fromkeys(k for r in runs for k in (r.get('task') or {}))},
             'extrapolation': {m: {x: mean_or_none((r.get('extrapolation') or {}).get(m, {}).get(x) for r in runs)
                                   for x in (f'{k}x' for k in MULTIPLES)} for m in methods_asked()},
             'curve': [[i, statistics.mean(c[i][1] for c in curves), statistics.mean(c[i][2] for c in curves)]
@@ -582,10 +596,13 @@ def write_report(out, order, failed, cwd):
                                                    'variants': variants, 'runs': runs})
     reference = 'vanilla' if 'vanilla' in variants else next(iter(variants), None)
     base = variants[reference]['final_val_loss'] if reference else None
+    # a downstream task's metric is a column when runs logged one (train.py's eval_task)
+    tasks = list(dict.fromkeys(k for agg in variants.values() for k in agg['task']))
     lines = [f"Base recipe `{train_config}`{f' with `{train_args}`' if train_args else ''}, seeds "
              f"{', '.join(str(1337 + s) for s in range(seeds))}; command: `{command}`", '',
              f'| variant | flags | parameters | active | final val loss | best val loss | Δ final vs {reference} '
-             '| ms/iter | tokens/s | KV cache bytes/token | load max/mean | diverged at |', '|' + ' --- |' * 12]
+             '| ms/iter | tokens/s | KV cache bytes/token | load max/mean | diverged at |'
+             + ''.join(f' {t} |' for t in tasks), '|' + ' --- |' * (12 + len(tasks))]
     for name, agg in variants.items():
         seeds_runs = [r for r in runs if r['variant'] == name]
         flags = ', '.join(f'{k}={v}' for k, v in agg['flags'].items()).replace('|', '\\|') or '(base recipe)'
@@ -595,7 +612,7 @@ def write_report(out, order, failed, cwd):
             mean_std([r['final_val_loss'] for r in seeds_runs]), mean_std([r['best_val_loss'] for r in seeds_runs]),
             'n/a' if base is None or agg['final_val_loss'] is None else f"{agg['final_val_loss'] - base:+.4f}",
             fmt(agg['ms_per_iter'], '.1f'), fmt(agg['tokens_per_s'], ',.0f'), fmt(agg['kv_bytes_per_token'], ',.0f'),
-            fmt(agg['load_max_over_mean'], '.2f'), diverged]) + ' |')
+            fmt(agg['load_max_over_mean'], '.2f'), diverged] + [fmt(agg['task'].get(t)) for t in tasks]) + ' |')
     if methods_asked():
         lines += ['', f"Val loss at multiples of the trained block_size (final checkpoints, {extrapolation_iters} "
                       f"batches per length; n/a: learned positions cannot go past 1x):", '',

@@ -27,6 +27,11 @@ eval_interval = 2000
 log_interval = 10  # iterations between printed losses: reading one waits for the device
 eval_iters = 200
 eval_only = False  # evaluate once (appending to log.jsonl) and exit
+# one lm-evaluation-harness task scored at every evaluation, beside val loss, on rank 0 alone (pip install lm-eval)
+eval_task = ''  # '': off; a harness task name, e.g. 'hellaswag'
+eval_task_limit = 500  # items scored each time; 0: all of them
+eval_task_fewshot = 0
+eval_task_include_path = ''  # a folder of task YAML files of your own
 always_save_checkpoint = True  # else save only when val loss improves
 init_from = 'scratch'  # 'scratch', 'resume', or a Hugging Face name or directory (GPT-2, Llama, Qwen, ...)
 # wandb (works with WANDB_MODE=offline)
@@ -83,6 +88,14 @@ for name in ('beta1', 'beta2'):
 check(0 <= seed < 2 ** 63, f"seed must be in [0, 2**63), got {seed}")
 check(not (os.path.exists(out_dir) and not os.path.isdir(out_dir)), f"out_dir '{out_dir}' is a file, not a directory")
 check(init_from_problem(init_from) is None, init_from_problem(init_from))
+if eval_task:
+    import importlib.util
+    check(eval_task_limit >= 0, f"eval_task_limit must be >= 0 (0: every item), got {eval_task_limit}")
+    check(eval_task_fewshot >= 0, f"eval_task_fewshot must be >= 0, got {eval_task_fewshot}")
+    check(not eval_task_include_path or os.path.isdir(eval_task_include_path),
+          f"eval_task_include_path '{eval_task_include_path}' is not a directory (it should hold task YAML files)")
+    check(importlib.util.find_spec('lm_eval') is not None,
+          f"eval_task={eval_task!r} needs lm-evaluation-harness: pip install lm-eval")
 
 # the heavy imports only now: --help and a mistyped setting answer before torch loads
 import numpy as np  # noqa: E402
@@ -148,29 +161,55 @@ if os.path.exists(meta_path):
     meta_vocab_size = meta['vocab_size']
     if meta.get('kind') == 'tiktoken':  # GPT-2's 50257 padded to 50304: a multiple of 64 runs faster on GPUs
         meta_vocab_size = 64 * math.ceil(meta_vocab_size / 64)
+# each split is a list of files of uint16 tokens: train.bin / val.bin, or the shards meta.json lists
+# (data/fineweb_edu/prepare.py: [name, tokens, ...] per shard)
+shard_files = {}
 for split in ('train', 'val'):
-    path = os.path.join(data_dir, f'{split}.bin')
-    if not os.path.isfile(path):
-        die(f"dataset file '{path}' not found; create it with: python data/{dataset}/prepare.py")
-    size = os.path.getsize(path)
-    if size % 2:
-        die(f"'{path}' is {size} bytes, not whole uint16 tokens: rerun python data/{dataset}/prepare.py")
-    if meta.get(f'{split}_tokens', size // 2) != size // 2:
-        die(f"'{path}' holds {size // 2} tokens but meta.json says {meta[f'{split}_tokens']}: the files are from "
-            f"different runs of prepare.py; rerun it")
+    if isinstance(meta.get('shards'), dict):
+        listed = [entry[0] for entry in meta['shards'].get(split, [])]
+        if not listed:
+            die(f"'{meta_path}' lists no {split} shards: rerun python data/{dataset}/prepare.py")
+        # a shard of another preparation beside ours would be read as ours: refused
+        strays = sorted(n for n in os.listdir(data_dir) if n.endswith('.bin') and f'_{split}_' in n and n not in listed)
+        if strays:
+            die(f"'{data_dir}' holds {split} shards '{meta_path}' does not list ({strays[0]}, ...): two preparations "
+                f"mixed; remove them or rerun python data/{dataset}/prepare.py into an empty directory")
+        shard_files[split] = [os.path.join(data_dir, name) for name in listed]
+    else:
+        shard_files[split] = [os.path.join(data_dir, f'{split}.bin')]
+    for path in shard_files[split]:
+        if not os.path.isfile(path):
+            die(f"dataset file '{path}' not found; create it with: python data/{dataset}/prepare.py")
+        size = os.path.getsize(path)
+        if size % 2:
+            die(f"'{path}' is {size} bytes, not whole uint16 tokens: rerun python data/{dataset}/prepare.py")
+    total = sum(os.path.getsize(p) // 2 for p in shard_files[split])
+    if meta.get(f'{split}_tokens', total) != total:
+        die(f"'{data_dir}' holds {total} {split} tokens but meta.json says {meta[f'{split}_tokens']}: the files are "
+            f"from different runs of prepare.py; rerun it")
+split_tokens = {split: [os.path.getsize(p) // 2 for p in files] for split, files in shard_files.items()}
 
 
 def get_batch(split, generator, fetch=True):
-    """(x, y) on the device; fetch=False only draws the batch's offsets (the generator moves alike) -> None."""
-    # a fresh memmap per batch: numpy keeps a long-lived one's pages and memory grows
-    data = np.memmap(os.path.join(data_dir, f'{split}.bin'), dtype=np.uint16, mode='r')
-    ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator).tolist()
+    """(x, y) on the device; fetch=False only draws the batch's offsets (the generator moves alike) -> None.
+    Over shards, every window of every shard is equally likely (uniform by tokens): one draw over them all."""
+    # each shard's windows, one after another: one file's draws are those of the single file they always were
+    starts = [max(0, n - block_size) for n in split_tokens[split]]
+    ix = torch.randint(sum(starts), (batch_size,), generator=generator).tolist()
     if not fetch:
         return None
-    xy = np.stack([data[i:i + 1 + block_size] for i in ix]).astype(np.int64)
+    rows, files, ends = [], [], np.cumsum(starts)
+    for i in ix:
+        k = int(np.searchsorted(ends, i, side='right'))
+        files.append(shard_files[split][k])
+        # a fresh memmap per batch: numpy keeps a long-lived one's pages and memory grows
+        data = np.memmap(shard_files[split][k], dtype=np.uint16, mode='r')
+        offset = i - (ends[k - 1] if k else 0)
+        rows.append(data[offset:offset + 1 + block_size])
+    xy = np.stack(rows).astype(np.int64)
     if xy.max() >= vocab_limit:
-        die(f"'{data_dir}/{split}.bin' holds token id {xy.max()} but the model's vocabulary has {vocab_limit}: the "
-            f"data and meta.json (or the model) do not belong together")
+        die(f"'{files[int(xy.max(axis=1).argmax())]}' holds token id {xy.max()} but the model's vocabulary has "
+            f"{vocab_limit}: the data and meta.json (or the model) do not belong together")
     # one contiguous (B, T+1) block pinned and sent once; inputs and targets are its views on the device
     xy = torch.from_numpy(xy)
     xy = xy.pin_memory().to(device, non_blocking=True) if device_type == 'cuda' else xy.to(device)
@@ -193,9 +232,10 @@ if init_from == 'scratch':
     except ValueError as e:
         die(str(e))
     for split in ('train', 'val'):
-        tokens = os.path.getsize(os.path.join(data_dir, f'{split}.bin')) // 2
+        tokens = max(split_tokens[split])
         if tokens <= block_size:
-            die(f"'{data_dir}/{split}.bin' holds {tokens} tokens, too few for block_size {block_size}")
+            die(f"'{shard_files[split][split_tokens[split].index(tokens)]}' holds {tokens} tokens, too few for "
+                f"block_size {block_size}")
 ckpt_path = os.path.join(out_dir, 'ckpt.pt')  # the latest state: what resume continues from
 best_path = os.path.join(out_dir, 'best.pt')  # the model of the best val loss so far
 log_path = os.path.join(out_dir, 'log.jsonl')
@@ -279,9 +319,10 @@ except Exception as e:
         code=1)
 vocab_limit = model.config.vocab_size
 for split in ('train', 'val'):
-    tokens = os.path.getsize(os.path.join(data_dir, f'{split}.bin')) // 2
+    tokens = max(split_tokens[split])
     if tokens <= model.config.block_size:
-        die(f"'{data_dir}/{split}.bin' holds {tokens} tokens, too few for block_size {model.config.block_size}")
+        die(f"'{shard_files[split][split_tokens[split].index(tokens)]}' holds {tokens} tokens, too few for "
+            f"block_size {model.config.block_size}")
 trained_args = trained_args or asdict(model.config)
 for k in MODEL_FLAGS:  # what was really built is what gets logged and saved
     settings[k] = getattr(model.config, k)
@@ -502,6 +543,28 @@ if master:
             die(f"wandb could not start ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                 f"try WANDB_MODE=offline")
 
+# ----------------------------------------------------------------------------- a downstream task
+task_lm = None  # rank 0 scores it alone (the others wait at the next step's all-reduce)
+if eval_task and fsdp:  # every rank stops: the model's forward would need every rank's shards
+    die("eval_task runs on rank 0 alone, which cannot run an FSDP-sharded model; train with DDP (fsdp=False) "
+        "or score checkpoints with eval.py")
+if eval_task and master:
+    from common import load_tokenizer
+    from eval import check_tasks, harness_lm, run_tasks, scores, task_manager  # only now: lm-eval is optional
+    task_index = task_manager(eval_task_include_path, [eval_task])
+    task_tokenizer = load_tokenizer(meta_path if os.path.exists(meta_path) else None,
+                                    pretrained=None if init_from in ('scratch', 'resume') else init_from)
+    check_tasks(task_index, [eval_task])  # a typo said now, not at the first evaluation
+    task_lm = harness_lm(raw_model, task_tokenizer, device, dtype, batch_size)
+
+
+def score_task():
+    """The task's metrics now ({'acc': ..., 'acc_norm': ...}); the model back in training mode after."""
+    results = run_tasks(task_lm, [eval_task], task_index, eval_task_limit or None, eval_task_fewshot, seeds=False)
+    raw_model.train()
+    return scores(results, eval_task)
+
+
 # ----------------------------------------------------------------------------- training loop
 t_start = time.time() - elapsed_before  # elapsed_s continues across resumes
 resumed_at = iter_num if init_from == 'resume' else None
@@ -535,6 +598,10 @@ try:
                 record = {'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val'], 'lr': lr,
                           'tokens': tokens_seen, 'elapsed_s': round(time.time() - t_start, 3),
                           'ms_per_iter': 1000 * train_time / train_steps if train_steps else None}
+                if task_lm is not None:
+                    record['task'] = {eval_task: score_task()}
+                    print(f"step {iter_num}: {eval_task} " + ', '.join(f"{k} {v:.4f}"
+                                                                      for k, v in record['task'][eval_task].items()))
                 if eval_only:  # an evaluation of the trained model, maybe at another length or scaling: say so
                     record.update(eval_only=True, **{k: getattr(raw_model.config, k) for k in RUNTIME_FLAGS
                                                      if k != 'dropout' and getattr(raw_model.config, k) != trained_args[k]})

@@ -411,3 +411,25 @@ def test_a_run_another_process_finished_meanwhile_is_reported_not_listed_as_miss
     stdout = capsys.readouterr().out
     assert 'being trained by elsewhere:1' in stdout and 'not in the report yet' not in stdout
     assert list(table_rows((out2 / 'results.md').read_text(encoding='utf-8'))) == ['vanilla']
+
+
+def test_a_downstream_task_metric_is_a_column(ablated, monkeypatch, capsys):
+    """Runs that logged train.py's eval_task show its headline metric (acc_norm) as a column, the mean over
+    seeds; variants without it say n/a."""
+    workdir, out, _ = ablated
+    for seed, score in ((1337, 0.25), (1338, 0.75)):
+        run = out / 'runs' / 'vanilla' / f'seed{seed}'
+        log = run / 'log.jsonl'
+        records = [json.loads(line) for line in log.read_text().splitlines()]
+        records[-1]['task'] = {'tiny_swag': {'acc': 0.5, 'acc_norm': score}}
+        log.write_text(''.join(json.dumps(r) + '\n' for r in records))
+        done = json.loads((run / 'done.json').read_text())
+        (run / 'done.json').write_text(json.dumps({**done, 'version': 0}))  # figures from the log again
+    monkeypatch.chdir(workdir)
+    import_ablate(monkeypatch, f'--run_dir={workdir}', f'--train_config={workdir / "tiny.py"}', f'--out_dir={out}',
+                  '--grid=custom', f'--custom={TWO_VARIANTS}', '--seeds=2', '--extrapolation=').main()
+    assert capsys.readouterr().out.count('skipped (finished)') == 4
+    table = tables((out / 'results.md').read_text(encoding='utf-8'))[0]
+    column = table[0].index('tiny_swag acc_norm')
+    rows = {cells[0]: cells for cells in table[1:]}
+    assert rows['vanilla'][column] == '0.5000' and rows['rope'][column] == 'n/a'

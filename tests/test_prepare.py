@@ -301,3 +301,114 @@ def test_an_interrupted_rerun_is_one_line_and_leaves_the_dataset_whole(tmp_path,
     assert r.returncode == 130 and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("error: interrupted (SIGINT)")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+# --- fineweb_edu: token shards from local parquet files -------------------------------------------
+
+FWE = ROOT / "data" / "fineweb_edu" / "prepare.py"
+DOCS = [f"Document {i}: " + "photosynthesis turns light into sugar. " * (i % 7 + 1) for i in range(40)]
+
+
+def write_parquet(root, docs=DOCS, column="text"):
+    """docs over two parquet files in nested folders, as the dataset's own layout nests them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    half = len(docs) // 2
+    for i, part in enumerate((docs[:half], docs[half:])):
+        d = root / "sample" / "10BT" / f"part{i}"
+        d.mkdir(parents=True)
+        pq.write_table(pa.table({column: part, "id": list(range(len(part)))}), d / f"{i:03d}_00000.parquet")
+    return root / "sample"
+
+
+def prepare_here(monkeypatch, capsys, *args):
+    """data/fineweb_edu/prepare.py in this process (datasets imports once): (exit code, stdout, stderr)."""
+    import importlib.util
+
+    # a module by name (not runpy's namespace): its worker processes unpickle its functions by that name
+    spec = importlib.util.spec_from_file_location("fineweb_edu_prepare", FWE)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "fineweb_edu_prepare", module)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(sys, "argv", ["prepare.py", *map(str, args)])
+    try:
+        module.main()
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def fwe(tmp_path, bpe_env, monkeypatch):
+    for key in ("TIKTOKEN_CACHE_DIR", "HF_DATASETS_CACHE"):
+        monkeypatch.setenv(key, bpe_env[key])
+    return write_parquet(tmp_path)
+
+
+def shards(out, meta):
+    return {split: [np.fromfile(out / entry[0], dtype=np.uint16) for entry in meta["shards"][split]]
+            for split in ("val", "train")}
+
+
+def test_fineweb_shards_hold_every_document_and_its_end_of_text(tmp_path, fwe, enc, monkeypatch, capsys):
+    out = tmp_path / "out"
+    code, _, err = prepare_here(monkeypatch, capsys, "--input", fwe, "--out_dir", out, "--shard_tokens", 300,
+                                "--val_tokens", 200, "--num_proc", 2)
+    assert code == 0, err
+    meta = json.loads((out / "meta.json").read_text())
+    got = shards(out, meta)
+    assert meta["complete"] and meta["docs"] == len(DOCS) and meta["vocab_size"] == 50257
+    assert [e[0] for e in meta["shards"]["val"]] == ["fineweb_edu_val_000000.bin"]
+    assert meta["shards"]["train"][0][0] == "fineweb_edu_train_000001.bin"
+    assert [len(s) for s in got["val"]] == [200] and all(len(s) == 300 for s in got["train"][:-1])
+    assert meta["val_tokens"] == 200 and meta["train_tokens"] == sum(len(s) for s in got["train"])
+    # the documents in order (the val split is the first ones), each followed by <|endoftext|>
+    expected = np.concatenate([enc.encode_ordinary(d) + [enc.eot_token] for d in DOCS])
+    np.testing.assert_array_equal(np.concatenate(got["val"] + got["train"]), expected)
+    # a rerun of a finished preparation changes nothing
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    code, stdout, _ = prepare_here(monkeypatch, capsys, "--input", fwe, "--out_dir", out, "--shard_tokens", 300,
+                                   "--val_tokens", 200)
+    assert code == 0 and "already prepared" in stdout
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    # interrupted after its third shard (its record says where in the input that shard ended, mid-document):
+    # the rerun writes the rest as the whole run did
+    for entry in meta["shards"]["train"][2:]:
+        (out / entry[0]).unlink()
+    cut = dict(meta, complete=False, shards={"val": meta["shards"]["val"], "train": meta["shards"]["train"][:2]},
+               train_tokens=300 * 2, docs=meta["shards"]["train"][1][2], doc_offset=meta["shards"]["train"][1][3])
+    assert cut["doc_offset"] or any(e[3] for e in meta["shards"]["train"])  # the documents do cross shards
+    (out / "meta.json").write_text(json.dumps(cut))
+    code, stdout, err = prepare_here(monkeypatch, capsys, "--input", fwe, "--out_dir", out, "--shard_tokens", 300,
+                                     "--val_tokens", 200, "--num_proc", 1)
+    assert code == 0 and "resuming" in stdout, err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_fineweb_refuses_to_mix_preparations(tmp_path, fwe, monkeypatch, capsys):
+    out = tmp_path / "out"
+    assert prepare_here(monkeypatch, capsys, "--input", fwe, "--out_dir", out, "--shard_tokens", 500,
+                        "--val_tokens", 100)[0] == 0
+    code, _, err = prepare_here(monkeypatch, capsys, "--input", fwe, "--out_dir", out, "--shard_tokens", 400,
+                                "--val_tokens", 100)
+    assert code == 2 and err.startswith("error:") and len(err.strip().splitlines()) == 1
+    assert "another preparation" in err and "'shard_tokens': 500" in err
+    # a shard meta.json does not list (another preparation's) in a fresh directory
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "fineweb_edu_train_000007.bin").write_bytes(b"\0\0")
+    code, _, err = prepare_here(monkeypatch, capsys, "--input", fwe, "--out_dir", other)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "fineweb_edu_train_000007.bin" in err
+
+
+def test_fineweb_parquet_without_text_is_one_line(tmp_path, bpe_env, monkeypatch, capsys):
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", bpe_env["TIKTOKEN_CACHE_DIR"])
+    src = write_parquet(tmp_path, column="content")
+    code, _, err = prepare_here(monkeypatch, capsys, "--input", src, "--out_dir", tmp_path / "out")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "no 'text' column" in err and "content" in err and "000_00000.parquet" in err
+    code, _, err = prepare_here(monkeypatch, capsys, "--input", tmp_path / "nothing", "--out_dir", tmp_path / "out")
+    assert code == 2 and "nothing" in err and len(err.strip().splitlines()) == 1

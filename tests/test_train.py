@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -242,6 +243,8 @@ def test_init_from_local_hf_gpt2(workdir, run):
     (['--block_size=2000'], ['val.bin', 'too few for block_size 2000']),
     (['--compile=maybe'], ["'compile' expects bool or None"]),
     (['--init_from=resum'], ["init_from 'resum'", "did you mean 'resume'"]),
+    (['--eval_task=x', '--eval_task_include_path=nowhere'], ["eval_task_include_path 'nowhere'", 'not a directory']),
+    (['--eval_task=x', '--eval_task_limit=-1'], ['eval_task_limit must be >= 0']),
 ])
 def test_user_mistakes_are_one_line(workdir, args, fragments, monkeypatch, capsys):
     code, _, err = train_here(workdir, '--max_iters=1', *args, monkeypatch=monkeypatch, capsys=capsys)
@@ -764,3 +767,89 @@ def test_a_failed_collective_is_one_line_naming_the_last_checkpoint(workdir, mon
     one_line_error(code, err, 'another process stopped at iter', 'Connection closed by peer',
                    "the last checkpoint is 'out/ckpt.pt' (iter 2,")
     assert code == 1
+
+
+def make_sharded_dataset(root, train_sizes=(100, 300, 8), val_sizes=(40, 60)):
+    """root/data/shards as data/fineweb_edu/prepare.py writes one: meta.json lists each split's shards; shard k
+    of train holds only token k, so a window shows which shard it came from."""
+    d = root / 'data' / 'shards'
+    d.mkdir(parents=True)
+    listed = {}
+    for split, sizes in (('train', train_sizes), ('val', val_sizes)):
+        listed[split] = []
+        for k, n in enumerate(sizes):
+            name = f'tiny_{split}_{k:06d}.bin'
+            np.full(n, k, dtype=np.uint16).tofile(d / name)
+            listed[split].append([name, n])
+    (d / 'meta.json').write_text(json.dumps({'kind': 'char', 'chars': ['a', 'b', 'c'], 'vocab_size': 3,
+                                             'shards': listed, 'train_tokens': sum(train_sizes),
+                                             'val_tokens': sum(val_sizes)}))
+    return d
+
+
+def test_sharded_datasets_are_sampled_uniformly_by_tokens(tmp_path, monkeypatch, capsys, single_thread):
+    make_sharded_dataset(tmp_path)
+    ns = train_namespace(tmp_path, '--dataset=shards', '--max_iters=2', '--eval_interval=2', '--out_dir=out',
+                         monkeypatch=monkeypatch)
+    assert 'step 2: train loss' in capsys.readouterr().out  # it trained and evaluated on the shards
+    g = ns['get_batch'].__globals__
+    g.update(ns)
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.cat([g['get_batch']('train', generator)[0] for _ in range(200)])
+    # every window lies inside one shard; the 8-token shard is shorter than a window (block_size 16): never read
+    assert bool((rows == rows[:, :1]).all())
+    counts = torch.bincount(rows[:, 0], minlength=3).tolist()
+    windows = [100 - 16, 300 - 16]  # a shard's share is its number of windows
+    assert counts[2] == 0
+    assert abs(counts[1] / sum(counts) - windows[1] / sum(windows)) < 0.05, counts
+    # the draws depend on the generator alone: the same seed, the same batch
+    again = g['get_batch']('train', torch.Generator().manual_seed(0))[0]
+    assert torch.equal(again, rows[:4])
+
+
+@pytest.mark.parametrize('damage, fragments', [
+    (lambda d: (d / 'tiny_train_000009.bin').write_bytes(b'\0\0'), ['tiny_train_000009.bin', 'two preparations']),
+    (lambda d: (d / 'tiny_val_000001.bin').unlink(), ['tiny_val_000001.bin', 'not found']),
+    (lambda d: (d / 'tiny_train_000001.bin').write_bytes(b'\0\0' * 7), ['train tokens', 'meta.json says 408']),
+], ids=['stray-shard', 'missing-shard', 'out-of-step'])
+def test_damaged_shard_directories_are_one_line(tmp_path, damage, fragments, monkeypatch, capsys):
+    damage(make_sharded_dataset(tmp_path))
+    code, _, err = train_here(tmp_path, '--dataset=shards', '--max_iters=1', monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err, *fragments)
+
+
+CHAR_TASK = """task: tiny_char
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    validation: {path}
+validation_split: validation
+output_type: multiple_choice
+doc_to_text: "{{{{ctx}}}}"
+doc_to_target: label
+doc_to_choice: "{{{{endings}}}}"
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+"""
+
+
+def test_a_downstream_task_is_scored_beside_val_loss(workdir, run, single_thread):
+    """eval_task: a harness task (here a local one in HellaSwag's shape, in the dataset's characters) scored at
+    every evaluation, logged beside val loss."""
+    pytest.importorskip('lm_eval')
+    tasks = workdir / 'tasks'
+    tasks.mkdir()
+    items = [{'ctx': 'the quick brown', 'endings': [' fox jumps.', ' dog lazy.', ' over the.'], 'label': 0},
+             {'ctx': 'jumps over the', 'endings': [' quick dog.', ' lazy dog.', ' brown.'], 'label': 1},
+             {'ctx': 'the lazy', 'endings': [' fox.', ' jumps.', ' dog.'], 'label': 2}]
+    (tasks / 'items.jsonl').write_text(''.join(json.dumps(item) + '\n' for item in items))
+    (tasks / 'tiny_char.yaml').write_text(CHAR_TASK.format(path=tasks / 'items.jsonl'))
+    result = run(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=out', '--eval_task=tiny_char',
+                 f'--eval_task_include_path={tasks}', '--eval_task_limit=2')
+    assert re.search(r'step 2: tiny_char acc \d\.\d{4}, acc_norm \d\.\d{4}', result.stdout), result.stdout
+    records = [json.loads(line) for line in (workdir / 'out' / 'log.jsonl').read_text().splitlines()]
+    assert [r['iter'] for r in records] == [0, 2]
+    for r in records:
+        assert set(r['task']['tiny_char']) == {'acc', 'acc_norm'}
+        assert r['task']['tiny_char']['acc'] in (0, 0.5, 1)  # two items scored

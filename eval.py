@@ -1,0 +1,271 @@
+"""
+Score a model on lm-evaluation-harness tasks (HellaSwag, ARC, ...) through the harness's own LM interface.
+
+    python eval.py --out_dir=out-shakespeare-modern --tasks=hellaswag --limit=200
+    python eval.py --init_from=gpt2 --tasks=hellaswag,arc_easy --output=gpt2.json
+    python eval.py --out_dir=DIR --tasks=my_task --include_path=my_tasks/   # task YAMLs of your own
+
+Needs lm-eval (pip install lm-eval); nothing else in nanoswap does. The model is a train.py checkpoint
+(--out_dir) or a Hugging Face model (--init_from, through GPT.from_pretrained), with its own tokenizer: its
+dataset's meta.json, the pretrained model's, else GPT-2's BPE. Log-likelihoods are computed in batches,
+generation goes through our cached decoding; the scores equal the harness's `hf` backend on export.py's
+directory of the same weights. --output writes the harness's results dict (results[task]['acc,none'], ...).
+Settings are the globals below; a config file, then --key=value, override them (configurator.py).
+"""
+
+import json
+import os
+import sys
+from typing import Optional
+
+# ----------------------------------------------------------------------------- settings
+# (read by configure() when eval.py runs; train.py imports the functions below alone)
+out_dir = ''  # a train.py out_dir: its ckpt.pt is scored
+init_from = ''  # or a GPT-2 / Llama name or directory (an export.py directory too)
+tokenizer = ''  # '': the model's own (its dataset's, a directory's, else GPT-2's BPE); 'gpt2' or a HF tokenizer
+tasks = 'hellaswag'  # comma-separated harness task names
+include_path = ''  # a folder of task YAML files of your own
+limit: Optional[int] = None  # items per task; None: all
+num_fewshot: Optional[int] = None  # None: each task's default
+batch_size = 16  # sequences per forward pass
+device = 'auto'  # 'auto' (cuda, mps, cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
+dtype = 'auto'  # 'auto' (bf16, else fp16 on CUDA; fp32 elsewhere), 'float32', 'bfloat16', 'float16'
+output = ''  # a .json path for the harness's results dict
+
+_INSTALL = "lm-evaluation-harness is not installed: pip install lm-eval"
+
+
+def require_harness():
+    """lm_eval, or one line saying how to install it."""
+    try:
+        import lm_eval
+    except ImportError:
+        from common import die
+        die(_INSTALL)
+    return lm_eval
+
+
+def end_of_text(tokenizer):
+    """The id that separates documents (and starts an empty context): GPT-2's <|endoftext|>, else the BOS a
+    Hugging Face tokenizer puts first, else 0 (a character vocabulary has no such token)."""
+    for text in ('<|endoftext|>', ''):
+        try:
+            ids = tokenizer.encode(text)
+        except SystemExit:  # a character vocabulary without '<', '|', ...
+            continue
+        if len(ids) == 1:
+            return ids[0]
+    return 0
+
+
+def harness_lm(model, tokenizer, device, dtype='float32', batch_size=16):
+    """Our GPT as an lm_eval LM (a TemplateLM: the harness encodes contexts and continuations as for its own
+    models); tokenizer: a common.Tokenizer."""
+    lm_eval = require_harness()
+    import torch
+    import torch.nn.functional as F
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    from common import autocast
+    eot = end_of_text(tokenizer)
+    block_size = model.config.block_size
+    vocab_limit = min(tokenizer.vocab_size, model.config.vocab_size)
+
+    class NanoLM(TemplateLM):
+        @property
+        def eot_token_id(self):
+            return eot
+
+        @property
+        def max_length(self):
+            return block_size
+
+        def tok_encode(self, string, add_special_tokens=None, **kwargs):
+            return tokenizer.encode(string)
+
+        def tok_decode(self, ids, **kwargs):
+            return tokenizer.decode(ids)
+
+        @torch.no_grad()
+        def _loglikelihood_tokens(self, requests, disable_tqdm=False, **kwargs):
+            """(sum of the continuation's log-probabilities, whether it is the greedy one) per request, the
+            longest first in batches of batch_size, each padded on the right (causal: padding changes nothing)."""
+            # the model's window: the last block_size + 1 tokens, the last of which only a target
+            rows = [(ctx + cont)[-(block_size + 1):][:-1] for _, ctx, cont in requests]
+            order = sorted(range(len(requests)), key=lambda i: -len(rows[i]))
+            out = [None] * len(requests)
+            model.eval()
+            for start in range(0, len(order), batch_size):
+                batch = order[start:start + batch_size]
+                width = max(len(rows[i]) for i in batch)
+                x = torch.zeros(len(batch), width, dtype=torch.long)
+                for j, i in enumerate(batch):
+                    x[j, :len(rows[i])] = torch.tensor(rows[i])
+                with autocast(device, dtype):
+                    logits, _ = model(x.to(device))
+                logprobs = F.log_softmax(logits.float(), dim=-1).cpu()
+                for j, i in enumerate(batch):
+                    cont = requests[i][2]
+                    n = len(rows[i])
+                    scores = logprobs[j, n - len(cont):n]
+                    target = torch.tensor(cont)
+                    out[i] = (scores.gather(1, target[:, None]).sum().item(), bool((scores.argmax(-1) == target).all()))
+            return out
+
+        def loglikelihood_rolling(self, requests, disable_tqdm=False):
+            """A whole text's log-likelihood in windows of block_size tokens, each predicting tokens the
+            previous did not (perplexity tasks: wikitext, ...)."""
+            windows, owner = [], []
+            for k, req in enumerate(requests):
+                for ctx, cont in map(make_disjoint_window, get_rolling_token_windows(
+                        self.tok_encode(req.args[0]), prefix_token=eot, max_seq_len=block_size, context_len=1)):
+                    windows.append((None, ctx, cont))
+                    owner.append(k)
+            totals = [0.0] * len(requests)
+            for k, (logprob, _) in zip(owner, self._loglikelihood_tokens(windows)):
+                totals[k] += logprob
+            return totals
+
+        @torch.no_grad()
+        def generate_until(self, requests, disable_tqdm=False):
+            """Each request's continuation, decoded with the KV cache until a stop string (greedy unless the
+            task samples), cut before the stop string."""
+            model.eval()
+            results = []
+            for req in requests:
+                context, kwargs = req.args
+                until = kwargs.get('until') or []
+                until = [until] if isinstance(until, str) else list(until)
+                until.append(tokenizer.decode([eot]))
+                max_new = int(kwargs.get('max_gen_toks', 256))
+                temperature = float(kwargs.get('temperature', 0.0)) if kwargs.get('do_sample') else 0.0
+                prompt = self.tok_encode(context)[-max(1, block_size - max_new):]
+                idx = torch.tensor([prompt], dtype=torch.long, device=device)
+                new, text = [], ''
+                with autocast(device, dtype):
+                    for token in model.generate_stream(idx, max_new, temperature, use_cache=True,
+                                                       vocab_limit=vocab_limit):
+                        new.append(token.item())
+                        text = tokenizer.decode(new)
+                        if any(s and s in text for s in until):
+                            break
+                for s in until:
+                    if s:
+                        text = text.split(s)[0]
+                results.append(text)
+            return results
+
+    return NanoLM()
+
+
+def task_manager(include_path='', names=()):
+    """The harness's task index, with the task YAMLs under include_path (one line when it does not exist). Its
+    thousands of own tasks take seconds to index: only the local ones when they hold every task named."""
+    from common import die
+    if include_path and not os.path.isdir(include_path):
+        die(f"include_path '{include_path}' is not a directory (it should hold task YAML files)")
+    require_harness()
+    from lm_eval.tasks import TaskManager
+    if include_path and names:
+        local = TaskManager(include_path=include_path, include_defaults=False)
+        if set(names) <= set(local.all_tasks):
+            return local
+    return TaskManager(include_path=include_path or None)
+
+
+def check_tasks(manager, names):
+    """One line for a task name the harness does not know, with the closest it does."""
+    import difflib
+
+    from common import die
+    known = set(manager.all_tasks)
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=3)
+            die(f"unknown task {name!r}" + (f"; did you mean {', '.join(map(repr, close))}?" if close else
+                                            "; see lm-eval --tasks list, or give its YAML's folder as --include_path"))
+
+
+def run_tasks(lm, names, manager, limit=None, num_fewshot=None, log_samples=False, seeds=True):
+    """The harness's results dict of these tasks on lm (an LM: ours or the harness's own); seeds=False leaves
+    the global random generators alone (a training run's dropout and resume go on as without it)."""
+    import logging
+
+    from lm_eval import simple_evaluate
+    check_tasks(manager, names)
+    for name in ('lm_eval', 'lm-eval'):  # its per-task progress lines would bury a training run's log
+        logging.getLogger(name).setLevel(logging.ERROR)
+    return simple_evaluate(model=lm, tasks=list(names), num_fewshot=num_fewshot, limit=limit, task_manager=manager,
+                           log_samples=log_samples,
+                           **({} if seeds else dict(random_seed=None, numpy_random_seed=None, torch_random_seed=None)))
+
+
+def scores(results, task):
+    """{metric: value} of one task in a results dict, without the filter suffix and the standard errors:
+    {'acc': 0.3, 'acc_norm': 0.31}."""
+    return {k.split(',')[0]: v for k, v in results['results'][task].items()
+            if ',' in k and '_stderr' not in k and isinstance(v, (int, float))}
+
+
+if __name__ == '__main__':
+    from configurator import configure, settings_of
+    settings = configure(settings_of(globals()), sys.argv[1:], prog='eval.py', doc=__doc__)
+    globals().update(settings)
+
+    def usage_error(message):  # said before torch loads
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+    if out_dir and init_from:
+        usage_error(f"give a checkpoint (--out_dir={out_dir}) or a pretrained model (--init_from={init_from}), "
+                    f"not both")
+    if not out_dir and not init_from:
+        usage_error("give the model to score: --out_dir=DIR (a train.py checkpoint) or --init_from=NAME_OR_DIR")
+    names = [t.strip() for t in tasks.split(',') if t.strip()]
+    if not names:
+        usage_error("tasks must name at least one task, e.g. --tasks=hellaswag")
+    if include_path and not os.path.isdir(include_path):
+        usage_error(f"include_path '{include_path}' is not a directory (it should hold task YAML files)")
+    if limit is not None and limit < 1:
+        usage_error(f"limit must be at least 1 (or None for every item), got {limit}")
+    if num_fewshot is not None and num_fewshot < 0:
+        usage_error(f"num_fewshot must be >= 0 (or None for the task's default), got {num_fewshot}")
+    if batch_size < 1:
+        usage_error(f"batch_size must be at least 1, got {batch_size}")
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError:
+        usage_error(_INSTALL)
+
+    from common import (catch_interrupts, die, load_checkpoint, load_pretrained, load_tokenizer,  # noqa: E402
+                        model_from_checkpoint, pick_device, pick_dtype)
+    catch_interrupts()
+    device = pick_device(device)
+    dtype = pick_dtype(device, dtype)
+    manager = task_manager(include_path, names)
+    check_tasks(manager, names)  # before the model loads: a typo should not cost it
+    meta_path = None
+    if out_dir:
+        ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+        checkpoint = load_checkpoint(ckpt_path)
+        model = model_from_checkpoint(checkpoint, ckpt_path)
+        dataset = (checkpoint.get('config') or {}).get('dataset')
+        if dataset and os.path.exists(os.path.join('data', dataset, 'meta.json')):
+            meta_path = os.path.join('data', dataset, 'meta.json')
+    else:
+        model = load_pretrained(init_from)
+    tok = load_tokenizer(meta_path, pretrained=init_from or None, name=tokenizer)
+    if tok.guessed:
+        print(f"note: encoding with {tok.source}", file=sys.stderr)
+    model.to(device)
+    results = run_tasks(harness_lm(model, tok, device, dtype, batch_size), names, manager, limit, num_fewshot)
+    from lm_eval.utils import make_table
+    print(make_table(results))
+    if output:
+        from lm_eval.utils import handle_non_serializable
+        try:
+            with open(output, 'w', encoding='utf-8') as f:
+                json.dump(results, f, indent=1, default=handle_non_serializable)
+        except OSError as e:
+            die(f"cannot write output '{output}': {e.strerror or e}", code=1)
+        print(f"wrote {output}")
