@@ -61,7 +61,7 @@ def end_of_text(tokenizer):
 def harness_lm(model, tokenizer, device, dtype='float32', batch_size=16):
     """Our GPT as an lm_eval LM (a TemplateLM: the harness encodes contexts and continuations as for its own
     models); tokenizer: a common.Tokenizer."""
-    lm_eval = require_harness()
+    require_harness()
     import torch
     import torch.nn.functional as F
     from lm_eval.api.model import TemplateLM
