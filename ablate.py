@@ -61,6 +61,7 @@ extrapolation = 'plain'  # methods of the length table: plain, linear, dynamic, 
 extrapolation_iters = 20  # batches per length and method
 parallel = 1  # runs at once
 devices = ''  # e.g. 'cuda:0,cuda:1': the device of each parallel slot; '' keeps the recipe's
+report_only = False  # write the report from the runs finished so far, training none (e.g. after an interrupt)
 python = ''  # '' is this interpreter
 run_dir = ''
 settings = configure(settings_of(globals()), sys.argv[1:], prog='ablate.py', doc=__doc__)
@@ -651,6 +652,8 @@ def main():
                  for name, flags in variants.items() for s in range(seeds))
     total, running, durations, failed, busy = len(jobs), {}, [], [], []
     counter, last_refresh = 0, time.time()
+    if report_only:
+        jobs.clear()
     try:
         while jobs or running:
             while jobs and len(running) < parallel:

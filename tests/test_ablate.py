@@ -137,6 +137,16 @@ def test_rerun_skips_finished_runs_and_rewrites_the_report(ablated):
     assert (out / 'val_loss_vs_iter.png').exists()
 
 
+def test_report_only_trains_nothing_and_reports_what_finished(ablated):
+    """--report_only after an interrupt: the finished runs' report, a third seed not trained."""
+    workdir, out, _ = ablated
+    (out / 'results.md').unlink()
+    result = ablate(workdir, out, '--grid=custom', f'--custom={TWO_VARIANTS}', '--seeds=3', '--report_only=True')
+    assert result.returncode == 0, result.stderr
+    assert 'started' not in result.stdout and not list(out.glob('runs/*/seed1339'))
+    assert list(table_rows((out / 'results.md').read_text(encoding='utf-8'))) == ['vanilla', 'rope']
+
+
 def test_failed_run_is_reported_and_the_others_finish(tmp_path):
     workdir = make_workdir(tmp_path)
     out = tmp_path / 'out'
