@@ -11,6 +11,27 @@ if REPO_ROOT not in sys.path:
 
 TINY_TEXT = 'the quick brown fox jumps over the lazy dog. ' * 200
 
+# an lm-evaluation-harness multiple-choice task in HellaSwag's shape (ctx, endings, label) over a local jsonl:
+# format with name and path
+CHOICE_TASK_YAML = """task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    validation: {path}
+validation_split: validation
+output_type: multiple_choice
+doc_to_text: "{{{{ctx}}}}"
+doc_to_target: label
+doc_to_choice: "{{{{endings}}}}"
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+  - metric: acc_norm
+    aggregation: mean
+    higher_is_better: true
+"""
+
 
 def make_char_dataset(root, name='tiny', text=TINY_TEXT, chars=None):
     """root/data/<name>/{train,val}.bin and meta.json, as data/shakespeare_char/prepare.py writes them:

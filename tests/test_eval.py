@@ -14,6 +14,7 @@ for key in ('HF_HUB_OFFLINE', 'TRANSFORMERS_OFFLINE', 'HF_DATASETS_OFFLINE'):
     os.environ.setdefault(key, '1')
 
 import common  # noqa: E402
+from conftest import CHOICE_TASK_YAML  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,24 +33,7 @@ ITEMS = [
                                                          ' washes the cat.'], 'label': 2},
 ]
 TEXTS = ['The quick brown fox jumps over the lazy dog. ' * 6, 'A short line of text.']
-CHOICE_YAML = """task: tiny_swag
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    validation: {path}
-validation_split: validation
-output_type: multiple_choice
-doc_to_text: "{{{{ctx}}}}"
-doc_to_target: label
-doc_to_choice: "{{{{endings}}}}"
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-  - metric: acc_norm
-    aggregation: mean
-    higher_is_better: true
-"""
+CHOICE_YAML = CHOICE_TASK_YAML.replace('{name}', 'tiny_swag')
 ROLLING_YAML = """task: tiny_text
 dataset_path: json
 dataset_kwargs:

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import common
-from conftest import make_char_dataset
+from conftest import CHOICE_TASK_YAML, make_char_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ['--dataset=tiny', '--device=cpu', '--compile=False', '--n_layer=2', '--n_head=2', '--n_embd=32',
@@ -818,20 +818,7 @@ def test_damaged_shard_directories_are_one_line(tmp_path, damage, fragments, mon
     one_line_error(code, err, *fragments)
 
 
-CHAR_TASK = """task: tiny_char
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    validation: {path}
-validation_split: validation
-output_type: multiple_choice
-doc_to_text: "{{{{ctx}}}}"
-doc_to_target: label
-doc_to_choice: "{{{{endings}}}}"
-metric_list:
-  - metric: acc
-  - metric: acc_norm
-"""
+CHAR_TASK = CHOICE_TASK_YAML.replace('{name}', 'tiny_char')
 
 
 def test_a_downstream_task_is_scored_beside_val_loss(workdir, run, single_thread):
