@@ -1225,6 +1225,7 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
+        self.layer_kinds = config.layer_kinds  # read by every forward (the decode loop): derived once
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             wpe=POSITIONS[config.pos](config),  # GPT-2's learned table keeps its name; rotary tables hold no weights
@@ -1329,7 +1330,7 @@ class GPT(nn.Module):
         # what each kind of layer attends with: its rotary tables and its mask (decided here, in Python, so a
         # compiled block gets a plain bool where the mask is plain causal attention)
         contexts = {}
-        for kind in set(self.config.layer_kinds) - {'D'}:
+        for kind in set(self.layer_kinds) - {'D'}:
             window = self.config.sliding_window if kind == 'L' else None
             keys = None
             if cache is not None:
@@ -1341,7 +1342,7 @@ class GPT(nn.Module):
             contexts[kind] = (kind_rope, T > 1 if mask is None else mask)
         contexts['D'] = (None, None)  # a Gated DeltaNet knows positions only by their order
         x = self.transformer.drop(x)
-        for i, (block, kind) in enumerate(zip(self.transformer.h, self.config.layer_kinds)):
+        for i, (block, kind) in enumerate(zip(self.transformer.h, self.layer_kinds)):
             x = block(x, *contexts[kind], cache[i] if cache is not None else None)
         if cache is not None:
             cache.advance(T)
