@@ -23,7 +23,9 @@ the length table), stability (modern with and without qk_norm at each of learnin
 global, 'LG', 'LLLG', all local, with a window of a quarter of block_size), sinks (local and 'LG' with and without
 attention sinks), gate (modern with and without the attention output gate), nope (modern, a NoPE layer in four,
 half and a quarter of each head rotated), hybrid (modern, Qwen3-Next's 3 Gated DeltaNet layers to 1 global ('DDDG'),
-all Gated DeltaNet, the DeltaNet's heads narrowed to attention's parameters), custom (a dict). Other learning rates: --train_args='--learning_rate=...'.
+all Gated DeltaNet, the DeltaNet's heads narrowed to attention's parameters), optimizer (modern with AdamW at each of
+adamw_lrs and Muon at each of muon_lrs), schedule (cosine and WSD), recipe_mlp (modern with SwiGLU, GELU, ReLU²),
+zero_init (modern with and without zero-initialized projections, tied and untied head), custom (a dict). Other learning rates: --train_args='--learning_rate=...'.
 extrapolation: the methods of the length table: the val loss of each RoPE run's final checkpoint at 1x, 2x, 4x and
 8x its block_size, with plain RoPE, linear, dynamic NTK, YaRN (each stretched to the length) or a sliding window
 of block_size; learned positions give 1x only.
@@ -55,6 +57,9 @@ seeds = 1
 grid = 'default'
 n_kv_heads = ''  # for the kv group, e.g. '1,2,4'
 learning_rates = '1e-3,3e-3,1e-2,3e-2'  # for the stability group
+adamw_lrs = '3e-4,1e-3,3e-3'  # for the optimizer group: AdamW's peak rates
+muon_lrs = '0.01,0.02,0.04'  # for the optimizer group: Muon's (AdamW keeps the recipe's for the rest)
+target = ''  # a variant whose final val loss the "reaches" column times each variant to; '' the reference
 custom = ''  # e.g. "{'tiny_rope': {'pos': 'rope', 'rope_theta': 500.0}}"
 train_args = ''  # passed to every train.py run, e.g. '--max_iters=20 --eval_interval=10'
 extrapolation = 'plain'  # methods of the length table: plain, linear, dynamic, yarn, window; '' for none
@@ -208,10 +213,23 @@ def group_members(group, base):
         return [(f"{name} lr={lr:g}", {**flags, 'learning_rate': lr, 'min_lr': lr / 10})
                 for lr in float_list(learning_rates, 'learning_rates')
                 for name, flags in (('modern', modern), ('modern+qk_norm', {**modern, 'qk_norm': True}))]
+    if group == 'optimizer':  # the min_lr floor stays a tenth of each peak
+        lr = lambda r: {'learning_rate': r, 'min_lr': r / 10}
+        return [(f'adamw lr={r:g}', {**modern, **lr(r)}) for r in float_list(adamw_lrs, 'adamw_lrs')] + \
+               [(f'muon lr={r:g}', {**modern, 'optimizer': 'muon', 'muon_lr': r})
+                for r in float_list(muon_lrs, 'muon_lrs')]
+    if group == 'schedule':
+        return [('modern', modern), ('modern+wsd', {**modern, 'lr_schedule': 'wsd'})]
+    if group == 'recipe_mlp':  # the modern block's MLP at equal parameters (4d wide, 8/3 d gated)
+        return [(f'modern mlp={m}', {**modern, 'mlp': m}) for m in ('swiglu', 'gelu', 'relu2')]
+    if group == 'zero_init':  # a tied head is the embedding and keeps its init: untied shows the head's part too
+        untied = {**modern, 'tie_embeddings': False}
+        return [('modern', modern), ('modern+zero_init', {**modern, 'zero_init': True}),
+                ('modern untied', untied), ('modern untied+zero_init', {**untied, 'zero_init': True})]
     if group == 'custom':
         return list(parse_custom(custom, base).items())
     die(f"unknown grid group {group!r}; groups are default, leave_one_out, norm_position, mlp, kv, moe, attention, "
-        f"long_context, stability, local_global, sinks, gate, nope, hybrid, custom")
+        f"long_context, stability, local_global, sinks, gate, nope, hybrid, optimizer, schedule, recipe_mlp, zero_init, custom")
 
 
 def model_args(base):
@@ -597,13 +615,18 @@ def write_report(out, order, failed, cwd):
                                                    'variants': variants, 'runs': runs})
     reference = 'vanilla' if 'vanilla' in variants else next(iter(variants), None)
     base = variants[reference]['final_val_loss'] if reference else None
+    # steps to a loss: the first evaluation where the variant's mean curve is at the target's final loss
+    goal = target if target in variants else reference
+    goal_loss = variants[goal]['final_val_loss'] if goal else None
+    reaches = {n: next((c[0] for c in agg['curve'] if goal_loss is not None and c[1] <= goal_loss), None)
+               for n, agg in variants.items()}
     # a downstream task's metric is a column when runs logged one (train.py's eval_task)
     tasks = list(dict.fromkeys(k for agg in variants.values() for k in agg['task']))
     lines = [f"Base recipe `{train_config}`{f' with `{train_args}`' if train_args else ''}, seeds "
              f"{', '.join(str(1337 + s) for s in range(seeds))}; command: `{command}`", '',
              f'| variant | flags | parameters | active | final val loss | best val loss | Δ final vs {reference} '
-             '| ms/iter | tokens/s | KV cache bytes/token | load max/mean | diverged at |'
-             + ''.join(f' {t} |' for t in tasks), '|' + ' --- |' * (12 + len(tasks))]
+             f'| reaches {goal} at iter | ms/iter | tokens/s | KV cache bytes/token | load max/mean | diverged at |'
+             + ''.join(f' {t} |' for t in tasks), '|' + ' --- |' * (13 + len(tasks))]
     for name, agg in variants.items():
         seeds_runs = [r for r in runs if r['variant'] == name]
         flags = ', '.join(f'{k}={v}' for k, v in agg['flags'].items()).replace('|', '\\|') or '(base recipe)'
@@ -612,7 +635,8 @@ def write_report(out, order, failed, cwd):
             name, flags, fmt(agg['parameters'], ','), fmt(agg['active_parameters'], ','),
             mean_std([r['final_val_loss'] for r in seeds_runs]), mean_std([r['best_val_loss'] for r in seeds_runs]),
             'n/a' if base is None or agg['final_val_loss'] is None else f"{agg['final_val_loss'] - base:+.4f}",
-            fmt(agg['ms_per_iter'], '.1f'), fmt(agg['tokens_per_s'], ',.0f'), fmt(agg['kv_bytes_per_token'], ',.0f'),
+            'not reached' if reaches[name] is None else str(reaches[name]), fmt(agg['ms_per_iter'], '.1f'),
+            fmt(agg['tokens_per_s'], ',.0f'), fmt(agg['kv_bytes_per_token'], ',.0f'),
             fmt(agg['load_max_over_mean'], '.2f'), diverged] + [fmt(agg['task'].get(t)) for t in tasks]) + ' |')
     if methods_asked():
         lines += ['', f"Val loss at multiples of the trained block_size (final checkpoints, {extrapolation_iters} "
@@ -623,6 +647,8 @@ def write_report(out, order, failed, cwd):
             for method, losses in agg['extrapolation'].items():
                 if any(v is not None for v in losses.values()):
                     lines.append(f"| {name} | {method} | " + ' | '.join(fmt(v) for v in losses.values()) + ' |')
+    if target and target not in variants:
+        lines += ['', f"target {target!r} has no finished runs here: the reaches column uses {goal!r}"]
     if other:
         lines += ['', f"Not in this report, made with another train_config or train_args: {', '.join(other)}"]
     if failed:

@@ -19,6 +19,7 @@ The Hugging Face families (HF_FAMILIES: names and configs, both ways) live in hf
 import inspect
 import math
 from dataclasses import dataclass, fields
+from functools import partial
 from typing import Optional
 
 import torch
@@ -39,12 +40,13 @@ class GPTConfig:
     tie_embeddings: bool = True  # lm_head shares the token embedding matrix
     embed_scale: bool = False  # token embeddings times sqrt(n_embd) (Gemma)
     logit_softcap: Optional[float] = None  # final logits squashed to c*tanh(logits/c) (Gemma 2, the speedrun); None: off
+    zero_init: bool = False  # the projections into the residual stream (c_proj, experts, DeltaNet's out) and an untied head start at zero (the speedrun)
     # norms
     norm: str = 'layernorm'  # a key of NORMS: 'layernorm' (GPT-2) or 'rms' (RMSNorm)
     norm_eps: float = 1e-5  # epsilon inside every norm
     norm_position: str = 'pre'  # 'pre' x + f(norm(x)); 'post' norm(x + f(x)) (2017/BERT); 'sandwich' x + norm(f(norm(x))) (Gemma 2/3); 'after' x + norm(f(x)) (OLMo 2/3)
     # MLPs
-    mlp: str = 'gelu'  # a key of MLPS: 'gelu' (GPT-2), 'relu', 'swiglu' or 'geglu'
+    mlp: str = 'gelu'  # a key of MLPS: 'gelu' (GPT-2), 'relu', 'relu2' (squared ReLU: Primer, the speedrun), 'swiglu' or 'geglu'
     ffn_hidden: Optional[int] = None  # MLP width; None: 4*n_embd, gated MLPs 8/3*n_embd rounded up to multiple_of
     multiple_of: int = 64  # gated MLP widths are rounded up to a multiple of this
     # attention
@@ -185,7 +187,7 @@ class GPTConfig:
             if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), (int, float)) \
                     or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a number >= 0, got {getattr(self, name)!r}")
-        for name in ('bias', 'tie_embeddings', 'qkv_bias', 'qk_norm', 'router_norm_topk', 'attn_sinks', 'attn_gate',
+        for name in ('bias', 'tie_embeddings', 'zero_init', 'qkv_bias', 'qk_norm', 'router_norm_topk', 'attn_sinks', 'attn_gate',
                      'qk_norm_all_heads', 'embed_scale', 'yarn_truncate', 'moe_bias', 'shared_expert_gate'):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -992,7 +994,8 @@ def attention_mask(start, T, key_positions, window, device):
 # ----------------------------------------------------------------------------- mlp
 
 class MLP(nn.Module):
-    """up, activation, down: GPT-2's with GELU (tanh form, as GPT-2 computes it), 2017's with ReLU."""
+    """up, activation, down: GPT-2's with GELU (tanh form, as GPT-2 computes it), 2017's with ReLU, Primer's
+    with ReLU squared (sparse like ReLU, smooth at zero, no gate: the speedrun's MLP)."""
     gated = False
 
     def __init__(self, config, hidden=None):
@@ -1001,11 +1004,14 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
         self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
-        self.relu = config.mlp == 'relu'
+        self.act = config.mlp
 
     def forward(self, x):
         h = self.c_fc(x)
-        h = F.relu(h) if self.relu else F.gelu(h, approximate='tanh')
+        if self.act == 'relu2':
+            h = F.relu(h).square()
+        else:
+            h = F.relu(h) if self.act == 'relu' else F.gelu(h, approximate='tanh')
         return self.dropout(self.c_proj(h))
 
 
@@ -1187,7 +1193,7 @@ class MoE(nn.Module):
         self.load.zero_()
 
 
-MLPS = {'gelu': MLP, 'relu': MLP, 'swiglu': GatedMLP, 'geglu': GatedMLP, 'moe': MoE}
+MLPS = {'gelu': MLP, 'relu': MLP, 'relu2': MLP, 'swiglu': GatedMLP, 'geglu': GatedMLP, 'moe': MoE}
 
 
 # ----------------------------------------------------------------------------- block and model
@@ -1220,6 +1226,57 @@ class Block(nn.Module):
         return x + self.ln_2(self.mlp(x))
 
 
+def _link_grads(views, stack):
+    for view, grad in zip(views, stack.grad.unbind(0)):
+        view.grad = grad
+
+
+class MuonAdamW:
+    """torch.optim.Muon on the hidden matrices beside an AdamW on the rest, stepped, zeroed, saved and loaded
+    as one optimizer; param_groups lists both (Muon's groups are the ones with 'ns_steps').
+
+    Muon orthogonalizes 2-D updates; a stack of experts (E, A, B) goes to it as E matrices, views of the stack
+    whose gradients are linked to the stack's each time it accumulates one."""
+
+    def __init__(self, hidden, adamw, **muon_settings):
+        matrices = []
+        for p in hidden:
+            if p.dim() == 2:
+                matrices.append(p)
+                continue
+            views = list(p.detach().unbind(0))  # leaves sharing the stack's memory: Muon's updates land in it
+            p.register_post_accumulate_grad_hook(partial(_link_grads, views))
+            matrices += views
+        self.stacks = [p for p in hidden if p.dim() != 2]
+        self.adamw, self.muon = adamw, torch.optim.Muon(matrices, **muon_settings)
+
+    @property
+    def param_groups(self):
+        return self.adamw.param_groups + self.muon.param_groups
+
+    def step(self):
+        self.adamw.step()
+        self.muon.step()
+
+    def zero_grad(self, set_to_none=True):
+        self.adamw.zero_grad(set_to_none)
+        self.muon.zero_grad(set_to_none)
+        for p in self.stacks:
+            if set_to_none or p.grad is None:
+                p.grad = None
+            else:
+                p.grad.zero_()
+
+    def state_dict(self):
+        return {'adamw': self.adamw.state_dict(), 'muon': self.muon.state_dict()}
+
+    def load_state_dict(self, state):
+        if set(state) != {'adamw', 'muon'}:
+            raise ValueError("the optimizer state is not Muon's and AdamW's (the run was trained with another optimizer)")
+        self.adamw.load_state_dict(state['adamw'])
+        self.muon.load_state_dict(state['muon'])
+
+
 class GPT(nn.Module):
 
     def __init__(self, config):
@@ -1241,10 +1298,13 @@ class GPT(nn.Module):
             self.transformer.wte.weight = self.lm_head.weight
 
         self.apply(self._init_weights)
-        # GPT-2's scaled init of the projections that write into the residual stream
+        # GPT-2's scaled init of the projections that write into the residual stream; zero_init starts them at
+        # zero, so each block begins as the identity and learns what to add (a tied head is the embedding: kept)
         for name, p in self.named_parameters():
             if name.endswith(('c_proj.weight', 'experts.c_proj')):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+                nn.init.normal_(p, mean=0.0, std=0.0 if config.zero_init else 0.02 / math.sqrt(2 * config.n_layer))
+        if config.zero_init and not config.tie_embeddings:
+            nn.init.zeros_(self.lm_head.weight)
 
     def _init_weights(self, module):
         if isinstance(module, nn.Linear):
@@ -1375,13 +1435,28 @@ class GPT(nn.Module):
     def _cache_length(self, seq_len):
         return min(seq_len, self.config.block_size)
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, optimizer='adamw',
+                             muon_lr=0.02, muon_momentum=0.95):
+        """AdamW on every parameter; optimizer='muon': Muon on the blocks' hidden matrices (each expert of a
+        stack a matrix of its own) and AdamW on the rest: embeddings, the head, norms, biases, scalars and
+        convolution kernels, which are not matrices a layer multiplies its input by (the speedrun, Moonlight)."""
         params = [p for p in self.parameters() if p.requires_grad]
+        hidden = set()
+        if optimizer == 'muon':
+            stacks = {id(m.c_fc) for m in self.modules() if isinstance(m, Experts)} | \
+                     {id(m.c_proj) for m in self.modules() if isinstance(m, Experts)}
+            hidden = {id(p) for p in self.transformer.h.parameters() if p.requires_grad and
+                      (p.dim() == 2 or id(p) in stacks)}
+        rest = [p for p in params if id(p) not in hidden]
         # matrices and embeddings decay; biases and norm gains do not
-        groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
-                  {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
+        groups = [{'params': [p for p in rest if p.dim() >= 2], 'weight_decay': weight_decay},
+                  {'params': [p for p in rest if p.dim() < 2], 'weight_decay': 0.0}]
         fused = device_type == 'cuda' and 'fused' in inspect.signature(torch.optim.AdamW).parameters
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **({'fused': True} if fused else {}))
+        adamw = torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **({'fused': True} if fused else {}))
+        if optimizer == 'adamw':
+            return adamw
+        return MuonAdamW([p for p in params if id(p) in hidden], adamw, lr=muon_lr, momentum=muon_momentum,
+                         weight_decay=weight_decay)
 
     # ------------------------------------------------------------------------- generation
 

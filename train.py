@@ -48,18 +48,25 @@ block_size = 1024
 globals().update(model_flags())
 bias = False  # nanoGPT trains without biases
 vocab_size: Optional[int] = None  # None: the dataset's (meta.json), else GPT-2's 50304
-# AdamW
-learning_rate = 6e-4
+# optimizer: 'adamw' on every parameter, or 'muon': torch.optim.Muon on the blocks' hidden matrices at muon_lr
+# and AdamW on the rest (embeddings, head, norms, biases, scalars) at learning_rate; one schedule scales both
+optimizer = 'adamw'
+learning_rate = 6e-4  # AdamW's peak
 max_iters = 600000
-weight_decay = 1e-1
+weight_decay = 1e-1  # both optimizers' (decoupled)
 beta1 = 0.9
 beta2 = 0.95
 grad_clip = 1.0  # 0 disables
-# learning rate: linear warmup, then cosine decay to min_lr
-decay_lr = True
+muon_lr = 0.02  # Muon's peak (Keller Jordan's scale: the update's RMS grows with sqrt(rows/cols))
+muon_momentum = 0.95
+# learning rate: linear warmup, then 'cosine' decay to min_lr at lr_decay_iters, or 'wsd' (warmup, stable, decay):
+# the peak until the last lr_decay_fraction of lr_decay_iters, then a linear decay to min_lr (MiniCPM, the speedrun)
+lr_schedule = 'cosine'
+decay_lr = True  # False: the peak throughout
 warmup_iters = 2000
 lr_decay_iters = 600000
-min_lr = 6e-5
+lr_decay_fraction = 0.2  # wsd only
+min_lr = 6e-5  # AdamW's floor; Muon's is muon_lr times the same fraction of the peak
 # system
 backend = 'auto'  # DDP/FSDP: 'nccl' on CUDA, 'gloo' on CPU
 fsdp = False  # under torchrun: shard parameters, gradients and optimizer state (FSDP) instead of replicating (DDP)
@@ -83,8 +90,17 @@ for name in ('batch_size', 'gradient_accumulation_steps', 'eval_interval', 'log_
     check(globals()[name] >= 1, f"{name} must be at least 1, got {globals()[name]}")
 for name in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'learning_rate', 'min_lr', 'weight_decay', 'grad_clip'):
     check(globals()[name] >= 0, f"{name} must be >= 0, got {globals()[name]}")
-for name in ('beta1', 'beta2'):
+for name in ('beta1', 'beta2', 'muon_momentum'):
     check(0 <= globals()[name] < 1, f"{name} must be in [0, 1), got {globals()[name]}")
+check(optimizer in ('adamw', 'muon'), f"optimizer must be 'adamw' or 'muon', got {optimizer!r}")
+check(lr_schedule in ('cosine', 'wsd'), f"lr_schedule must be 'cosine' or 'wsd', got {lr_schedule!r}")
+check(0 <= lr_decay_fraction <= 1, f"lr_decay_fraction must be in [0, 1], got {lr_decay_fraction}")
+check(muon_lr > 0, f"muon_lr must be > 0, got {muon_lr}")
+check(not (fsdp and optimizer == 'muon' and 'RANK' in os.environ),
+      "optimizer='muon' cannot run with fsdp=True: Muon orthogonalizes each whole matrix and FSDP shards them over the "
+      "processes; use DDP (fsdp=False) or optimizer='adamw'")
+check(min_lr <= learning_rate or not decay_lr, f"min_lr ({min_lr}) must not be above learning_rate ({learning_rate}): "
+                                              f"the schedule decays from the peak to it (or set decay_lr=False)")
 check(0 <= seed < 2 ** 63, f"seed must be in [0, 2**63), got {seed}")
 check(not (os.path.exists(out_dir) and not os.path.isdir(out_dir)), f"out_dir '{out_dir}' is a file, not a directory")
 check(init_from_problem(init_from) is None, init_from_problem(init_from))
@@ -342,22 +358,27 @@ if fsdp:  # each block's parameters sharded over the processes, then the rest of
         fully_shard(block)
     fully_shard(model)
 scaler = grad_scaler(device_type, dtype, sharded=fsdp)
-optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+optim = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type, optimizer, muon_lr,
+                                   muon_momentum)  # the setting `optimizer` names which
 if checkpoint is not None:
     try:
         if fsdp:
             from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
                                                                  set_optimizer_state_dict)
             full = StateDictOptions(full_state_dict=True)
-            names = [n for g in get_optimizer_state_dict(model, optimizer, options=full)['param_groups']
+            names = [n for g in get_optimizer_state_dict(model, optim, options=full)['param_groups']
                      for n in g['params']]
             state = checkpoint['optimizer']  # ours is keyed by position, FSDP's by parameter name
-            set_optimizer_state_dict(model, optimizer, {
+            set_optimizer_state_dict(model, optim, {
                 'state': {names[i]: v for i, v in state['state'].items()},
                 'param_groups': [{**g, 'params': [names[i] for i in g['params']]} for g in state['param_groups']]},
                 options=full)
         else:
-            optimizer.load_state_dict(checkpoint['optimizer'])
+            trained_with = 'muon' if set(checkpoint['optimizer']) == {'adamw', 'muon'} else 'adamw'
+            if trained_with != optimizer:
+                die(f"checkpoint '{ckpt_path}' was trained with optimizer={trained_with!r}: resume with "
+                    f"--optimizer={trained_with}")
+            optim.load_state_dict(checkpoint['optimizer'])
     except (ValueError, RuntimeError, KeyError, IndexError) as e:
         die(f"checkpoint '{ckpt_path}' holds optimizer state for another model: {str(e).splitlines()[0][:200]}")
     if scaler.is_enabled() and checkpoint.get('scaler'):  # empty when saved without fp16 (CPU, bf16)
@@ -436,15 +457,26 @@ def flat_record(record):
     return flat
 
 
-def get_lr(it):
+def lr_scale(it):
+    """The schedule at iteration it, as a fraction of the peak (every optimizer's own learning rate)."""
+    floor = min_lr / learning_rate if learning_rate else 0.0
     if not decay_lr:
-        return learning_rate
+        return 1.0
     if it < warmup_iters:
-        return learning_rate * (it + 1) / (warmup_iters + 1)
+        return (it + 1) / (warmup_iters + 1)
     if it > lr_decay_iters:
-        return min_lr
+        return floor
+    if lr_schedule == 'wsd':
+        decay_start = max(warmup_iters, lr_decay_iters - lr_decay_fraction * lr_decay_iters)
+        ratio = (it - decay_start) / max(1, lr_decay_iters - decay_start)
+        return 1.0 if it < decay_start else floor + (1.0 - ratio) * (1.0 - floor)
     ratio = (it - warmup_iters) / max(1, lr_decay_iters - warmup_iters)
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
+    return floor + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (1.0 - floor)
+
+
+def set_lr(scale):
+    for group in optim.param_groups:
+        group['lr'] = scale * (muon_lr if 'ns_steps' in group else learning_rate)  # Muon's groups have ns_steps
 
 
 def last_checkpoint():
@@ -494,12 +526,12 @@ def full_state():
     """(model weights, optimizer state) in our checkpoint's format; with FSDP gathered to rank 0 (all ranks
     must call), the optimizer state keyed by position as a single process keys it."""
     if not fsdp:
-        return raw_model.state_dict(), optimizer.state_dict()
+        return raw_model.state_dict(), optim.state_dict()
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                          get_optimizer_state_dict)
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights = get_model_state_dict(sharded, options=full)
-    state = get_optimizer_state_dict(sharded, optimizer, options=full)
+    state = get_optimizer_state_dict(sharded, optim, options=full)
     if not master:  # the gathered state lands on rank 0 only
         return None, None
     position = {n: i for i, n in enumerate(n for g in state['param_groups'] for n in g['params'])}
@@ -574,9 +606,8 @@ if eval_done:
     evaluated = resumed_at
 try:
     while True:
-        lr = get_lr(iter_num)
-        for group in optimizer.param_groups:
-            group['lr'] = lr
+        lr = learning_rate * lr_scale(iter_num)  # AdamW's, logged
+        set_lr(lr_scale(iter_num))
 
         # a resumed run's first iteration was evaluated, logged and saved before it stopped (unless an interrupt
         # saved it before its evaluation)
@@ -648,11 +679,11 @@ try:
                 loss = loss / local_accum
             scaler.scale(loss).backward()
         if grad_clip > 0.0:
-            scaler.unscale_(optimizer)
+            scaler.unscale_(optim)
             torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        scaler.step(optimizer)
+        scaler.step(optim)
         scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        optim.zero_grad(set_to_none=True)
         if raw_model.moe_layers():  # sigmoid routers' balancing bias follows this step's load, alike on every rank
             if distributed and raw_model.balances_experts():  # a softmax router never reads the load
                 all_reduce_sum([m.load for m in raw_model.moe_layers()])

@@ -79,6 +79,11 @@ def tables(md):
     return out
 
 
+def curve_end(curve, goal):
+    """The first iteration of a curve at or below goal: for the reference itself, at the latest its last."""
+    return next(c[0] for c in curve if c[1] <= goal)
+
+
 def table_rows(md):
     """The main table: {variant: cells}."""
     return {cells[0]: cells for cells in tables(md)[0][1:]}
@@ -96,12 +101,21 @@ def test_report_has_a_row_per_variant_with_extrapolation(ablated):
     rows = table_rows(md)
     assert list(rows) == ['vanilla', 'rope']
     for cells in rows.values():
-        assert len(cells) == 12
+        assert len(cells) == 13
         assert '±' in cells[4] and '±' in cells[5]
         assert int(cells[2].replace(',', '')) == int(cells[3].replace(',', '')) > 0  # dense: all active
-        float(cells[4].split('±')[0]), float(cells[7]), float(cells[9].replace(',', ''))
-        assert cells[10] == 'n/a' and cells[11] == '-'  # no experts; nothing diverged
+        float(cells[4].split('±')[0]), float(cells[8]), float(cells[10].replace(',', ''))
+        assert cells[11] == 'n/a' and cells[12] == '-'  # no experts; nothing diverged
     assert rows['vanilla'][6] == '+0.0000'
+    # the first evaluation at or below vanilla's final loss: each variant's own mean curve against it
+    results = json.loads((out / 'results.json').read_text())
+    goal = results['variants']['vanilla']['final_val_loss']
+    assert main[0][7] == 'reaches vanilla at iter'
+    for name, cells in rows.items():
+        curve = results['variants'][name]['curve']
+        first = next((str(c[0]) for c in curve if c[1] <= goal), 'not reached')
+        assert cells[7] == first, (name, curve, goal)
+    assert rows['vanilla'][7] == str(curve_end(results['variants']['vanilla']['curve'], goal))
     assert length[0] == ['variant', 'method', '1×', '2×', '4×', '8×']
     length = {(row[0], row[1]): row[2:] for row in length[1:]}
     assert set(length) == {('vanilla', 'plain'), ('rope', 'plain'), ('rope', 'yarn'), ('rope', 'window')}
@@ -217,6 +231,29 @@ def test_groups_are_built_from_the_swap_tables(monkeypatch):
     assert variants['mla-mqa-cache']['kv_lora_rank'] + variants['mla-mqa-cache']['qk_rope_head_dim'] == 64
     assert variants['modern+qk_norm_lr=0.01'] == {**modern, 'qk_norm': True, 'learning_rate': 0.01, 'min_lr': 0.001}
     assert 'vanilla' in variants and 'mha' in variants and 'mqa' in variants
+
+
+def test_the_recipe_groups_vary_one_thing_on_the_modern_block(monkeypatch):
+    monkeypatch.setattr(sys, 'argv', ['ablate.py', '--grid=schedule,optimizer,recipe_mlp,zero_init',
+                                      '--adamw_lrs=1e-3,3e-3', '--muon_lrs=0.02'])
+    monkeypatch.syspath_prepend(str(REPO))
+    sys.modules.pop('ablate', None)
+    ablate_module = importlib.import_module('ablate')
+    base = ablate_module.base_recipe(str(REPO))  # the CPU recipe: learning_rate 1e-3
+    variants = ablate_module.build_grid(base)
+    sys.modules.pop('ablate', None)
+    modern = variants['modern']  # adamw lr=1e-3 and modern mlp=swiglu are the recipe's modern: run once
+    assert 'adamw_lr=0.001' not in variants and 'modern_mlp=swiglu' not in variants
+    assert variants['adamw_lr=0.003'] == {**modern, 'learning_rate': 0.003, 'min_lr': 0.003 / 10}
+    assert variants['muon_lr=0.02'] == {**modern, 'optimizer': 'muon', 'muon_lr': 0.02}
+    assert variants['modern+wsd'] == {**modern, 'lr_schedule': 'wsd'}
+    assert variants['modern_mlp=relu2'] == {**modern, 'mlp': 'relu2'}
+    assert variants['modern_untied+zero_init'] == {**modern, 'tie_embeddings': False, 'zero_init': True}
+    from model import GPT, GPTConfig
+    sizes = {m: GPT(GPTConfig(**{**ablate_module.model_args(base), **variants[f'modern_mlp={m}']})).get_num_params()
+             for m in ('gelu', 'relu2')}
+    swiglu = GPT(GPTConfig(**{**ablate_module.model_args(base), **modern})).get_num_params()
+    assert sizes['gelu'] == sizes['relu2'] and abs(sizes['gelu'] - swiglu) / swiglu < 0.01  # equal parameters
 
 
 def test_the_per_layer_groups_vary_one_thing_on_the_modern_block(monkeypatch):

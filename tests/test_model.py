@@ -266,7 +266,7 @@ def tanh_gelu(h):
     return 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3)))
 
 
-@pytest.mark.parametrize('mlp', ['gelu', 'relu', 'swiglu', 'geglu'])
+@pytest.mark.parametrize('mlp', ['gelu', 'relu', 'relu2', 'swiglu', 'geglu'])
 def test_mlp_formulas(mlp):
     cfg = tiny_config(mlp=mlp, ffn_hidden=24, bias=True)
     torch.manual_seed(32)
@@ -284,6 +284,8 @@ def test_mlp_formulas(mlp):
             h = act * up
         elif mlp == 'relu':
             h = h.clamp_min(0)
+        elif mlp == 'relu2':
+            h = h.clamp_min(0) ** 2
         else:
             h = tanh_gelu(h)
         expected = h @ proj.weight.T + proj.bias
@@ -608,6 +610,71 @@ def test_configure_optimizers_groups(overrides):
     before = model.transformer.h[0].attn.c_attn.weight.clone()
     opt.step()
     assert not torch.equal(before, model.transformer.h[0].attn.c_attn.weight)
+
+
+def test_muon_takes_the_hidden_matrices_and_each_expert_as_a_matrix():
+    """Muon gets every matrix inside the blocks (a stack of experts as E matrices) and nothing else; a step moves
+    each expert exactly as torch's Muon moves that expert's matrix alone."""
+    model = build(norm='rms', mlp='moe', n_expert=4, n_expert_active=2, moe_hidden=16, pos='rope', n_kv_head=2,
+                  tie_embeddings=False)
+    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu', optimizer='muon', muon_lr=0.05)
+    names = {id(p): n for n, p in model.named_parameters()}
+    adamw = {names[id(p)] for g in opt.adamw.param_groups for p in g['params']}
+    assert adamw == {n for n, p in model.named_parameters() if not n.startswith('transformer.h.') or p.dim() == 1}
+    assert 'lm_head.weight' in adamw and 'transformer.wte.weight' in adamw
+    stacks = [p for n, p in model.named_parameters() if n.endswith(('experts.c_fc', 'experts.c_proj'))]
+    matrices = [p for n, p in model.named_parameters() if n.startswith('transformer.h.') and p.dim() == 2]
+    muon = opt.muon.param_groups[0]
+    assert len(muon['params']) == len(matrices) + sum(p.size(0) for p in stacks)
+    assert muon['lr'] == 0.05 and 'ns_steps' in muon and all(g['lr'] == 1e-3 for g in opt.adamw.param_groups)
+    # one expert alone under torch's Muon: the reference for what the stack's step does to it
+    expert = stacks[0]
+    alone = nn.Parameter(expert.detach()[1].clone())
+    reference = torch.optim.Muon([alone], lr=0.05, momentum=0.95, weight_decay=0.1)
+    model.train()
+    for step in range(2):
+        torch.manual_seed(step)
+        _, loss = model(torch.randint(0, VOCAB, (2, 8)), torch.randint(0, VOCAB, (2, 8)))
+        loss.backward()
+        alone.grad = expert.grad[1].clone()
+        before = expert.detach().clone()
+        opt.step()
+        reference.step()
+        opt.zero_grad()
+        assert expert.grad is None and all(p.grad is None for g in opt.param_groups for p in g['params'])
+        assert not torch.equal(before[1], expert[1])
+        torch.testing.assert_close(expert.detach()[1], alone.detach(), rtol=0, atol=1e-6)
+    # its state saves and loads into a fresh pair
+    again = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu', optimizer='muon', muon_lr=0.05)
+    again.load_state_dict(opt.state_dict())
+    assert torch.equal(again.muon.state_dict()['state'][0]['momentum_buffer'],
+                       opt.muon.state_dict()['state'][0]['momentum_buffer'])
+    with pytest.raises(ValueError, match="Muon's and AdamW's"):
+        again.load_state_dict(model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu').state_dict())
+
+
+@pytest.mark.parametrize('tied', [True, False])
+def test_zero_init_starts_every_block_as_the_identity(tied):
+    model = build(zero_init=True, tie_embeddings=tied, norm='rms', mlp='swiglu', pos='rope', bias=False)
+    projections = [p for n, p in model.named_parameters() if n.endswith('c_proj.weight')]
+    assert len(projections) == 2 * 2 and all(torch.count_nonzero(p) == 0 for p in projections)
+    # a tied head is the embedding: it keeps its init, else the head starts at zero and every logit with it
+    assert (torch.count_nonzero(model.lm_head.weight) > 0) == tied
+    idx = torch.randint(0, VOCAB, (2, 8))
+    hidden = model.hidden_states(idx)
+    torch.testing.assert_close(hidden, model.transformer.ln_f(model.transformer.wte(idx)))
+    if not tied:
+        assert torch.count_nonzero(model(idx)[0]) == 0
+    # and it learns: a zero head gets the first step's gradient, the zero projections the next (or at once, tied)
+    model.train()
+    opt = model.configure_optimizers(0.0, 1e-2, (0.9, 0.95), 'cpu')
+    for step in range(2):
+        _, loss = model(idx, idx)
+        loss.backward()
+        assert model.lm_head.weight.grad.abs().sum() > 0
+        assert all(p.grad.abs().sum() > 0 for p in projections) == (tied or step == 1)
+        opt.step()
+        opt.zero_grad()
 
 
 # ----------------------------------------------------------------------------- 8: accounting
