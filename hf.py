@@ -535,8 +535,9 @@ _TRANSFORMS = {  # how -> (HF to ours, ours to HF), each (tensor, config) -> ten
 }
 
 
+# sizes and what only training reads (dropout, the init): every family carries them
 _SIZES = {k: ANY for k in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'dropout', 'norm_eps',
-                           'ffn_hidden', 'multiple_of', 'tie_embeddings')}
+                           'ffn_hidden', 'multiple_of', 'tie_embeddings', 'zero_init')}
 _ROPE = {k: ANY for k in ('rope_theta', 'rope_scaling', 'rope_factor', 'rope_original_length', 'rope_low_freq_factor',
                           'rope_high_freq_factor', 'yarn_beta_fast', 'yarn_beta_slow', 'yarn_mscale',
                           'yarn_mscale_all_dim', 'rope_attention_factor', 'yarn_truncate')}

@@ -51,3 +51,13 @@ def test_the_fineweb_recipe_is_build_nanogpts(monkeypatch):
     assert abs(s['max_iters'] * tokens_per_iter / 1e10 - 1) < 0.001 and s['lr_decay_iters'] == s['max_iters']
     assert (s['learning_rate'], s['min_lr'], s['warmup_iters']) == (6e-4, 6e-5, 715)
     assert s['dataset'] == 'fineweb_edu' and s['eval_task'] == 'hellaswag'
+
+
+def test_the_muon_recipes_are_the_modern_ones_with_muon(monkeypatch):
+    monkeypatch.chdir(REPO)
+    defaults = script_defaults(REPO / 'train.py')
+    for modern in ('shakespeare_modern', 'shakespeare_modern_cpu'):
+        a = configure(defaults, [f'config/{modern}.py'])
+        b = configure(defaults, [f'config/{modern.replace("modern", "modern_muon")}.py'])
+        differing = {k for k in a if a[k] != b[k]}
+        assert differing - {'out_dir', 'wandb_run_name', 'muon_lr'} == {'optimizer'} and b['optimizer'] == 'muon'

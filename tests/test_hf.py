@@ -378,8 +378,10 @@ SIGMOID_FLAGS = dict(n_layer=2, n_head=4, n_embd=32, vocab_size=VOCAB, block_siz
     ({**SIGMOID_FLAGS, 'n_shared_expert': 1, 'qk_norm': True}, 'glm4_moe', None),
     ({**SIGMOID_FLAGS, 'qk_norm': True, 'qk_norm_all_heads': True}, 'minimax_m2', None),
     ({**SIGMOID_FLAGS, 'qk_norm': True}, None, 'n_shared_expert=0'),  # GLM always has a shared expert
+    ({**GPT_OSS_FLAGS, 'zero_init': True}, 'gpt_oss', None),  # only the init: every family carries it
+    (dict(n_layer=2, n_head=4, n_embd=32, mlp='relu2'), None, "mlp='relu2'"),  # no family has ReLU²
 ], ids=['gpt_oss', 'gpt_oss-nope', 'gpt_oss-unclamped', 'gpt_oss-no-biases', 'glm4_moe', 'minimax_m2',
-        'glm4_moe-no-shared'])
+        'glm4_moe-no-shared', 'zero_init', 'relu2'])
 def test_export_picks_the_2025_families_or_refuses(flags, family, refused):
     from export import hf_family
     config = GPTConfig(**flags)
