@@ -53,6 +53,7 @@ train_iters = 10
 decode_tokens = 200  # decoding steps timed (the prompt and they must fit in block_size: no context shift)
 decode_batch = 1
 decode_prompt = 1  # prompt tokens before the timed decoding
+decode_uncached = True  # False: skip decoding without the cache (each step recomputes the context: slow at 8k)
 device = 'auto'
 dtype = 'auto'
 compare_dtype = ''  # e.g. 'bfloat16': training steps in this dtype too, taken in turn with dtype's (an extra row)
@@ -250,13 +251,14 @@ def bench(name, model, accounting, ours=True):
         for block in model.transformer.h:
             block.attn.absorb = False
     cached = decode_tokens_per_second(model, use_cache=True) if ours else None
-    uncached = decode_tokens_per_second(model, ours, **({'use_cache': False} if ours else {}))
+    uncached = decode_tokens_per_second(model, ours, **({'use_cache': False} if ours else {})) \
+        if decode_uncached or not ours else None
     row = {'variant': name, 'params': sum(p.numel() for p in model.parameters()),
            'active_params': accounting.get_num_params(active=True),
            'train_ms_per_iter': 1000 * dt, 'train_tokens_per_s': batch_size * block_size / dt,
            'mfu': accounting.estimate_mfu(batch_size, dt, 1.0),
            'decode_tokens_per_s_cached': cached, 'decode_tokens_per_s_uncached': uncached,
-           'cache_speedup': cached / uncached if ours else None,
+           'cache_speedup': cached / uncached if ours and uncached else None,
            'kv_bytes_per_token': accounting.kv_cache_bytes(1, block_size, cache_dtype) // block_size if ours else None,
            # a Gated DeltaNet's state is per sequence, whatever its length: the whole cache at block_size
            'kv_bytes_per_sequence': accounting.kv_cache_bytes(1, block_size, cache_dtype) if ours else None}
@@ -303,7 +305,8 @@ COLUMNS = [('variant', 'variant', '{}'), ('params (M)', 'params', '{:.2f}', 1e-6
            ('train ms/iter', 'train_ms_per_iter', '{:.1f}'), ('train tok/s', 'train_tokens_per_s', '{:,.0f}'),
            ('MFU %', 'mfu', '{:.2f}', 100), ('decode tok/s cached', 'decode_tokens_per_s_cached', '{:,.0f}'),
            ('decode tok/s uncached', 'decode_tokens_per_s_uncached', '{:,.0f}'),
-           ('speedup', 'cache_speedup', '{:.2f}x'), ('KV bytes/token', 'kv_bytes_per_token', '{:,}')]
+           ('speedup', 'cache_speedup', '{:.2f}x'), ('KV bytes/token', 'kv_bytes_per_token', '{:,}'),
+           ('cache MB/sequence', 'kv_bytes_per_sequence', '{:.2f}', 1e-6)]
 
 
 def cell(row, key, fmt, scale=None):

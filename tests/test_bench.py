@@ -15,7 +15,7 @@ TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=65, bias=F
 ARGS = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16', '--bias=False', '--batch_size=2',
         '--train_iters=2', '--warmup_iters=1', '--decode_tokens=10', '--device=cpu', '--peak_flops=1e9']
 HEADER = ['variant', 'params (M)', 'active (M)', 'train ms/iter', 'train tok/s', 'MFU %', 'decode tok/s cached',
-          'decode tok/s uncached', 'speedup', 'KV bytes/token']
+          'decode tok/s uncached', 'speedup', 'KV bytes/token', 'cache MB/sequence']
 
 
 def bench(*args, cwd):
@@ -146,15 +146,20 @@ def test_per_layer_rows_cache_what_their_layers_keep(tmp_path):
 def test_deltanet_rows_keep_a_cache_that_does_not_grow(tmp_path):
     """Per sequence, all 'D' keeps per layer its conv inputs (3 x 32 channels x 3 positions) and state (2 heads
     x 16 x 16), whatever the length; 'DDDG' one global layer's K/V plus three of those states."""
-    result = bench('--variants=hybrid,deltanet', '--n_layer=4', '--json=b.json', cwd=tmp_path)
+    result = bench('--variants=hybrid,deltanet', '--n_layer=4', '--json=b.json', '--decode_uncached=False',
+                   cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     rows = {r['variant']: r for r in json.loads((tmp_path / 'b.json').read_text())['rows']}
     assert rows['deltanet']['decode_tokens_per_s_cached'] > 0 and rows['hybrid']['train_ms_per_iter'] > 0
+    # decode_uncached=False: no uncached decoding, so no speedup either; the table says '-'
+    assert rows['deltanet']['decode_tokens_per_s_uncached'] is None and rows['hybrid']['cache_speedup'] is None
+    assert table(result.stdout)['hybrid'][HEADER.index('decode tok/s uncached')] == '-'
     per_sequence = {v: rows[v]['kv_bytes_per_sequence'] for v in rows}
     state = (3 * 32 * 3 + 2 * 16 * 16) * 4  # one DeltaNet layer's, fp32
     assert per_sequence['deltanet'] == 4 * state
     # k and v, one K/V head (modern's n_head / 2), block_size positions, head dim, fp32
     assert per_sequence['hybrid'] == 2 * 1 * 16 * 16 * 4 + 3 * state
+    assert float(table(result.stdout)['hybrid'][HEADER.index('cache MB/sequence')]) == round(per_sequence['hybrid'] / 1e6, 2)
 
 
 FAKE_NANOGPT = f'''
