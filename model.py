@@ -1402,16 +1402,39 @@ class GPT(nn.Module):
             x = block(x, *contexts[kind], StepCache(layer_stores, pos))
         return self.logits(self.transformer.ln_f(x))[:, -1].float()
 
-    def compile_decoding(self, backend='inductor', mode=None):
-        """Prepare generate's fast path: decode_step compiled once, used by every later generate with a cache.
-        On CUDA with mode None, 'reduce-overhead' (a CUDA graph per batch size and cache length). The prefill
-        stays eager. The slots of the cache are a dynamic size, so a new length compiles nothing."""
-        if mode is None and self.lm_head.weight.is_cuda:
+    def compile_decoding(self, backend='inductor', mode=None, keep_cache=None):
+        """Prepare generate's fast path: decode_step compiled once (the prefill stays eager), used by every later
+        generate with a cache. On a CPU the cache's slots are a dynamic size, so no length compiles anew; on CUDA
+        mode None is 'reduce-overhead': the step replayed as a CUDA graph. A graph replays fixed addresses, so
+        there (keep_cache None, or True) generate keeps one cache of block_size positions per batch size and
+        reuses it. Returns the model."""
+        cuda = self.lm_head.weight.is_cuda
+        if mode is None and cuda and backend == 'inductor':
             mode = 'reduce-overhead'
         # MoE's CPU path reads its experts' token counts on the host: a graph break, so not fullgraph
         self._compiled_step = torch.compile(self.decode_step, backend=backend, mode=mode,
                                             fullgraph=not self.moe_layers())
+        self._kept_caches = {} if (keep_cache if keep_cache is not None else mode == 'reduce-overhead') else None
         return self
+
+    def _decoding_cache(self, batch_size, seq_len, device):
+        """generate's cache: a new one for seq_len positions (its slots marked dynamic for a compiled step), or
+        with compile_decoding's kept caches the one of this batch size, dtype and device, emptied."""
+        dtype, kept = self._cache_dtype(), getattr(self, '_kept_caches', None)
+        if kept is None:
+            cache = KVCache(self, batch_size, self._cache_length(seq_len), dtype, device)
+            for layer in cache.layers:  # a compiled step serves every length: the slots are a dynamic size
+                for store in layer.stores.values() if layer.slots else ():
+                    torch._dynamo.maybe_mark_dynamic(store, 2)
+            return cache
+        key = (batch_size, dtype, str(device))
+        if key not in kept:
+            kept[key] = KVCache(self, batch_size, self.config.block_size, dtype, device)
+            for stores in kept[key].stores:  # written in place at the same addresses by every replay
+                for store in stores.values():
+                    torch._dynamo.mark_static_address(store)
+        kept[key].reset()
+        return kept[key]
 
     # ------------------------------------------------------------------------- accounting
 
@@ -1468,11 +1491,7 @@ class GPT(nn.Module):
         window = idx if idx.size(1) <= block_size else idx[:, -keep:]
         cache = None
         if use_cache:
-            cache = KVCache(self, idx.size(0), self._cache_length(idx.size(1) + max_new_tokens),
-                            self._cache_dtype(), idx.device)
-            for layer in cache.layers:  # a compiled step serves every length: the slots are a dynamic size
-                for store in layer.stores.values() if layer.slots else ():
-                    torch._dynamo.maybe_mark_dynamic(store, 2)
+            cache = self._decoding_cache(idx.size(0), idx.size(1) + max_new_tokens, idx.device)
         # the steps after the prefill (decode_step, compiled by compile_decoding); 'dynamic' RoPE changes every
         # position's angles with the length reached, so it keeps the general path
         step = getattr(self, '_compiled_step', None) or self.decode_step

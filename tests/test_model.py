@@ -1092,11 +1092,12 @@ def test_a_decoding_step_gives_the_logits_of_a_full_forward(kind):
         assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
 
 
-@pytest.mark.parametrize('kind', ['local+global+deltanet', 'mla'])
+@pytest.mark.parametrize('kind', ['local+global+deltanet', 'mla, kept cache'])
 def test_compiled_decoding_is_one_graph_for_every_step_and_length(kind):
     """compile_decoding (here with AOT autograd, which functionalizes the in-place cache writes, and no code
     generation: the sampling test compiles with inductor): the tokens of eager decoding at three lengths, past a
-    context shift, from one graph, never recompiled for a step, a position or a cache length."""
+    context shift, from one graph, never recompiled for a step, a position or a cache length; also with the
+    one cache of block_size positions that CUDA graphs keep and reuse."""
     import torch._dynamo
     model = build(n_layer=3, pos='rope', layers='LGD', sliding_window=5, n_kv_head=2, attn_sinks=True,
                   linear_key_dim=4, linear_value_dim=4) if kind != 'mla' else build(pos='rope', attn='mla')
@@ -1105,7 +1106,7 @@ def test_compiled_decoding_is_one_graph_for_every_step_and_length(kind):
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     try:
-        model.compile_decoding(backend='aot_eager')
+        model.compile_decoding(backend='aot_eager', keep_cache=kind == 'mla, kept cache')
         for n, expected in eager.items():
             assert torch.equal(model.generate(idx, n, temperature=0), expected)
         assert torch._dynamo.utils.counters['stats']['unique_graphs'] == 1
