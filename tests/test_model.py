@@ -1046,10 +1046,10 @@ def test_embedding_scale_softcap_and_query_scale():
 
 @pytest.mark.parametrize('window, layers', [(None, None), (5, None), (5, 'LG')])
 def test_compiled_decoding_makes_one_graph_per_kind_of_call_not_per_ring_slot(window, layers):
-    """Blocks compiled as sample.py compiles them (dynamic shapes; dynamo's own 'eager' backend, which keeps the
-    guards and skips code generation): the same tokens as eager, past a context shift, and a few graphs (prefill,
-    decoding while the cache fills, decoding a full cache or ring, a windowed prefill), never one per position
-    or ring slot; with local and global layers (four, with sinks) a few per kind of layer, not per layer."""
+    """Each block compiled with dynamic shapes (as sample.py did before compile_decoding; dynamo's own 'eager'
+    backend, which keeps the guards and skips code generation): the same tokens as eager, past a context shift,
+    and a few graphs (prefill, decoding steps, a windowed prefill), never one per position or ring slot; with
+    local and global layers (four, with sinks) a few per kind of layer, not per layer."""
     import torch._dynamo
     model = build(n_layer=1, pos='rope', sliding_window=window) if layers is None else \
         build(n_layer=4, pos='rope', sliding_window=window, layers=layers, attn_sinks=True)
