@@ -83,7 +83,8 @@ def compare_with_hf(configs, batches, prompt_len, new_tokens, repeats, device, s
             rows.append({'variant': name, 'hf_class': type(hf).__name__, 'batch': batch, **tps,
                          'eager_vs_hf': tps['ours eager'] / tps['HF generate'],
                          'compiled_vs_hf': tps['ours compiled'] / tps['HF generate'], 'tokens_identical': same})
-            print(f"{name} batch {batch}: done", flush=True)
+            print(f"{name} batch {batch}: " + ', '.join(f"{k} {v:,.0f} tok/s" for k, v in tps.items()) +
+                  f"; tokens identical: {same}", flush=True)  # a long run's figures as they come
             if profile:
                 for k, model in (('ours eager', ours), ('ours compiled', fast)):
                     table, ms = step_profile(model, idx)
