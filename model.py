@@ -1507,6 +1507,7 @@ class GPT(nn.Module):
         # position's angles with the length reached, so it keeps the general path
         step = getattr(self, '_compiled_step', None) or self.decode_step
         static = self.config.rope_scaling != 'dynamic'
+        nxt = None  # the last token sampled: a step's input (a prefill always comes first)
         for _ in range(max_new_tokens):
             if cache is not None and cache.pos > 0 and static:
                 logits = step(nxt, cache.position, cache.stores)  # nxt: the last token, a fresh (B, 1) tensor
