@@ -16,6 +16,10 @@ sinks), gate (the output gate), nope (a layer in four without RoPE), partial (ha
 (three Gated DeltaNet layers to one global, Qwen3-Next's 'DDDG'), deltanet (every layer Gated DeltaNet).
 decode_prompt: decoding starts after this many prompt tokens (the cache already holds them: a long context).
 nanogpt_dir: a checkout of karpathy/nanoGPT; its GPT, at the same sizes, is timed as an extra row.
+vs_hf: greedy decoding of each variant against Hugging Face generate on the same weights (bench_decode.py):
+
+    python bench.py --vs_hf=True --variants=vanilla,modern --threads=2 --device=cpu
+    python bench.py --vs_hf=True --variants=mha,modern,mla --decode_prompt=1024 --block_size=1280 --threads=2
 Training times full steps (forward, backward, AdamW) on random tokens; decoding samples decode_tokens new
 tokens (temperature 1) from a one-token prompt. peak_flops 0: a known GPU's datasheet, else a measured matmul.
 """
@@ -61,6 +65,13 @@ compile: Optional[bool] = None  # None: on for CUDA only (training model only; d
 peak_flops = 0.0
 seed = 1337
 json = ''  # path: also write the figures as JSON (a bare --json: bench.json)
+# decoding against Hugging Face (no training rows): each variant exported with the same weights (export.to_hf),
+# greedy, decode_tokens new tokens after a decode_prompt-token prompt, at each of vs_hf_batches
+vs_hf = False
+vs_hf_batches = '1,8'
+vs_hf_repeats = 3  # the runs of each side, interleaved (ours, ours compiled, HF, ours, ...): the best is kept
+vs_hf_profile = False  # also the top operators of a decoding step, ours eager and compiled (torch.profiler)
+threads = 0  # intra-op threads; 0: torch's default
 # a bare --json means the default file
 argv = ['--json=bench.json' if arg == '--json' else arg for arg in sys.argv[1:]]
 settings = configure(settings_of(globals()), argv, prog='bench.py', doc=__doc__)
@@ -142,6 +153,21 @@ if nanogpt_dir:
 device = pick_device(device)
 device_type = device.split(':')[0]
 dtype = pick_dtype(device, dtype)
+if threads < 0:
+    die(f"threads must be >= 0 (0: torch's default), got {threads}")
+if threads:
+    torch.set_num_threads(threads)
+if vs_hf:
+    from bench_decode import compare_with_hf
+    try:
+        batches = [int(b) for b in vs_hf_batches.split(',')]
+    except ValueError:
+        batches = [0]
+    if min(batches) < 1 or vs_hf_repeats < 1:
+        die(f"vs_hf_batches must be a comma-separated list of ints >= 1 and vs_hf_repeats >= 1, got "
+            f"{vs_hf_batches!r} and {vs_hf_repeats}")
+    compare_with_hf(configs, batches, decode_prompt, decode_tokens, vs_hf_repeats, device, seed, json, vs_hf_profile)
+    sys.exit(0)
 if compile is None:
     compile = device_type == 'cuda'
 settings.update(device=device, dtype=dtype, compile=compile)

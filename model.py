@@ -698,7 +698,7 @@ class LatentAttention(nn.Module):
         if cache is not None:
             keys, = cache.update(latent=keys)
         if cache is not None and T == 1 and self.absorb:
-            y = self._absorbed(q_nope, q_rope, keys)
+            y = self._absorbed(q_nope, q_rope, keys, mask)
         else:
             latent, k_rope = keys.split([self.latent, self.rope], dim=-1)
             kv = self.kv_b(latent.squeeze(1)).view(B, -1, H, self.nope + self.v).transpose(1, 2)
@@ -708,15 +708,15 @@ class LatentAttention(nn.Module):
                        self.scale)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, H * self.v)))
 
-    def _absorbed(self, q_nope, q_rope, keys):
+    def _absorbed(self, q_nope, q_rope, keys, mask):
         """q.k = (q_nope W_uk) . latent + q_rope . k_rope, and att.v = (att . latent) W_uv^T; keys: the cached
-        [latent | k_rope] of every past token."""
+        [latent | k_rope] of every past token; mask: False (every key is the past), or the slots that are (1, S)."""
         w = self.kv_b.weight.view(self.n_head, self.nope + self.v, self.latent)
         q_latent = q_nope @ w[:, :self.nope]  # (B, H, 1, latent)
         # one query per head at the same position: the heads become the queries of one shared "head", so the
         # cache is read once, not repeated per head
         q = torch.cat((q_latent, q_rope), dim=-1).transpose(1, 2)  # (B, 1, H, latent + rope)
-        y = attend(q, keys, keys[..., :self.latent], False, scale=self.scale).transpose(1, 2)
+        y = attend(q, keys, keys[..., :self.latent], mask, scale=self.scale).transpose(1, 2)
         return y @ w[:, self.nope:].transpose(1, 2)  # (B, H, 1, v)
 
 
@@ -839,7 +839,7 @@ class GatedDeltaNet(nn.Module):
         of a KVCache (LayerCache), whose stores this layer reads and overwrites."""
         B, T, _ = x.size()
         Hk, Hv, dk, dv = self.k_heads, self.v_heads, self.k_dim, self.v_dim
-        fresh = cache is None or cache.cache.pos == 0
+        fresh = cache is None or cache.fresh
         qkv = self.in_proj_qkv(x).transpose(1, 2)  # (B, width, T)
         past = qkv.new_zeros(B, qkv.size(1), self.kernel - 1) if fresh else cache.stores['conv'].to(qkv.dtype)
         qkv = torch.cat((past, qkv), dim=2)
@@ -886,10 +886,12 @@ class KVCache:
                                          for name, (shape, dt) in self.layer_stores(block.attn, slots, dtype)},
                                   slots)
                        for slots, block in zip(self.layer_slots(config, length), model.transformer.h)]
+        self.stores = [layer.stores for layer in self.layers]  # what GPT.decode_step reads and writes
         self.pos = 0  # positions seen
-        # the ring slot the next single token goes to, as a tensor: a compiled block would specialise on an int
-        # (one graph per slot)
+        # the ring slot the next single token goes to, and its position, as tensors: a compiled block or step
+        # would specialise on an int (one graph per slot or position)
         self.slot = torch.zeros(1, dtype=torch.long, device=device)
+        self.position = torch.zeros(1, dtype=torch.long, device=device)
 
     @staticmethod
     def slots_for(window, length):
@@ -957,11 +959,13 @@ class KVCache:
     def advance(self, T):
         self.pos += T
         self.slot.fill_(self.pos % self.ring_slots)
+        self.position.fill_(self.pos)
 
     def reset(self):
         """Forget every position (the next call is a prefill)."""
         self.pos = 0
         self.slot.zero_()
+        self.position.zero_()
 
 
 class LayerCache:
@@ -973,6 +977,30 @@ class LayerCache:
 
     def update(self, **new):
         return self.cache.update(self, **new)
+
+    @property
+    def fresh(self):
+        """Nothing stored yet: a Gated DeltaNet starts from zeros rather than reading its stores."""
+        return self.cache.pos == 0
+
+
+class StepCache:
+    """A layer's stores as one decoding step (GPT.decode_step) sees them: the new token is written at slot
+    pos % slots, which is its position in a global layer and its ring slot in a local one, and every slot is
+    returned, the ones not yet written masked by the step. Nothing depends on the position but tensors, so the
+    step has the same shapes and code at every position."""
+    fresh = False  # a step follows a prefill
+
+    def __init__(self, stores, pos):
+        self.stores, self.pos = stores, pos
+
+    def update(self, **new):
+        out = []
+        for name, value in new.items():
+            store = self.stores[name]
+            store.index_copy_(2, self.pos % store.size(2), value.to(store.dtype))
+            out.append(store)
+        return out
 
 
 def attention_mask(start, T, key_positions, window, device):
@@ -1408,6 +1436,77 @@ class GPT(nn.Module):
             cache.advance(T)
         return self.transformer.ln_f(x)
 
+    def decode_step(self, idx, pos, stores):
+        """One decoding step: the logits (B, vocab), in fp32, after the tokens idx (B, 1) at position pos (a (1,)
+        tensor), whose entries go into stores (a KVCache's, filled by a prefill) in place. Every shape is the
+        cache's and every position a tensor, so the step is one static graph whatever the position: what
+        compile_decoding compiles. The caller advances the cache (the step reads no Python int that changes)."""
+        x = self.transformer.wte(idx)
+        if self.config.embed_scale:
+            x = x * self.config.n_embd ** 0.5
+        wpe, rope = self.transformer.wpe, None
+        if isinstance(wpe, LearnedPositions):
+            x = x + wpe.weight[pos]
+        else:  # the tables a prefill built (they reach block_size, the longest cache)
+            rope = (wpe.cos[pos], wpe.sin[pos])
+        contexts = {'D': (None, None)}
+        for kind, layer_stores in zip(self.layer_kinds, stores):
+            if kind not in contexts:  # a kind's slots (its window, or the cache's length) are its stores'
+                slots = next(iter(layer_stores.values())).size(2)
+                kind_rope = None if kind == 'N' else rope
+                if kind == 'L' and hasattr(self, 'rope_local'):
+                    kind_rope = (self.rope_local.cos[pos], self.rope_local.sin[pos])
+                # slot s holds a position <= pos once written (a ring's slots hold the last `window` positions)
+                contexts[kind] = (kind_rope, torch.arange(slots, device=idx.device)[None, :] <= pos)
+        for block, kind, layer_stores in zip(self.transformer.h, self.layer_kinds, stores):
+            x = block(x, *contexts[kind], StepCache(layer_stores, pos))
+        return self.logits(self.transformer.ln_f(x))[:, -1].float()
+
+    def compile_decoding(self, backend='inductor', mode=None, keep_cache=None):
+        """Prepare generate's fast path: decode_step compiled once (the prefill stays eager), used by every later
+        generate with a cache. On a CPU the cache's slots are a dynamic size, so no length compiles anew, and the
+        weights are frozen into the step (compile again after changing them); on CUDA mode None is
+        'reduce-overhead': the step replayed as a CUDA graph. A graph replays fixed addresses, so
+        there (keep_cache None, or True) generate keeps one cache of block_size positions per batch size and
+        reuses it. Returns the model."""
+        cuda = self.lm_head.weight.is_cuda
+        if mode is None and cuda and backend == 'inductor':
+            mode = 'reduce-overhead'
+        # MoE's CPU path reads its experts' token counts on the host: a graph break, so not fullgraph
+        step = torch.compile(self.decode_step, backend=backend, mode=mode, fullgraph=not self.moe_layers())
+        if mode is None and backend == 'inductor':
+            # on a CPU the weights are folded into the step (inductor's freezing), its Linears then MKL's matmuls
+            # on prepacked weights: 7.4 -> 4.6 ms a Llama step at batch 8 here. Weights changed afterwards are not
+            # seen: compile again. Inductor reads the flag when it compiles, which is at a call (torch.compile's
+            # options={'freezing': True} did not reach it in torch 2.13)
+            compiled = step
+
+            def step(*args):
+                with torch._inductor.config.patch(freezing=True):
+                    return compiled(*args)
+        self._compiled_step = step
+        self._kept_caches = {} if (keep_cache if keep_cache is not None else mode == 'reduce-overhead') else None
+        return self
+
+    def _decoding_cache(self, batch_size, seq_len, device):
+        """generate's cache: a new one for seq_len positions (its slots marked dynamic for a compiled step), or
+        with compile_decoding's kept caches the one of this batch size, dtype and device, emptied."""
+        dtype, kept = self._cache_dtype(), getattr(self, '_kept_caches', None)
+        if kept is None:
+            cache = KVCache(self, batch_size, self._cache_length(seq_len), dtype, device)
+            for layer in cache.layers:  # a compiled step serves every length: the slots are a dynamic size
+                for store in layer.stores.values() if layer.slots else ():
+                    torch._dynamo.maybe_mark_dynamic(store, 2)
+            return cache
+        key = (batch_size, dtype, str(device))
+        if key not in kept:
+            kept[key] = KVCache(self, batch_size, self.config.block_size, dtype, device)
+            for stores in kept[key].stores:  # written in place at the same addresses by every replay
+                for store in stores.values():
+                    torch._dynamo.mark_static_address(store)
+        kept[key].reset()
+        return kept[key]
+
     # ------------------------------------------------------------------------- accounting
 
     def flops_per_token(self, seq_len=None):
@@ -1478,16 +1577,20 @@ class GPT(nn.Module):
         window = idx if idx.size(1) <= block_size else idx[:, -keep:]
         cache = None
         if use_cache:
-            cache = KVCache(self, idx.size(0), self._cache_length(idx.size(1) + max_new_tokens),
-                            self._cache_dtype(), idx.device)
-        for step in range(max_new_tokens):
-            if cache is None:
-                h = self.hidden_states(window)
-            elif cache.pos == 0:
-                h = self.hidden_states(window, cache)  # prefill
-            else:
-                h = self.hidden_states(window[:, -1:], cache)
-            logits = self.logits(h[:, -1, :])[:, :vocab_limit]  # only the last position is sampled from
+            cache = self._decoding_cache(idx.size(0), idx.size(1) + max_new_tokens, idx.device)
+        # the steps after the prefill (decode_step, compiled by compile_decoding); 'dynamic' RoPE changes every
+        # position's angles with the length reached, so it keeps the general path
+        step = getattr(self, '_compiled_step', None) or self.decode_step
+        static = self.config.rope_scaling != 'dynamic'
+        nxt = None  # the last token sampled: a step's input (a prefill always comes first)
+        for _ in range(max_new_tokens):
+            if cache is not None and cache.pos > 0 and static:
+                logits = step(nxt, cache.position, cache.stores)  # nxt: the last token, a fresh (B, 1) tensor
+                cache.advance(1)
+            else:  # no cache, a prefill, or a step of the general path
+                h = self.hidden_states(window if cache is None or cache.pos == 0 else window[:, -1:], cache)
+                logits = self.logits(h[:, -1, :])  # only the last position is sampled from
+            logits = logits[:, :vocab_limit]
             nxt = sample_next(logits.float(), temperature, top_k, top_p)
             yield nxt
             window = torch.cat((window, nxt), dim=1)

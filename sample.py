@@ -120,9 +120,8 @@ if guessed:
 vocab_limit = min(tokenizer_vocab, model.config.vocab_size)
 model.eval()
 model.to(device)
-if compile:  # the blocks, in place: generate_stream calls them directly; the cache makes lengths vary
-    for block in model.transformer.h:
-        block.compile(dynamic=True)
+if compile:  # generate's decoding step, one static-shape graph (the prefill stays eager)
+    model.compile_decoding()
 idx = torch.tensor([prompt] * num_samples, dtype=torch.long, device=device)
 torch.manual_seed(seed)
 torch.cuda.manual_seed(seed)

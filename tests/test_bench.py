@@ -253,3 +253,22 @@ def test_kill_is_one_line_and_exit_143(tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 143 and err.strip() == 'error: interrupted (SIGTERM)', err
+
+
+def test_decoding_against_hugging_face_on_the_same_weights(tmp_path):
+    """--vs_hf=True: a row per variant and batch (the Hugging Face class it was exported to), tokens/s of ours eager,
+    ours compiled and HF generate with their ratios, and the tokens of all three identical."""
+    result = bench('--vs_hf=True', '--variants=modern', '--vs_hf_batches=2', '--vs_hf_repeats=1',
+                   '--decode_tokens=4', '--json', cwd=tmp_path)  # one variant: each compiles (tens of seconds)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads((tmp_path / 'bench.json').read_text())['rows']
+    assert [(r['variant'], r['hf_class'], r['batch']) for r in rows] == [('modern', 'LlamaForCausalLM', 2)]
+    for r in rows:
+        assert r['tokens_identical'] and min(r['ours eager'], r['ours compiled'], r['HF generate']) > 0
+        assert r['compiled_vs_hf'] == pytest.approx(r['ours compiled'] / r['HF generate'])
+        assert f"| {r['variant']} | {r['hf_class']} | 2 | " in result.stdout
+    assert '| yes |' in result.stdout and '| NO |' not in result.stdout
+
+
+def test_vs_hf_batches_that_are_not_ints_are_one_error_line():
+    expect_one_error(bench('--vs_hf=True', '--vs_hf_batches=1,x', cwd=REPO_ROOT), 'vs_hf_batches', "'1,x'")

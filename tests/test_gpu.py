@@ -1,7 +1,7 @@
 """The CUDA paths, on a GPU only (skipped elsewhere; `.ci/gpu` runs them with the recipes and the benchmark):
 bf16 and fp16 + GradScaler training, torch.compile, fused AdamW, flash SDPA with and without GQA, the SDPA
-backend torch picks (with a window mask) against math, cached sampling, the fused grouped matmul of MoE (and
-the loop at widths it cannot read), and FSDP in bf16 and fp16."""
+backend torch picks (with a window mask) against math, cached sampling, decoding as a CUDA graph, the fused
+grouped matmul of MoE (and the loop at widths it cannot read), and FSDP in bf16 and fp16."""
 
 import os
 import subprocess
@@ -112,6 +112,29 @@ def test_cached_sampling_on_cuda_equals_uncached(flags):
     cached = model.generate(prompt, 60, temperature=0.0, use_cache=True)
     uncached = model.generate(prompt, 60, temperature=0.0, use_cache=False)
     assert torch.equal(cached, uncached)
+
+
+@pytest.mark.parametrize('flags', [dict(norm='rms', mlp='swiglu', n_kv_head=2, pos='rope'),
+                                   dict(norm='rms', pos='rope', attn='mla', layers='LG', sliding_window=8)],
+                         ids=['modern', 'mla+window'])
+def test_decoding_as_a_cuda_graph_equals_eager(flags):
+    """compile_decoding on CUDA: the step replayed as a CUDA graph (reduce-overhead) over one kept cache; the
+    tokens of eager decoding, in fp32, at two lengths past a context shift, from one graph."""
+    import torch._dynamo
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, vocab_size=64, n_layer=2, n_head=4, n_embd=64, **flags)).cuda().eval()
+    prompt = torch.randint(0, 64, (3, 5), device='cuda')
+    eager = {n: model.generate(prompt, n, temperature=0.0) for n in (10, 60)}
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    try:
+        model.compile_decoding()
+        for n, expected in eager.items():
+            assert torch.equal(model.generate(prompt, n, temperature=0.0), expected)
+        assert torch._dynamo.utils.counters['stats']['unique_graphs'] == 1
+        assert not torch._dynamo.utils.counters['inductor'].get('cudagraph_skips')
+    finally:
+        torch._dynamo.reset()
 
 
 @pytest.mark.parametrize('hidden', [344, 341])

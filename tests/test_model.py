@@ -1113,10 +1113,10 @@ def test_embedding_scale_softcap_and_query_scale():
 
 @pytest.mark.parametrize('window, layers', [(None, None), (5, None), (5, 'LG')])
 def test_compiled_decoding_makes_one_graph_per_kind_of_call_not_per_ring_slot(window, layers):
-    """Blocks compiled as sample.py compiles them (dynamic shapes; dynamo's own 'eager' backend, which keeps the
-    guards and skips code generation): the same tokens as eager, past a context shift, and a few graphs (prefill,
-    decoding while the cache fills, decoding a full cache or ring, a windowed prefill), never one per position
-    or ring slot; with local and global layers (four, with sinks) a few per kind of layer, not per layer."""
+    """Each block compiled with dynamic shapes (as sample.py did before compile_decoding; dynamo's own 'eager'
+    backend, which keeps the guards and skips code generation): the same tokens as eager, past a context shift,
+    and a few graphs (prefill, decoding steps, a windowed prefill), never one per position or ring slot; with
+    local and global layers (four, with sinks) a few per kind of layer, not per layer."""
     import torch._dynamo
     model = build(n_layer=1, pos='rope', sliding_window=window) if layers is None else \
         build(n_layer=4, pos='rope', sliding_window=window, layers=layers, attn_sinks=True)
@@ -1129,6 +1129,54 @@ def test_compiled_decoding_makes_one_graph_per_kind_of_call_not_per_ring_slot(wi
             block.compile(dynamic=True, backend='eager')
         assert torch.equal(model.generate(idx, 3 * BLOCK, temperature=0), eager)
         assert torch._dynamo.utils.counters['stats']['unique_graphs'] <= (4 if layers is None else 8)
+        assert not torch._dynamo.utils.counters['graph_break']
+    finally:
+        torch._dynamo.reset()
+
+
+# every kind of cache a decoding step writes: K/V heads shared, MLA's latents, a window's ring next to a global
+# layer (with their own RoPE base and sinks), a Gated DeltaNet's states, learned positions
+STEP_KINDS = {'gqa': dict(norm='rms', mlp='swiglu', pos='rope', n_kv_head=2), 'mqa': dict(pos='rope', n_kv_head=1),
+              'mla': dict(pos='rope', attn='mla', q_lora_rank=8),
+              'local+global': dict(pos='rope', layers='LG', sliding_window=5, attn_sinks=True, rope_local_theta=100.0),
+              'deltanet+global': dict(pos='rope', layers='DG', linear_key_dim=4, linear_value_dim=4),
+              'learned': dict()}
+
+
+@torch.no_grad()
+@pytest.mark.parametrize('kind', STEP_KINDS)
+def test_a_decoding_step_gives_the_logits_of_a_full_forward(kind):
+    """decode_step (generate's step after the prefill) writes each token in place into the preallocated cache
+    and attends over all its slots, the unwritten ones masked: at every position, past the ring's wrap, its
+    logits are those of a full forward over the sequence."""
+    model = build(**STEP_KINDS[kind])
+    seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(60))
+    cache = M.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
+    model(seq[:, :3], cache=cache)  # the prefill
+    for i in range(3, BLOCK):
+        logits = model.decode_step(seq[:, i:i + 1], cache.position, cache.stores)
+        cache.advance(1)
+        assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
+
+
+@pytest.mark.parametrize('kind', ['local+global+deltanet', 'mla, kept cache'])
+def test_compiled_decoding_is_one_graph_for_every_step_and_length(kind):
+    """compile_decoding (here with AOT autograd, which functionalizes the in-place cache writes, and no code
+    generation: the sampling test compiles with inductor): the tokens of eager decoding at three lengths, past a
+    context shift, from one graph, never recompiled for a step, a position or a cache length; also with the
+    one cache of block_size positions that CUDA graphs keep and reuse."""
+    import torch._dynamo
+    model = build(n_layer=3, pos='rope', layers='LGD', sliding_window=5, n_kv_head=2, attn_sinks=True,
+                  linear_key_dim=4, linear_value_dim=4) if kind != 'mla' else build(pos='rope', attn='mla')
+    idx = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(61))
+    eager = {n: model.generate(idx, n, temperature=0) for n in (6, 9, 3 * BLOCK)}  # caches of 9, 12 and 16
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    try:
+        model.compile_decoding(backend='aot_eager', keep_cache=kind == 'mla, kept cache')
+        for n, expected in eager.items():
+            assert torch.equal(model.generate(idx, n, temperature=0), expected)
+        assert torch._dynamo.utils.counters['stats']['unique_graphs'] == 1
         assert not torch._dynamo.utils.counters['graph_break']
     finally:
         torch._dynamo.reset()
