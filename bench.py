@@ -332,7 +332,7 @@ COLUMNS = [('variant', 'variant', '{}'), ('params (M)', 'params', '{:.2f}', 1e-6
            ('MFU %', 'mfu', '{:.2f}', 100), ('decode tok/s cached', 'decode_tokens_per_s_cached', '{:,.0f}'),
            ('decode tok/s uncached', 'decode_tokens_per_s_uncached', '{:,.0f}'),
            ('speedup', 'cache_speedup', '{:.2f}x'), ('KV bytes/token', 'kv_bytes_per_token', '{:,}'),
-           ('cache MB/sequence', 'kv_bytes_per_sequence', '{:.2f}', 1e-6)]
+           ('cache MB/sequence', 'kv_bytes_per_sequence', '{:.4g}', 1e-6)]
 
 
 def cell(row, key, fmt, scale=None):

@@ -58,7 +58,9 @@ def test_table_has_the_columns_and_one_row_per_variant(run):
     assert 'peak 0.001 TFLOP/s (from --peak_flops)' in result.stdout
     rows = table(result.stdout)
     assert list(rows) == ['vanilla', 'gqa', 'modern']
-    assert rows['vanilla'][-1] == '256'  # 1 layer * (k, v) * 2 heads * 16 dims * 4 bytes
+    # 1 layer * (k, v) * 2 heads * 16 dims * 4 bytes; a sequence of block_size 16 holds 16 of them
+    assert rows['vanilla'][HEADER.index('KV bytes/token')] == '256'
+    assert rows['vanilla'][HEADER.index('cache MB/sequence')] == '0.004096'
 
 
 def test_json_figures(run):
@@ -159,7 +161,7 @@ def test_deltanet_rows_keep_a_cache_that_does_not_grow(tmp_path):
     assert per_sequence['deltanet'] == 4 * state
     # k and v, one K/V head (modern's n_head / 2), block_size positions, head dim, fp32
     assert per_sequence['hybrid'] == 2 * 1 * 16 * 16 * 4 + 3 * state
-    assert float(table(result.stdout)['hybrid'][HEADER.index('cache MB/sequence')]) == round(per_sequence['hybrid'] / 1e6, 2)
+    assert table(result.stdout)['hybrid'][HEADER.index('cache MB/sequence')] == f"{per_sequence['hybrid'] / 1e6:.4g}"
 
 
 FAKE_NANOGPT = f'''
