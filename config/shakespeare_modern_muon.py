@@ -5,4 +5,4 @@ out_dir = 'out-shakespeare-modern-muon'
 wandb_run_name = 'modern-muon'
 
 optimizer = 'muon'
-muon_lr = 0.02
+muon_lr = 0.01
