@@ -58,7 +58,7 @@ grid = 'default'
 n_kv_heads = ''  # for the kv group, e.g. '1,2,4'
 learning_rates = '1e-3,3e-3,1e-2,3e-2'  # for the stability group
 adamw_lrs = '3e-4,1e-3,3e-3'  # for the optimizer group: AdamW's peak rates
-muon_lrs = '0.01,0.02,0.04'  # for the optimizer group: Muon's (AdamW keeps the recipe's for the rest)
+muon_lrs = '0.005,0.01,0.02,0.04'  # for the optimizer group: Muon's (AdamW keeps the recipe's for the rest)
 target = ''  # a variant whose final val loss the "reaches" column times each variant to; '' the reference
 custom = ''  # e.g. "{'tiny_rope': {'pos': 'rope', 'rope_theta': 500.0}}"
 train_args = ''  # passed to every train.py run, e.g. '--max_iters=20 --eval_interval=10'
