@@ -120,7 +120,7 @@ def all_pairs(dimensions, draws=4000, seed=0):
     return combos
 
 
-COMBOS = all_pairs(DIMENSIONS, seed=2)  # a seed whose draws cover every pair (MLA has few valid partners)
+COMBOS = all_pairs(DIMENSIONS, seed=5)  # a seed whose draws cover every pair (MLA has few valid partners)
 
 
 def combo_id(flags):
