@@ -1038,8 +1038,10 @@ class MLP(nn.Module):
         h = self.c_fc(x)
         if self.act == 'relu2':
             h = F.relu(h).square()
+        elif self.act == 'relu':
+            h = F.relu(h)
         else:
-            h = F.relu(h) if self.act == 'relu' else F.gelu(h, approximate='tanh')
+            h = F.gelu(h, approximate='tanh')
         return self.dropout(self.c_proj(h))
 
 
@@ -1267,7 +1269,7 @@ class MuonAdamW:
     whose gradients are linked to the stack's each time it accumulates one."""
 
     def __init__(self, hidden, adamw, **muon_settings):
-        matrices = []
+        matrices, self.stacks = [], []
         for p in hidden:
             if p.dim() == 2:
                 matrices.append(p)
@@ -1275,7 +1277,7 @@ class MuonAdamW:
             views = list(p.detach().unbind(0))  # leaves sharing the stack's memory: Muon's updates land in it
             p.register_post_accumulate_grad_hook(partial(_link_grads, views))
             matrices += views
-        self.stacks = [p for p in hidden if p.dim() != 2]
+            self.stacks.append(p)
         self.adamw, self.muon = adamw, torch.optim.Muon(matrices, **muon_settings)
 
     @property
@@ -1542,8 +1544,7 @@ class GPT(nn.Module):
         params = [p for p in self.parameters() if p.requires_grad]
         hidden = set()
         if optimizer == 'muon':
-            stacks = {id(m.c_fc) for m in self.modules() if isinstance(m, Experts)} | \
-                     {id(m.c_proj) for m in self.modules() if isinstance(m, Experts)}
+            stacks = {id(p) for m in self.modules() if isinstance(m, Experts) for p in (m.c_fc, m.c_proj)}
             hidden = {id(p) for p in self.transformer.h.parameters() if p.requires_grad and
                       (p.dim() == 2 or id(p) in stacks)}
         rest = [p for p in params if id(p) not in hidden]

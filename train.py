@@ -606,8 +606,9 @@ if eval_done:
     evaluated = resumed_at
 try:
     while True:
-        lr = learning_rate * lr_scale(iter_num)  # AdamW's, logged
-        set_lr(lr_scale(iter_num))
+        scale = lr_scale(iter_num)
+        set_lr(scale)
+        lr = learning_rate * scale  # AdamW's, logged
 
         # a resumed run's first iteration was evaluated, logged and saved before it stopped (unless an interrupt
         # saved it before its evaluation)
