@@ -1537,10 +1537,12 @@ class GPT(nn.Module):
         return min(seq_len, self.config.block_size)
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, optimizer='adamw',
-                             muon_lr=0.02, muon_momentum=0.95):
+                             muon_lr=0.02, muon_momentum=0.95, fused=True):
         """AdamW on every parameter; optimizer='muon': Muon on the blocks' hidden matrices (each expert of a
         stack a matrix of its own) and AdamW on the rest: embeddings, the head, norms, biases, scalars and
-        convolution kernels, which are not matrices a layer multiplies its input by (the speedrun, Moonlight)."""
+        convolution kernels, which are not matrices a layer multiplies its input by (the speedrun, Moonlight).
+        fused: AdamW's fused kernel on CUDA; False for FSDP's sharded fp16 scaler, whose found-inf flag (shape
+        [1]) the fused step cannot take (pytorch#140514; seen on an H200 with torch 2.11)."""
         params = [p for p in self.parameters() if p.requires_grad]
         hidden = set()
         if optimizer == 'muon':
@@ -1551,7 +1553,7 @@ class GPT(nn.Module):
         # matrices and embeddings decay; biases and norm gains do not
         groups = [{'params': [p for p in rest if p.dim() >= 2], 'weight_decay': weight_decay},
                   {'params': [p for p in rest if p.dim() < 2], 'weight_decay': 0.0}]
-        fused = device_type == 'cuda' and 'fused' in inspect.signature(torch.optim.AdamW).parameters
+        fused = fused and device_type == 'cuda' and 'fused' in inspect.signature(torch.optim.AdamW).parameters
         adamw = torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **({'fused': True} if fused else {}))
         if optimizer == 'adamw':
             return adamw

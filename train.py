@@ -359,7 +359,7 @@ if fsdp:  # each block's parameters sharded over the processes, then the rest of
     fully_shard(model)
 scaler = grad_scaler(device_type, dtype, sharded=fsdp)
 optim = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type, optimizer, muon_lr,
-                                   muon_momentum)  # the setting `optimizer` names which
+                                   muon_momentum, fused=not (fsdp and scaler.is_enabled()))  # `optimizer` names which
 if checkpoint is not None:
     try:
         if fsdp:
