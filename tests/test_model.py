@@ -1183,6 +1183,25 @@ def test_compiled_decoding_is_one_graph_for_every_step_and_length(kind):
 
 
 @torch.no_grad()
+def test_compiled_decoding_specializes_each_batch_size():
+    """Each batch size gets a graph of its own (a static batch: dynamo would otherwise generalize the batch at
+    the second size, a slower graph for every size after it): three sizes, three graphs, and a size seen before
+    compiles nothing."""
+    import torch._dynamo
+    model = build(pos='rope', n_kv_head=2)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    try:
+        model.compile_decoding(backend='aot_eager')
+        for batch in (1, 3, 2, 3):
+            idx = torch.randint(0, VOCAB, (batch, 2), generator=torch.Generator().manual_seed(batch))
+            model.generate(idx, 4, temperature=0)
+        assert torch._dynamo.utils.counters['stats']['unique_graphs'] == 3
+    finally:
+        torch._dynamo.reset()
+
+
+@torch.no_grad()
 def test_dynamic_rope_is_exact_with_a_cache_within_its_original_length_only():
     """'dynamic' gives every position new angles as the sequence grows past rope_original_length: a full
     forward recomputes all of them, a KV cache keeps the earlier keys' (as transformers does)."""
