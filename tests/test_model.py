@@ -1183,6 +1183,21 @@ def test_compiled_decoding_is_one_graph_for_every_step_and_length(kind):
 
 
 @torch.no_grad()
+def test_compiled_decoding_of_a_moe_model_gives_eager_tokens():
+    """MoE's CPU path reads its experts' token counts on the host, so compile_decoding compiles it with graph
+    breaks (not fullgraph): the same tokens as eager, past a context shift."""
+    import torch._dynamo
+    model = build(mlp='moe', n_expert=4, n_expert_active=2, moe_hidden=16, pos='rope', n_kv_head=2)
+    idx = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(62))
+    eager = model.generate(idx, 2 * BLOCK, temperature=0)
+    torch._dynamo.reset()
+    try:
+        assert torch.equal(model.compile_decoding(backend='aot_eager').generate(idx, 2 * BLOCK, temperature=0), eager)
+    finally:
+        torch._dynamo.reset()
+
+
+@torch.no_grad()
 def test_compiled_decoding_specializes_each_batch_size():
     """Each batch size gets a graph of its own (a static batch: dynamo would otherwise generalize the batch at
     the second size, a slower graph for every size after it): three sizes, three graphs, and a size seen before
