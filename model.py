@@ -16,6 +16,7 @@ With every default the model is nanoGPT's GPT-2, parameter names included, so GP
 The Hugging Face families (HF_FAMILIES: names and configs, both ways) live in hf.py, which builds on this file.
 """
 
+import contextlib
 import inspect
 import math
 from dataclasses import dataclass, fields
@@ -1475,24 +1476,19 @@ class GPT(nn.Module):
         if mode is None and cuda and backend == 'inductor':
             mode = 'reduce-overhead'
         # MoE's CPU path reads its experts' token counts on the host: a graph break, so not fullgraph
-        step = torch.compile(self.decode_step, backend=backend, mode=mode, fullgraph=not self.moe_layers())
-        if mode is None and backend == 'inductor':
-            # on a CPU the weights are folded into the step (inductor's freezing), its Linears then MKL's matmuls
-            # on prepacked weights: 7.4 -> 4.6 ms a Llama step at batch 8 here. Weights changed afterwards are not
-            # seen: compile again. Inductor reads the flag when it compiles, which is at a call (torch.compile's
-            # options={'freezing': True} did not reach it in torch 2.13)
-            frozen = step
-
-            def step(*args):
-                with torch._inductor.config.patch(freezing=True):
-                    return frozen(*args)
-        # a new batch size compiles a graph of its own: dynamo's default would make the batch dynamic at the
-        # second, a general graph (15% slower a GPT-2 step at batch 8 here) for every size after the first. The
-        # slots stay dynamic: generate marks them
-        compiled = step
+        compiled = torch.compile(self.decode_step, backend=backend, mode=mode, fullgraph=not self.moe_layers())
+        # on a CPU the weights are folded into the step (inductor's freezing), its Linears then MKL's matmuls on
+        # prepacked weights: 7.4 -> 4.6 ms a Llama step at batch 8 here. Weights changed afterwards are not seen:
+        # compile again. Inductor reads the flag when it compiles, which is at a call (torch.compile's
+        # options={'freezing': True} did not reach it in torch 2.13)
+        freezing = mode is None and backend == 'inductor'
 
         def step(*args):
-            with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+            # each batch size a static graph of its own: dynamo's automatic dynamic shapes would make the batch
+            # symbolic at the second size, a general graph (15% slower a GPT-2 step at batch 8 here) for every
+            # size after it. The cache's slots stay dynamic: generate marks them
+            with torch._dynamo.config.patch(automatic_dynamic_shapes=False), \
+                    torch._inductor.config.patch(freezing=True) if freezing else contextlib.nullcontext():
                 return compiled(*args)
         self._compiled_step = step
         self._kept_caches = {} if (keep_cache if keep_cache is not None else mode == 'reduce-overhead') else None
