@@ -295,11 +295,12 @@ rows = []
 for name, cfg in configs:
     torch.manual_seed(seed)  # every variant starts from the same random state
     model = GPT(cfg)
-    rows += bench(name, model, model)
+    row, *compared = bench(name, model, model)
+    rows += [row] + compared
     del model
     # each row as it ends, so a run stopped early (a time limit) still leaves its figures
-    print(f"  {name}: train {rows[-1]['train_ms_per_iter']:.4g} ms/iter, decode "
-          f"{rows[-1]['decode_tokens_per_s_cached']:.4g} tok/s", file=sys.stderr, flush=True)
+    print(f"  {name}: train {row['train_ms_per_iter']:.4g} ms/iter, decode "
+          f"{row['decode_tokens_per_s_cached']:.4g} tok/s", file=sys.stderr, flush=True)
 if nanogpt is not None:
     torch.manual_seed(seed)
     with contextlib.redirect_stdout(io.StringIO()):  # it prints its parameter count

@@ -219,6 +219,8 @@ def test_compare_dtype_times_both_in_turn(tmp_path):
     assert list(table(result.stdout)) == ['vanilla', 'vanilla (bfloat16)', 'modern', 'modern (bfloat16)']
     data = {r['variant']: r for r in json.loads((tmp_path / 'b.json').read_text())['rows']}
     assert data['modern (bfloat16)']['train_ms_per_iter'] > 0 and data['modern (bfloat16)']['mfu'] > 0
+    # each variant's own figures on stderr as it ends (a run stopped by a time limit keeps them)
+    assert f"  modern: train {data['modern']['train_ms_per_iter']:.4g} ms/iter" in result.stderr
 
 
 def test_compiled_training_is_timed(tmp_path):
