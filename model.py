@@ -1475,8 +1475,12 @@ class GPT(nn.Module):
         cuda = self.lm_head.weight.is_cuda
         if mode is None and cuda and backend == 'inductor':
             mode = 'reduce-overhead'
-        # MoE's CPU path reads its experts' token counts on the host: a graph break, so not fullgraph
-        compiled = torch.compile(self.decode_step, backend=backend, mode=mode, fullgraph=not self.moe_layers())
+        # MoE's CPU path reads its experts' token counts on the host: a graph break, so not fullgraph. dynamic=False:
+        # each batch size a static graph of its own (dynamo's default would make the batch symbolic at the second
+        # size, a general graph, 15% slower a GPT-2 step at batch 8 here, for every size after it); the cache's
+        # slots stay dynamic, as generate marks them
+        compiled = torch.compile(self.decode_step, backend=backend, mode=mode, fullgraph=not self.moe_layers(),
+                                 dynamic=False)
         # on a CPU the weights are folded into the step (inductor's freezing), its Linears then MKL's matmuls on
         # prepacked weights: 7.4 -> 4.6 ms a Llama step at batch 8 here. Weights changed afterwards are not seen:
         # compile again. Inductor reads the flag when it compiles, which is at a call (torch.compile's
@@ -1484,11 +1488,7 @@ class GPT(nn.Module):
         freezing = mode is None and backend == 'inductor'
 
         def step(*args):
-            # each batch size a static graph of its own: dynamo's automatic dynamic shapes would make the batch
-            # symbolic at the second size, a general graph (15% slower a GPT-2 step at batch 8 here) for every
-            # size after it. The cache's slots stay dynamic: generate marks them
-            with torch._dynamo.config.patch(automatic_dynamic_shapes=False), \
-                    torch._inductor.config.patch(freezing=True) if freezing else contextlib.nullcontext():
+            with torch._inductor.config.patch(freezing=True) if freezing else contextlib.nullcontext():
                 return compiled(*args)
         self._compiled_step = step
         self._kept_caches = {} if (keep_cache if keep_cache is not None else mode == 'reduce-overhead') else None
