@@ -331,6 +331,50 @@ def write_json(path, obj):
         os.replace(tmp, path)
 
 
+def is_checkpoint(path):
+    """Whether path holds a torch.save file (zip or legacy pickle), so no output may replace it."""
+    try:
+        with open(path, 'rb') as f:
+            head = f.read(4)
+    except OSError:
+        return False
+    return head.startswith(b'PK\x03\x04') or head[:2] in (b'\x80\x02', b'\x80\x04', b'\x80\x05')
+
+
+def output_refusal(path):
+    """Why an output (a report, a JSON of figures) may not be written at path, or None: it must not replace a
+    directory, a checkpoint, or a file with a second name (a hard link: best.pt is ckpt.pt's)."""
+    if os.path.isdir(path):
+        return f"'{path}' is a directory (give a file name)"
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        return f"no directory '{os.path.dirname(os.path.abspath(path))}'"
+    if os.path.exists(path):
+        if is_checkpoint(path):
+            return f"'{path}' is a checkpoint; outputs never replace one (choose another file name)"
+        if os.stat(path).st_nlink > 1:
+            return f"'{path}' has another name (a hard link); writing it would change both (choose another file)"
+    return None
+
+
+def write_output(path, text, setting='--output'):
+    """Write an output file aside and switch it in (a reader sees the old file or the new one), after the
+    checks of output_refusal; any failure is one line naming the setting."""
+    refusal = output_refusal(path)
+    if refusal:
+        die(f"cannot write {setting}={path}: {refusal}", code=1)
+    tmp = tmp_path(os.path.abspath(path))
+    with critical():
+        try:
+            with open(tmp, 'w', encoding='utf-8') as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except OSError as e:
+            die(f"cannot write {setting}={path}: {e.strerror or e}", code=1)
+        finally:
+            if os.path.lexists(tmp):
+                os.remove(tmp)
+
+
 def new_checkpoint(model, **fields):
     """A checkpoint dict in our format; model is the raw (uncompiled, unwrapped) GPT."""
     return {'format': CKPT_FORMAT, 'model': model.state_dict(), 'model_args': asdict(model.config), **fields}

@@ -171,3 +171,31 @@ def test_a_checkpoint_from_before_norm_position_loads_with_its_placement(tmp_pat
     assert back.config.norm_position == 'post' and 'prenorm' not in loaded['model_args']
     idx = torch.randint(0, 11, (1, 8))
     assert torch.equal(back(idx)[0], model(idx)[0])
+
+
+def test_an_output_never_replaces_a_checkpoint_or_a_hard_linked_file(tmp_path):
+    ckpt = tmp_path / 'ckpt.pt'
+    torch.save({'model': {}}, ckpt)
+    os.link(ckpt, tmp_path / 'best.pt')
+    before = ckpt.read_bytes()
+    for target in (ckpt, tmp_path / 'best.pt'):
+        with pytest.raises(SystemExit):
+            common.write_output(str(target), '{}', '--json')
+    assert ckpt.read_bytes() == before
+    plain = tmp_path / 'notes.txt'
+    plain.write_text('a note')  # a plain file that only this name holds is switched for the new text
+    os.link(plain, tmp_path / 'other.txt')
+    with pytest.raises(SystemExit):
+        common.write_output(str(plain), 'x')
+    os.remove(tmp_path / 'other.txt')
+    common.write_output(str(plain), 'new')
+    assert plain.read_text() == 'new'
+    assert sorted(os.listdir(tmp_path)) == ['best.pt', 'ckpt.pt', 'notes.txt']  # nothing left aside
+
+
+def test_an_output_into_a_directory_or_nowhere_is_one_line(tmp_path, capsys):
+    for target in (tmp_path, tmp_path / 'missing' / 'out.json'):
+        with pytest.raises(SystemExit) as e:
+            common.write_output(str(target), '{}')
+        assert e.value.code == 1
+        assert str(target) in capsys.readouterr().err.strip().splitlines()[-1]
