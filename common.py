@@ -5,11 +5,13 @@ import atexit
 import fcntl
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
 import sys
 import time
+import warnings
 from collections import namedtuple
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
@@ -452,11 +454,21 @@ def load_pretrained(name_or_path, settings=None):
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # its many-line load report would bury our one line
     try:
-        model = GPT.from_pretrained(name_or_path)
+        with warnings.catch_warnings():  # torch's note on a pickle's protocol would precede our one line
+            warnings.filterwarnings('ignore', message='Detected pickle protocol')
+            model = GPT.from_pretrained(name_or_path)
     except (OSError, ValueError, TypeError, KeyError, bad_value) as e:
         # a bad value in config.json; OSError also: no such model, no network, config.json not JSON
         die(f"cannot load {where}: {first_line(e)}")
-    except RuntimeError as e:  # the weights' shapes are not the ones config.json gives
+    except pickle.UnpicklingError:  # torch.load(weights_only=True) stopped before anything in the file ran
+        die(f"cannot load {where}: its .bin weights are not plain tensors (a damaged file, or a pickle holding "
+            f"objects that weights_only loading refuses; nothing in it was run). Loading it another way could run "
+            f"any code it holds: do not, unless you trust its source")
+    except RuntimeError as e:
+        if 'PytorchStreamReader' in str(e):  # a truncated or damaged zip, not a shape mismatch
+            die(f"cannot load {where}: its .bin weights are damaged (truncated or not a torch file): "
+                f"{str(e).split('.')[0]}")
+        # the weights' shapes are not the ones config.json gives
         detail = '' if 'above report' in str(e) else f": {first_line(e)}"  # the report we silenced
         die(f"cannot load {where}: its weights do not fit its config.json (a vocab_size or size there differs "
             f"from the weights' shapes){detail}")

@@ -12,6 +12,7 @@ import torch  # noqa: E402
 
 transformers = pytest.importorskip('transformers')
 
+import common  # noqa: E402
 import hf as H  # noqa: E402
 import model as M  # noqa: E402
 from export import to_hf  # noqa: E402
@@ -458,3 +459,44 @@ def test_a_qwen3_5_vision_language_checkpoint_loads_its_text_model(tmp_path):
 def test_qwen3_next_features_we_lack_are_refused(change, match):
     with pytest.raises(ValueError, match=match):
         H.HF_FAMILIES['qwen3_next'].read_config(qwen3_next(**change))
+
+
+class RunsCode:
+    """Unpickled, it would create the file at `path`: proof that loading ran the pickle's code."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, 'w'))
+
+
+@pytest.mark.parametrize('weights, fragment', [
+    ('pickle', 'nothing in it was run'),
+    ('garbage', 'nothing in it was run'),
+    ('truncated', 'damaged (truncated or not a torch file)'),
+])
+def test_unsafe_or_damaged_bin_weights_are_one_line(weights, fragment, tmp_path, capsys, recwarn):
+    """A pytorch_model.bin that weights_only loading refuses (a pickle of code, or bytes that are no torch file)
+    is one line, and the pickle's code never runs."""
+    import pickle
+    hf_dir, ran = tmp_path / 'hf', tmp_path / 'code-ran'
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=16,
+                                                         vocab_size=VOCAB)).save_pretrained(hf_dir)
+    (hf_dir / 'model.safetensors').unlink()
+    bin_path = hf_dir / 'pytorch_model.bin'
+    if weights == 'pickle':
+        bin_path.write_bytes(pickle.dumps({'transformer.wte.weight': RunsCode(str(ran))}))
+    elif weights == 'garbage':
+        bin_path.write_bytes(b'not a torch file at all')
+    else:
+        torch.save({'transformer.wte.weight': torch.zeros(VOCAB, 16)}, bin_path)
+        bin_path.write_bytes(bin_path.read_bytes()[:200])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        common.load_pretrained(str(hf_dir))
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(lines) == 1 and lines[0].startswith('error: cannot load'), lines
+    assert fragment in lines[0] and str(hf_dir) in lines[0]
+    assert not ran.exists()
+    assert not recwarn.list, [str(w.message) for w in recwarn]  # a warning would print a line of its own
