@@ -378,8 +378,11 @@ def write_output(path, text, setting='--output'):
 
 
 def new_checkpoint(model, **fields):
-    """A checkpoint dict in our format; model is the raw (uncompiled, unwrapped) GPT."""
-    return {'format': CKPT_FORMAT, 'model': model.state_dict(), 'model_args': asdict(model.config), **fields}
+    """A checkpoint dict in our format; model is the raw (uncompiled, unwrapped) GPT. A model loaded from a
+    Hugging Face family keeps its name (hf_family), so export.py goes back to it from any later checkpoint."""
+    family = {'hf_family': model.hf_family} if getattr(model, 'hf_family', None) else {}
+    return {'format': CKPT_FORMAT, 'model': model.state_dict(), 'model_args': asdict(model.config), **family,
+            **fields}
 
 
 def load_checkpoint(path, hint="train one with: python train.py config/shakespeare_modern_cpu.py"):
@@ -435,8 +438,11 @@ def model_from_checkpoint(checkpoint, path='checkpoint', settings=None):
     args = checkpoint.get('model_args')
     if not isinstance(args, dict) or not isinstance(checkpoint.get('model'), dict):
         die(f"checkpoint '{path}' does not hold a model (no model_args or weights)")
-    return build_model(runtime_args(args, settings) if settings is not None else args, checkpoint['model'],
-                       f"checkpoint '{path}'")
+    model = build_model(runtime_args(args, settings) if settings is not None else args, checkpoint['model'],
+                        f"checkpoint '{path}'")
+    if isinstance(checkpoint.get('hf_family'), str):
+        model.hf_family = checkpoint['hf_family']
+    return model
 
 
 def load_pretrained(name_or_path, settings=None):
@@ -476,7 +482,11 @@ def load_pretrained(name_or_path, settings=None):
         transformers.logging.set_verbosity(verbosity)
     trained = asdict(model.config)
     args = runtime_args(trained, settings) if settings is not None else trained
-    return model if args == trained else build_model(args, model.state_dict(), f"'{name_or_path}'")
+    if args == trained:
+        return model
+    rebuilt = build_model(args, model.state_dict(), f"'{name_or_path}'")
+    rebuilt.hf_family = model.hf_family
+    return rebuilt
 
 
 def first_line(error):

@@ -3,14 +3,20 @@ Export a trained checkpoint as a Hugging Face transformers model:
 
     python export.py --out_dir=out-shakespeare-modern --hf_dir=hf-shakespeare-modern
 
-The model goes to the first family of hf.HF_FAMILIES that can carry every one of its flags (GPT-2's
-block becomes GPT2LMHeadModel, the modern block LlamaForCausalLM, ...). A flag no family can carry is
-refused with one line naming it, and nothing is written. The run's tokenizer goes with it (a character
-vocabulary, GPT-2's BPE, or the pretrained model's), so sample.py --init_from=hf_dir and transformers read
-the directory alone. to_hf(model) gives the transformers model in memory.
+A model loaded from a Hugging Face family (train.py --init_from=DIR, and every checkpoint after it) goes back to
+that family; any other goes to the first family of hf.HF_FAMILIES that can carry every one of its flags (GPT-2's
+block becomes GPT2LMHeadModel, the modern block LlamaForCausalLM, ...). --family=MODEL_TYPE chooses one where
+several can (qwen3_next or qwen3_5_text). A flag the family cannot carry is refused with one line naming it,
+and nothing is written. The run's tokenizer goes with it (a character vocabulary, GPT-2's BPE, or the pretrained
+model's), so sample.py --init_from=hf_dir and transformers read the directory alone.
+
+The directory is written aside and switched in whole: a failed or interrupted export leaves what was there.
+An hf_dir that already holds a model is replaced only with --overwrite=True (the directory as a whole); one
+holding other files is refused. to_hf(model) gives the transformers model in memory.
 """
 
 import os
+import shutil
 import sys
 
 # model (and so torch) is imported where it is used: the CLI's --help and typos answer before torch loads
@@ -31,19 +37,34 @@ def hf_family(config):
         f"{name} cannot carry {', '.join(flags)}" for name, flags in closest))
 
 
+def pick_family(model, family=None):
+    """The family model exports to: `family` (a model_type of hf.HF_FAMILIES) when given; else the one it was
+    loaded from (model.hf_family, kept in its checkpoints) while that can carry it; else the first that can.
+    ValueError, one line, for an unknown family or one that cannot carry a flag of the model (named)."""
+    from hf import HF_FAMILIES
+    config = model.config
+    if not family:
+        origin = HF_FAMILIES.get(getattr(model, 'hf_family', None))
+        return origin if origin is not None and not origin.blocking(config) else hf_family(config)
+    if family not in HF_FAMILIES:
+        raise ValueError(f"{family!r} is not a family (allowed: {', '.join(HF_FAMILIES)})")
+    blocking = HF_FAMILIES[family].blocking(config)
+    if blocking:
+        able = [name for name, other in HF_FAMILIES.items() if not other.blocking(config)]
+        raise ValueError(f"{family} cannot carry {', '.join(blocking)}"
+                         + (f" (families that can: {', '.join(able)})" if able else ''))
+    return HF_FAMILIES[family]
+
+
 def to_hf(model, bos_token_id=None, eos_token_id=None, family=None):
     """The transformers model computing the same logits as our GPT (fp32, eval mode); its special token ids are
     the tokenizer's (by default GPT-2's <|endoftext|> where the vocabulary has it, else none). family: a model_type
-    of hf.HF_FAMILIES where several can carry the model (qwen3_next or qwen3_5_text); None: the first that can."""
+    of hf.HF_FAMILIES, or None for pick_family's choice."""
     import transformers
 
-    from hf import HF_FAMILIES, ours_to_hf
+    from hf import ours_to_hf
     config = model.config
-    if family is not None:
-        blocking = HF_FAMILIES[family].blocking(config)
-        if blocking:
-            raise ValueError(f"{family} cannot carry {', '.join(blocking)}")
-    family = hf_family(config) if family is None else HF_FAMILIES[family]
+    family = pick_family(model, family)
     hf_class = getattr(transformers, family.hf_class)
     eot = 50256 if config.vocab_size > 50256 else None
     special = dict(bos_token_id=eot if bos_token_id is None else bos_token_id,
@@ -61,16 +82,80 @@ def to_hf(model, bos_token_id=None, eos_token_id=None, family=None):
     return hf.eval()
 
 
-def main(out_dir, hf_dir):
+def hf_dir_problem(hf_dir, overwrite):
+    """Why export may not write hf_dir, or None. The directory is replaced whole, so it must be new or empty, or
+    hold a model and --overwrite=True; never a directory holding checkpoints (an out_dir)."""
+    if not os.path.exists(hf_dir):
+        return None
+    if not os.path.isdir(hf_dir):
+        return "is a file, not a directory"
+    names = os.listdir(hf_dir)
+    checkpoints = sorted(n for n in names if n.endswith('.pt'))
+    if checkpoints:
+        return f"holds checkpoints ({', '.join(checkpoints[:3])}), which export never replaces"
+    if names and not ('config.json' in names or any(n.endswith(('.safetensors', '.bin')) for n in names)):
+        return "holds files but no model: export into a new or empty directory"
+    if names and not overwrite:
+        return "already holds a model: --overwrite=True replaces it (the directory whole), or choose another hf_dir"
+    return None
+
+
+def write_aside(hf, tokenizer, hf_dir):
+    """Save model and tokenizer into a fresh directory beside hf_dir, then switch it in for whatever hf_dir held:
+    a failure or an interrupt before the switch leaves hf_dir as it was, and removes the new one."""
+    from common import critical, die, tmp_path
+    target = os.path.realpath(hf_dir)  # a link to the directory stays one
+    parent, name = os.path.split(target)
+    os.makedirs(parent, exist_ok=True)
+    fresh, old = tmp_path(target), os.path.join(parent, f'.{name}.old{os.getpid()}')
+    try:
+        for leftover in (fresh, old):  # a crashed export of an earlier process with this pid
+            shutil.rmtree(leftover, ignore_errors=True)
+        os.mkdir(fresh)
+        hf.save_pretrained(fresh)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(fresh)
+        if not os.path.isfile(os.path.join(fresh, 'config.json')):
+            die(f"nothing was written to hf_dir '{hf_dir}'", code=1)
+        with critical():  # both renames, or an interrupt waits
+            if os.path.exists(target):
+                os.rename(target, old)
+            try:
+                os.rename(fresh, target)
+            except OSError:
+                if os.path.exists(old):
+                    os.rename(old, target)
+                raise
+        shutil.rmtree(old, ignore_errors=True)
+    except OSError as e:
+        die(f"cannot write hf_dir '{hf_dir}': {e.strerror or e}; what it held is unchanged", code=1)
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
+
+
+def main(out_dir, hf_dir, family='', overwrite=False):
     from common import catch_interrupts, die, hf_tokenizer, load_checkpoint, model_from_checkpoint
     catch_interrupts()
     if not hf_dir:
         die("hf_dir is required: python export.py --out_dir=DIR --hf_dir=DIR2")
-    if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
-        die(f"hf_dir '{hf_dir}' is a file, not a directory")
+    problem = hf_dir_problem(hf_dir, overwrite)
+    if problem:
+        die(f"hf_dir '{hf_dir}' {problem}")
+    held = os.path.isdir(hf_dir) and bool(os.listdir(hf_dir))
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')
     checkpoint = load_checkpoint(ckpt_path)
     model = model_from_checkpoint(checkpoint, ckpt_path)
+    try:
+        chosen = pick_family(model, family)
+    except ValueError as e:
+        die(f"cannot export '{ckpt_path}': {f'--family={e}' if family else e}")
+    origin = getattr(model, 'hf_family', None)
+    if not family and origin and origin != chosen.model_type:
+        from hf import HF_FAMILIES
+        why = (f"cannot carry {', '.join(HF_FAMILIES[origin].blocking(model.config))}" if origin in HF_FAMILIES
+               else "this code does not know")
+        print(f"note: the model was loaded from {origin}, which {why}; exporting to {chosen.model_type}",
+              file=sys.stderr)
     without = 'its run names none'  # why the directory gets no tokenizer, said with the result
     try:
         tokenizer = hf_tokenizer(checkpoint.get('config') or {})
@@ -80,26 +165,23 @@ def main(out_dir, hf_dir):
               f"--tokenizer=NAME_OR_DIR", file=sys.stderr)
         tokenizer = None
     try:
-        hf = to_hf(model, *((tokenizer.bos_token_id, tokenizer.eos_token_id) if tokenizer else ()))
+        hf = to_hf(model, *((tokenizer.bos_token_id, tokenizer.eos_token_id) if tokenizer else ()),
+                   family=chosen.model_type)
     except ValueError as e:
         die(f"cannot export '{ckpt_path}': {e}")
     except ImportError:
         die("export needs transformers: pip install transformers")
-    try:
-        hf.save_pretrained(hf_dir)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(hf_dir)
-    except OSError as e:
-        die(f"cannot write hf_dir '{hf_dir}': {e.strerror or e}")
-    if not os.path.isfile(os.path.join(hf_dir, 'config.json')):
-        die(f"nothing was written to hf_dir '{hf_dir}'", code=1)
+    write_aside(hf, tokenizer, hf_dir)
     print(f"wrote {type(hf).__name__} ({model.get_num_params() / 1e6:.2f}M parameters) "
-          f"{'with its tokenizer' if tokenizer else f'without a tokenizer ({without})'} to {hf_dir}")
+          f"{'with its tokenizer' if tokenizer else f'without a tokenizer ({without})'} to {hf_dir}"
+          f"{' (replacing the model it held)' if held else ''}")
 
 
 if __name__ == '__main__':
     from configurator import configure, settings_of
     out_dir = 'out'  # where train.py wrote ckpt.pt
     hf_dir = ''  # where to write the transformers model (required)
+    family = ''  # a Hugging Face model_type (qwen3_5_text, llama, ...); '': the model's own, else the first that can
+    overwrite = False  # replace a model hf_dir already holds
     cfg = configure(settings_of(globals()), sys.argv[1:], prog='export.py', doc=__doc__)
-    main(cfg['out_dir'], cfg['hf_dir'])
+    main(cfg['out_dir'], cfg['hf_dir'], cfg['family'], cfg['overwrite'])

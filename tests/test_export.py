@@ -1,8 +1,10 @@
 """export.py: our GPT -> transformers, logits equal in fp32, for both families, and the CLI."""
 
+import errno
 import json
 import os
 import runpy
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +18,7 @@ transformers = pytest.importorskip('transformers')
 import common  # noqa: E402
 from export import hf_family, to_hf  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+from test_train import one_line_error, train_here  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = dict(block_size=32, vocab_size=100, n_layer=2, n_head=4, n_embd=32)
@@ -76,11 +79,11 @@ def export_here(monkeypatch, capsys):
     import export
     monkeypatch.setattr(common, 'catch_interrupts', lambda: None)
 
-    def run(cwd, out_dir, hf_dir):
+    def run(cwd, out_dir, hf_dir, **settings):
         monkeypatch.chdir(cwd)
         capsys.readouterr()  # what the test printed before is not export's
         try:
-            export.main(out_dir, hf_dir)
+            export.main(out_dir, hf_dir, **settings)
             code = 0
         except SystemExit as e:
             code = e.code
@@ -189,3 +192,76 @@ def test_a_run_whose_vocabulary_is_broken_exports_saying_why_it_has_no_tokenizer
     assert len(notes) == 1 and "data/chars/meta.json" in notes[0] and "'chars'" in notes[0], err
     out = export_here.out
     assert 'without a tokenizer' in out and 'meta.json' in out and 'names none' not in out
+
+
+def test_a_model_trained_from_qwen3_5_exports_back_to_it(tmp_path, export_here, monkeypatch, capsys):
+    """train.py --init_from=<Qwen3.5 dir>, then a resume: the checkpoint still exports as Qwen3.5 (not as
+    Qwen3-Next, which carries the same flags and comes first); --family chooses, or is refused in one line."""
+    from conftest import make_char_dataset
+    from test_hf import tiny_qwen3_5
+    make_char_dataset(tmp_path)
+    tiny_qwen3_5().save_pretrained(tmp_path / 'qwen')
+    for args in (['--init_from=qwen', '--max_iters=2'], ['--init_from=resume', '--max_iters=3']):
+        code, _, err = train_here(tmp_path, *args, '--eval_interval=2', '--out_dir=out', monkeypatch=monkeypatch,
+                                  capsys=capsys)
+        assert code == 0, err[-2000:]
+    for hf_dir, family, hf_class in (('hf', '', 'Qwen3_5ForCausalLM'),
+                                     ('hf-next', 'qwen3_next', 'Qwen3NextForCausalLM')):
+        code, err = export_here(tmp_path, 'out', hf_dir, family=family)
+        assert code == 0 and hf_class in export_here.out, err
+        assert json.loads((tmp_path / hf_dir / 'config.json').read_text())['architectures'] == [hf_class]
+    one_line_error(*export_here(tmp_path, 'out', 'hf-llama', family='llama'), '--family=llama cannot carry',
+                   'attn_gate=True', 'families that can: qwen3_next, qwen3_5_text')
+    one_line_error(*export_here(tmp_path, 'out', 'hf-typo', family='qwen3.5'), "--family='qwen3.5' is not a family",
+                   'allowed: gpt2, llama,', 'qwen3_5_text')
+    assert not (tmp_path / 'hf-llama').exists() and not (tmp_path / 'hf-typo').exists()
+
+
+def files_of(directory):
+    return {p.name: p.read_bytes() for p in Path(directory).iterdir()}
+
+
+def test_an_hf_dir_holding_a_model_is_replaced_only_with_overwrite(tmp_path, export_here):
+    for out_dir, flags in (('out', MODERN), ('out2', {**MODERN, 'n_kv_head': 2})):
+        (tmp_path / out_dir).mkdir()
+        common.save_checkpoint(common.new_checkpoint(perturbed(**flags), config={}),
+                               str(tmp_path / out_dir / 'ckpt.pt'))
+    assert export_here(tmp_path, 'out', 'hf')[0] == 0
+    before = files_of(tmp_path / 'hf')
+    one_line_error(*export_here(tmp_path, 'out2', 'hf'), "hf_dir 'hf' already holds a model", '--overwrite=True')
+    assert files_of(tmp_path / 'hf') == before
+    code, err = export_here(tmp_path, 'out2', 'hf', overwrite=True)
+    assert code == 0 and 'replacing the model it held' in export_here.out, err
+    assert json.loads((tmp_path / 'hf' / 'config.json').read_text())['num_key_value_heads'] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['hf', 'out', 'out2']  # nothing left aside
+    # never a directory of other files, nor an out_dir (its checkpoints), --overwrite or not
+    (tmp_path / 'notes').mkdir()
+    (tmp_path / 'notes' / 'todo.txt').write_text('keep me')
+    one_line_error(*export_here(tmp_path, 'out', 'notes', overwrite=True), "'notes' holds files but no model")
+    one_line_error(*export_here(tmp_path, 'out', 'out2', overwrite=True), "'out2' holds checkpoints (ckpt.pt)")
+    assert (tmp_path / 'notes' / 'todo.txt').read_text() == 'keep me' and (tmp_path / 'out2' / 'ckpt.pt').exists()
+
+
+@pytest.mark.parametrize('failure', ['disk full', 'interrupt'])
+def test_a_failed_export_leaves_the_model_there_whole(failure, tmp_path, export_here, monkeypatch):
+    """The new model is written aside and switched in: a failure half-way through its files (a full disk, Ctrl-C)
+    leaves the directory's old model file for file, and nothing beside it."""
+    (tmp_path / 'out').mkdir()
+    common.save_checkpoint(common.new_checkpoint(perturbed(**MODERN), config={}), str(tmp_path / 'out' / 'ckpt.pt'))
+    assert export_here(tmp_path, 'out', 'hf')[0] == 0
+    before = files_of(tmp_path / 'hf')
+
+    def fails_half_way(self, directory, *args, **kwargs):
+        (Path(directory) / 'config.json').write_text('{"half": ')
+        if failure == 'interrupt':
+            raise common.Interrupted(signal.SIGINT)
+        raise OSError(errno.ENOSPC, 'No space left on device')
+    monkeypatch.setattr(transformers.PreTrainedModel, 'save_pretrained', fails_half_way)
+    if failure == 'interrupt':
+        with pytest.raises(KeyboardInterrupt):
+            export_here(tmp_path, 'out', 'hf', overwrite=True)
+    else:
+        one_line_error(*export_here(tmp_path, 'out', 'hf', overwrite=True), 'No space left on device',
+                       'what it held is unchanged')
+    assert files_of(tmp_path / 'hf') == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['hf', 'out']

@@ -425,30 +425,50 @@ def test_qwen3_next_deltanet_layers_gated_attention_and_shared_expert(moe, tmp_p
         assert cfg.mlp == 'moe' and cfg.first_dense_layers == 1 and cfg.n_shared_expert == 1 and cfg.shared_expert_gate
 
 
-def test_qwen3_5_text_deltanet_layers_in_separate_projections(tmp_path):
-    config = qwen3_next(layer_types=['linear_attention', 'full_attention', 'linear_attention'])
-    args = {k: v for k, v in config.to_dict().items() if k in transformers.Qwen3_5TextConfig.__dataclass_fields__
-            or k in ('partial_rotary_factor',)}
+def qwen3_5_text(**overrides):
+    """Qwen3.5's text config in qwen3_next's shapes (its own class has no MoE fields)."""
+    config = qwen3_next(**overrides)
+    return {k: v for k, v in config.to_dict().items() if k in transformers.Qwen3_5TextConfig.__dataclass_fields__
+            or k == 'partial_rotary_factor'}
+
+
+def tiny_qwen3_5():
+    """A tiny Qwen3_5ForCausalLM: the family whose flags Qwen3-Next (tried first) carries too."""
     torch.manual_seed(0)
-    hf = randomized(transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**args)), seed=9)
-    ours = check_parity(hf, tmp_path, family='qwen3_5_text')  # export's first choice for it is qwen3_next
-    assert type(to_hf(ours)) is transformers.Qwen3NextForCausalLM
+    config = transformers.Qwen3_5TextConfig(
+        **qwen3_5_text(layer_types=['linear_attention', 'full_attention', 'linear_attention']))
+    return randomized(transformers.Qwen3_5ForCausalLM(config), seed=9)
+
+
+def test_qwen3_5_text_deltanet_layers_in_separate_projections(tmp_path):
+    ours = check_parity(tiny_qwen3_5(), tmp_path)  # back to Qwen3.5, though Qwen3-Next could carry it too
     assert ours.config.layer_kinds == ['D', 'G', 'D'] and ours.config.mlp == 'swiglu' and ours.config.linear_dims['v_heads'] == 4
+    assert type(to_hf(ours, family='qwen3_next')) is transformers.Qwen3NextForCausalLM
+    # a model built here with the same flags has no family of its own: the first that can carry it
+    assert type(to_hf(GPT(ours.config))) is transformers.Qwen3NextForCausalLM
+
+
+def test_a_qwen3_5_checkpoint_exports_back_to_qwen3_5(tmp_path):
+    """The family a model was loaded from survives a checkpoint (train.py's saves write common.new_checkpoint)."""
+    tiny_qwen3_5().save_pretrained(tmp_path / 'hf')
+    ckpt = str(tmp_path / 'ckpt.pt')
+    common.save_checkpoint(common.new_checkpoint(GPT.from_pretrained(str(tmp_path / 'hf'))), ckpt)
+    restored = common.model_from_checkpoint(common.load_checkpoint(ckpt), ckpt)
+    assert type(to_hf(restored)) is transformers.Qwen3_5ForCausalLM
 
 
 def test_a_qwen3_5_vision_language_checkpoint_loads_its_text_model(tmp_path):
-    text = {k: v for k, v in qwen3_next().to_dict().items() if k in transformers.Qwen3_5TextConfig.__dataclass_fields__
-            or k == 'partial_rotary_factor'}
     vision = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=16, out_hidden_size=32)
     torch.manual_seed(0)
     full = randomized(transformers.Qwen3_5ForConditionalGeneration(
-        transformers.Qwen3_5Config(text_config=text, vision_config=vision)), seed=10)
+        transformers.Qwen3_5Config(text_config=qwen3_5_text(), vision_config=vision)), seed=10)
     full.save_pretrained(tmp_path)
     ours = GPT.from_pretrained(str(tmp_path)).eval()
     assert ours.config.layers == 'DDG'
     idx = torch.randint(0, VOCAB, (2, PROMPT + NEW), generator=torch.Generator().manual_seed(11))
     with torch.no_grad():
         torch.testing.assert_close(ours(idx)[0], full(idx).logits, atol=1e-4, rtol=0)
+    assert type(to_hf(ours)) is transformers.Qwen3_5ForCausalLM  # its text model's class
 
 
 @pytest.mark.parametrize('change, match', [
