@@ -15,6 +15,7 @@ An hf_dir that already holds a model is replaced only with --overwrite=True (the
 holding other files is refused. to_hf(model) gives the transformers model in memory.
 """
 
+import glob
 import os
 import shutil
 import sys
@@ -86,6 +87,12 @@ def hf_dir_problem(hf_dir, overwrite):
     """Why export may not write hf_dir, or None. The directory is replaced whole, so it must be new or empty, or
     hold a model and --overwrite=True; never a directory holding checkpoints (an out_dir)."""
     if not os.path.exists(hf_dir):
+        target = os.path.realpath(hf_dir)
+        parent, name = os.path.split(target)
+        asides = sorted(glob.glob(os.path.join(glob.escape(parent), f'.{glob.escape(name)}.old[0-9]*')))
+        if asides:  # an export killed between its two renames (write_aside): the old model waits there
+            return (f"is missing, and '{asides[0]}' holds the model an export cut off was replacing: move it back "
+                    f"to '{hf_dir}' (or remove it), then export again")
         return None
     if not os.path.isdir(hf_dir):
         return "is a file, not a directory"

@@ -265,3 +265,14 @@ def test_a_failed_export_leaves_the_model_there_whole(failure, tmp_path, export_
                        'what it held is unchanged')
     assert files_of(tmp_path / 'hf') == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ['hf', 'out']
+
+
+def test_a_model_left_aside_by_a_killed_export_is_pointed_to(tmp_path, export_here):
+    """kill -9 between the switch's two renames leaves the old model beside a missing hf_dir: a new export
+    into hf_dir says where it is, rather than hide it for good."""
+    (tmp_path / 'out').mkdir()
+    common.save_checkpoint(common.new_checkpoint(perturbed(**MODERN), config={}), str(tmp_path / 'out' / 'ckpt.pt'))
+    (tmp_path / '.hf.old4242').mkdir()
+    (tmp_path / '.hf.old4242' / 'config.json').write_text('{}')
+    one_line_error(*export_here(tmp_path, 'out', 'hf'), "hf_dir 'hf' is missing", '.hf.old4242', 'move it back')
+    assert not (tmp_path / 'hf').exists()
