@@ -209,7 +209,7 @@ def write_char_checkpoint(root, block_size=64):
     """root/out/ckpt.pt: a tiny GPT over the characters of the example task (root/data/chars/meta.json), with
     examples/ linked into root so the example's relative data_files resolve there."""
     from conftest import make_char_dataset
-    make_char_dataset(root, 'chars', text=(EXAMPLE / 'shakespeare_cloze.jsonl').read_text() + '<>|')
+    make_char_dataset(root, 'chars', text=(EXAMPLE / 'shakespeare_cloze.jsonl').read_text())
     vocab = len(json.loads((root / 'data' / 'chars' / 'meta.json').read_text())['chars'])
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=block_size, vocab_size=vocab))
