@@ -323,3 +323,17 @@ def test_a_tokenizer_larger_than_the_model_is_one_line(tmp_path, bpe, monkeypatc
     code, _, err = run_eval(tmp_path, '--out_dir=out', '--tasks=shakespeare_cloze', '--include_path=examples/eval_task',
                             '--tokenizer=gpt2', monkeypatch=monkeypatch, capsys=capsys)
     one_line_error(code, err, '50257 tokens', 'vocab_size', 'leave --tokenizer empty')
+
+
+def test_the_readme_points_to_the_example_task_and_the_dev_requirements():
+    """What a newcomer follows: the README's example command names the shipped task, and the requirements that
+    run the whole suite (eval.py's tests need lm-eval and accelerate) are one file that .ci/run installs too."""
+    readme = (REPO / 'README.md').read_text()
+    assert '--tasks=shakespeare_cloze --include_path=examples/eval_task' in readme
+    assert 'task: shakespeare_cloze' in (EXAMPLE / 'shakespeare_cloze.yaml').read_text()
+    dev = (REPO / 'requirements-dev.txt').read_text().splitlines()
+    assert {'-r requirements.txt', 'lm-eval==0.4.13', 'accelerate', 'pytest'} <= {line.split('#')[0].strip()
+                                                                                for line in dev}
+    assert 'pip install --quiet -r requirements-dev.txt' in (REPO / '.ci' / 'run').read_text()
+    tests_section = readme.split('## Tests')[1].split('\n## ')[0]
+    assert 'pip install -r requirements-dev.txt' in tests_section
