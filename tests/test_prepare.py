@@ -523,24 +523,33 @@ def test_fineweb_an_input_that_fills_only_the_val_split_is_not_a_success(tmp_pat
     assert meta["train_tokens"] > 0 and meta["val_tokens"] == int(suggested.split("=")[1])
 
 
-def test_fineweb_bad_inputs_and_records_are_one_line_and_leave_no_empty_out_dir(tmp_path, fwe, monkeypatch, capsys):
+def refused(monkeypatch, capsys, source, out, *args):
+    code, _, err = prepare_here(monkeypatch, capsys, "--input", source, "--out_dir", out, *args)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error:"), err
+    return err
+
+
+@pytest.mark.parametrize("case, fragment", [("ints", "'text' column of int64"), ("empty", "holds no documents"),
+                                            ("val_tokens=0", "--val_tokens must be at least 1, got 0")])
+def test_fineweb_a_bad_input_or_setting_is_one_line_and_leaves_no_out_dir(tmp_path, fwe, monkeypatch, capsys, case,
+                                                                           fragment):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    def refused(source, *fragments, out=tmp_path / "out", args=()):
-        code, _, err = prepare_here(monkeypatch, capsys, "--input", source, "--out_dir", out, *args)
-        assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error:"), err
-        for fragment in fragments:
-            assert fragment in err, err
-
-    pq.write_table(pa.table({"text": [1, 2, 3]}), tmp_path / "ints.parquet")
-    refused(tmp_path / "ints.parquet", "'text' column of int64")
-    pq.write_table(pa.table({"text": pa.array([], pa.string())}), tmp_path / "empty.parquet")
-    refused(tmp_path / "empty.parquet", "holds no documents")
-    refused(fwe, "--val_tokens must be at least 1, got 0", args=("--val_tokens=0",))
+    source, args = tmp_path / f"{case}.parquet", ()
+    if case == "ints":
+        pq.write_table(pa.table({"text": [1, 2, 3]}), source)
+    elif case == "empty":
+        pq.write_table(pa.table({"text": pa.array([], pa.string())}), source)
+    else:
+        source, args = fwe, ("--val_tokens=0",)
+    assert fragment in refused(monkeypatch, capsys, source, tmp_path / "out", *args)
     assert not (tmp_path / "out").exists()
-    for record in ([], {"shards": {"val": [], "train": []}}, {"complete": False}):
-        (tmp_path / "old").mkdir(exist_ok=True)
-        (tmp_path / "old" / "meta.json").write_text(json.dumps(record))
-        refused(fwe, "is not a FineWeb-Edu preparation's record", out=tmp_path / "old")
-        assert json.loads((tmp_path / "old" / "meta.json").read_text()) == record
+
+
+@pytest.mark.parametrize("record", [[], {"shards": {"val": [], "train": []}}, {"complete": False}])
+def test_fineweb_a_malformed_meta_json_is_one_line_and_kept(tmp_path, fwe, monkeypatch, capsys, record):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "meta.json").write_text(json.dumps(record))
+    assert "is not a FineWeb-Edu preparation's record" in refused(monkeypatch, capsys, fwe, tmp_path / "old")
+    assert json.loads((tmp_path / "old" / "meta.json").read_text()) == record
