@@ -337,3 +337,15 @@ def test_the_readme_points_to_the_example_task_and_the_dev_requirements():
     assert 'pip install --quiet -r requirements-dev.txt' in (REPO / '.ci' / 'run').read_text()
     tests_section = readme.split('## Tests')[1].split('\n## ')[0]
     assert 'pip install -r requirements-dev.txt' in tests_section
+
+
+def test_an_unwritable_output_directory_is_refused_before_the_evaluation(tmp_path, monkeypatch, capsys):
+    write_char_checkpoint(tmp_path)
+    (tmp_path / 'readonly').mkdir()
+    readonly = str(tmp_path / 'readonly')
+    access = os.access  # as a directory without write permission answers (root may write anywhere: simulated)
+    monkeypatch.setattr(os, 'access', lambda path, mode, **kw: False if str(path) == readonly else access(path, mode))
+    code, out, err = run_eval(tmp_path, '--out_dir=out', '--tasks=shakespeare_cloze', '--include_path=examples/eval_task',
+                              '--output=readonly/scores.json', monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err, '--output=readonly/scores.json', 'not writable')
+    assert 'acc' not in out
