@@ -309,6 +309,7 @@ def test_a_task_yaml_that_does_not_parse_shows_why(tmp_path, capsys):
 def test_a_character_checkpoint_away_from_its_vocabulary_is_refused(tmp_path, monkeypatch, capsys):
     """Run from outside the repository (no data/<dataset>/meta.json there), GPT-2's BPE would score another
     vocabulary: refused, as sample.py does."""
+    pytest.importorskip('lm_eval')
     write_char_checkpoint(tmp_path / 'repo')
     elsewhere = tmp_path / 'elsewhere'
     elsewhere.mkdir()
