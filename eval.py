@@ -35,6 +35,11 @@ output = ''  # a .json path for the harness's results dict
 _INSTALL = "lm-evaluation-harness is not installed: pip install lm-eval"
 
 
+class TaskError(Exception):
+    """A task that cannot be scored (its data, its YAML, a setting against it), said in one line: eval.py exits
+    with it; a training run's eval_task may log it and go on."""
+
+
 def require_harness():
     """lm_eval, or one line saying how to install it."""
     try:
@@ -49,13 +54,22 @@ def end_of_text(tokenizer):
     """The id that separates documents (and starts an empty context): GPT-2's <|endoftext|>, else the BOS a
     Hugging Face tokenizer puts first, else 0 (a character vocabulary has no such token)."""
     for text in ('<|endoftext|>', ''):
-        try:
-            ids = tokenizer.encode(text)
-        except SystemExit:  # a character vocabulary without '<', '|', ...
-            continue
-        if len(ids) == 1:
+        ids = probe_encode(tokenizer, text)
+        if ids is not None and len(ids) == 1:
             return ids[0]
     return 0
+
+
+def probe_encode(tokenizer, text):
+    """text's ids, or None where the tokenizer cannot encode it (a character vocabulary without '<' or '|'):
+    a question asked of the tokenizer, so its one-line error for a user's text is not printed."""
+    import contextlib
+    import io
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            return tokenizer.encode(text)
+    except SystemExit:
+        return None
 
 
 def harness_lm(model, tokenizer, device, dtype='float32', batch_size=16):
@@ -92,6 +106,11 @@ def harness_lm(model, tokenizer, device, dtype='float32', batch_size=16):
             """(sum of the continuation's log-probabilities, whether it is the greedy one) per request, the
             longest first in batches of batch_size, each padded on the right (causal: padding changes nothing)."""
             # the model's window: the last block_size + 1 tokens, the last of which only a target
+            longest = max((len(cont) for _, _, cont in requests), default=0)
+            if longest > block_size:
+                raise TaskError(f"a continuation of {longest} tokens is longer than the model's block_size "
+                                f"({block_size}), so it cannot be scored; shorten the task's choices or use a model "
+                                f"with a longer block_size")
             rows = [(ctx + cont)[-(block_size + 1):][:-1] for _, ctx, cont in requests]
             order = sorted(range(len(requests)), key=lambda i: -len(rows[i]))
             out = [None] * len(requests)
@@ -182,9 +201,31 @@ def check_tasks(manager, names):
     known = set(manager.all_tasks)
     for name in names:
         if name not in known:
+            broken = unparsable_yaml(manager.include_path)
+            if broken:  # the harness skips a YAML it cannot parse: the task it defines goes missing
+                die(f"unknown task {name!r}: task YAML {broken}")
             close = difflib.get_close_matches(name, known, n=3)
             die(f"unknown task {name!r}" + (f"; did you mean {', '.join(map(repr, close))}?" if close else
                                             "; see lm-eval --tasks list, or give its YAML's folder as --include_path"))
+
+
+def unparsable_yaml(include_path):
+    """"'PATH' does not parse: WHY" for the first task YAML under include_path that is not YAML, else None."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):  # the harness's own tag for a Python function: any value parses
+        pass
+    Loader.add_constructor('!function', lambda loader, node: None)
+    for root, _, files in sorted(os.walk(include_path)) if include_path else ():
+        for name in sorted(f for f in files if f.endswith(('.yaml', '.yml'))):
+            path = os.path.join(root, name)
+            try:
+                with open(path, encoding='utf-8') as f:
+                    yaml.load(f, Loader=Loader)
+            except (yaml.YAMLError, OSError, UnicodeDecodeError) as e:
+                why = ' '.join(line.strip() for line in str(e).splitlines() if line.strip())
+                return f"'{path}' does not parse: {why[:300]}"
+    return None
 
 
 def run_tasks(lm, names, manager, limit=None, num_fewshot=None, log_samples=False, seeds=True):
@@ -196,9 +237,50 @@ def run_tasks(lm, names, manager, limit=None, num_fewshot=None, log_samples=Fals
     check_tasks(manager, names)
     for name in ('lm_eval', 'lm-eval'):  # its per-task progress lines would bury a training run's log
         logging.getLogger(name).setLevel(logging.ERROR)
-    return simple_evaluate(model=lm, tasks=list(names), num_fewshot=num_fewshot, limit=limit, task_manager=manager,
-                           log_samples=log_samples,
-                           **({} if seeds else dict(random_seed=None, numpy_random_seed=None, torch_random_seed=None)))
+    try:
+        loaded = manager.load(list(names))
+        check_items(loaded['tasks'], limit)
+        # the tasks built once (a group's own scores need its name)
+        tasks = list(names) if loaded['groups'] else list(loaded['tasks'].values())
+        return simple_evaluate(model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit,
+                               task_manager=manager, log_samples=log_samples,
+                               **({} if seeds else dict(random_seed=None, numpy_random_seed=None,
+                                                        torch_random_seed=None)))
+    except TaskError as e:
+        raise TaskError(f"task {', '.join(names)}: {e}") from e
+    except Exception as e:  # the harness reading a task's data and items: a user's file, said in one line
+        raise TaskError(f"task {', '.join(names)} cannot be scored: {task_failure(e, num_fewshot)}") from e
+
+
+def check_items(tasks, limit=None):
+    """Every scored item of a multiple-choice task has choices and a label among them: the harness checks the
+    first item only, and a later label out of range scores as a wrong answer."""
+    import itertools
+    for task in tasks.values():
+        if task.get_config('output_type') != 'multiple_choice':
+            continue
+        for number, doc in enumerate(itertools.islice(task.eval_docs, limit), 1):
+            choices = task.doc_to_choice(doc)
+            targets = task.doc_to_target(doc)
+            for target in targets if isinstance(targets, list) else [targets]:
+                if not choices or not (target in choices if isinstance(target, str) else 0 <= target < len(choices)):
+                    raise TaskError(f"item {number} has the label {target!r}, not one of its {len(choices)} choices "
+                                    f"(0 to {len(choices) - 1})" if choices else f"item {number} has no choices")
+
+
+def task_failure(error, num_fewshot=None):
+    """What the harness's exception means for the task's author, in one line."""
+    from common import first_line
+    while error.__cause__ is not None and 'error occurred while generating' in str(error):
+        error = error.__cause__  # datasets wraps the reader's own error (a malformed jsonl line, ...)
+    text = f"{type(error).__name__}: {first_line(error)}"
+    if isinstance(error, IndexError):
+        return f"{text} (an item's label outside its choices, or an item without choices?)"
+    if 'larger than population' in str(error):
+        return f"num_fewshot={num_fewshot} asks for more examples than the task's split for them holds"
+    if isinstance(error, FileNotFoundError):
+        return f"{text} (a data_files path: relative ones are read from the working directory)"
+    return text
 
 
 def scores(results, task):
@@ -232,13 +314,20 @@ if __name__ == '__main__':
         usage_error(f"num_fewshot must be >= 0 (or None for the task's default), got {num_fewshot}")
     if batch_size < 1:
         usage_error(f"batch_size must be at least 1, got {batch_size}")
+    if output:  # said now, not after the whole evaluation
+        from common import output_refusal
+        refusal = output_refusal(output)
+        if refusal is None and not os.access(os.path.dirname(os.path.abspath(output)), os.W_OK):
+            refusal = f"directory '{os.path.dirname(os.path.abspath(output))}' is not writable"
+        if refusal:
+            usage_error(f"cannot write --output={output}: {refusal}")
     try:
         import lm_eval  # noqa: F401
     except ImportError:
         usage_error(_INSTALL)
 
     from common import (catch_interrupts, die, load_checkpoint, load_pretrained, load_tokenizer,  # noqa: E402
-                        model_from_checkpoint, pick_device, pick_dtype)
+                        model_from_checkpoint, pick_device, pick_dtype, write_output)
     catch_interrupts()
     device = pick_device(device)
     dtype = pick_dtype(device, dtype)
@@ -250,22 +339,26 @@ if __name__ == '__main__':
         checkpoint = load_checkpoint(ckpt_path)
         model = model_from_checkpoint(checkpoint, ckpt_path)
         dataset = (checkpoint.get('config') or {}).get('dataset')
-        if dataset and os.path.exists(os.path.join('data', dataset, 'meta.json')):
+        if dataset:
             meta_path = os.path.join('data', dataset, 'meta.json')
+            if not os.path.exists(meta_path) and not tokenizer:  # GPT-2's BPE would score another vocabulary
+                die(f"no '{meta_path}' here, the vocabulary of the checkpoint's dataset {dataset!r}: run eval.py "
+                    f"from the repository's root, or name the tokenizer with --tokenizer")
     else:
         model = load_pretrained(init_from)
     tok = load_tokenizer(meta_path, pretrained=init_from or None, name=tokenizer)
     if tok.guessed:
         print(f"note: encoding with {tok.source}", file=sys.stderr)
+    if tok.vocab_size > model.config.vocab_size:
+        die(f"the tokenizer ({tok.source}) has {tok.vocab_size} tokens, more than the model's vocab_size "
+            f"{model.config.vocab_size}" + (": leave --tokenizer empty for the model's own" if tokenizer else ""))
     model.to(device)
-    results = run_tasks(harness_lm(model, tok, device, dtype, batch_size), names, manager, limit, num_fewshot)
-    from lm_eval.utils import make_table
+    try:
+        results = run_tasks(harness_lm(model, tok, device, dtype, batch_size), names, manager, limit, num_fewshot)
+    except TaskError as e:
+        die(str(e))
+    from lm_eval.utils import handle_non_serializable, make_table
     print(make_table(results))
     if output:
-        from lm_eval.utils import handle_non_serializable
-        try:
-            with open(output, 'w', encoding='utf-8') as f:
-                json.dump(results, f, indent=1, default=handle_non_serializable)
-        except OSError as e:
-            die(f"cannot write output '{output}': {e.strerror or e}", code=1)
+        write_output(output, json.dumps(results, indent=1, default=handle_non_serializable) + '\n')
         print(f"wrote {output}")

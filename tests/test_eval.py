@@ -198,3 +198,155 @@ def test_without_the_harness_eval_says_how_to_install_it(tmp_path, monkeypatch, 
     monkeypatch.setitem(sys.modules, 'lm_eval', None)  # as if not installed: importing it raises ImportError
     code, _, err = run_eval(tmp_path, '--out_dir=out', monkeypatch=monkeypatch, capsys=capsys)
     one_line_error(code, err, 'pip install lm-eval')
+
+
+# --- a character model, the example task, and what a task's author can get wrong: one line each ----------------
+
+EXAMPLE = REPO / 'examples' / 'eval_task'
+
+
+def write_char_checkpoint(root, block_size=64):
+    """root/out/ckpt.pt: a tiny GPT over the characters of the example task (root/data/chars/meta.json), with
+    examples/ linked into root so the example's relative data_files resolve there."""
+    from conftest import make_char_dataset
+    make_char_dataset(root, 'chars', text=(EXAMPLE / 'shakespeare_cloze.jsonl').read_text())
+    vocab = len(json.loads((root / 'data' / 'chars' / 'meta.json').read_text())['chars'])
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=block_size, vocab_size=vocab))
+    (root / 'out').mkdir()
+    common.save_checkpoint(common.new_checkpoint(model, config={'dataset': 'chars'}), str(root / 'out' / 'ckpt.pt'))
+    (root / 'examples').symlink_to(REPO / 'examples')
+    return model
+
+
+def test_the_example_task_scores_a_character_model_without_a_false_error(tmp_path, monkeypatch, capsys,
+                                                                         single_thread):
+    """examples/eval_task (the README's) as a user runs it; a character vocabulary has no end-of-text token, and
+    looking for one must not print an error."""
+    pytest.importorskip('lm_eval')
+    write_char_checkpoint(tmp_path)
+    code, out, err = run_eval(tmp_path, '--out_dir=out', '--tasks=shakespeare_cloze', '--include_path=examples/eval_task',
+                              '--output=cloze.json', monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, err[-3000:]
+    assert 'error' not in err, err
+    results = json.loads((tmp_path / 'cloze.json').read_text())
+    items = len((EXAMPLE / 'shakespeare_cloze.jsonl').read_text().splitlines())
+    assert results['n-samples']['shakespeare_cloze']['effective'] == items == 12
+    assert results['results']['shakespeare_cloze']['acc,none'] * items == pytest.approx(
+        round(results['results']['shakespeare_cloze']['acc,none'] * items))
+
+
+@pytest.mark.parametrize('output, fragment', [
+    ('out/ckpt.pt', 'is a checkpoint'),
+    ('out/best.pt', 'is a checkpoint'),
+    ('linked.json', 'hard link'),
+    ('out', 'is a directory'),
+    ('nowhere/scores.json', "no directory"),
+])
+def test_output_never_replaces_a_checkpoint_and_is_checked_before_the_evaluation(tmp_path, monkeypatch, capsys,
+                                                                                  output, fragment):
+    write_char_checkpoint(tmp_path)
+    os.link(tmp_path / 'out' / 'ckpt.pt', tmp_path / 'out' / 'best.pt')
+    (tmp_path / 'scores.json').write_text('{"kept": true}')
+    os.link(tmp_path / 'scores.json', tmp_path / 'linked.json')  # another run's file under a second name
+    before = (tmp_path / 'out' / 'ckpt.pt').read_bytes()
+    code, out, err = run_eval(tmp_path, '--out_dir=out', '--tasks=shakespeare_cloze', '--include_path=examples/eval_task',
+                              f'--output={output}', monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err, f'--output={output}', fragment)
+    assert 'acc' not in out  # refused before any scoring
+    assert (tmp_path / 'out' / 'ckpt.pt').read_bytes() == before == (tmp_path / 'out' / 'best.pt').read_bytes()
+    assert (tmp_path / 'scores.json').read_text() == '{"kept": true}'
+
+
+def broken_task(root, items, yaml_extra=''):
+    """root/broken: a multiple-choice task 'broken' over these items."""
+    d = root / 'broken'
+    d.mkdir()
+    (d / 'items.jsonl').write_text(items)
+    (d / 'broken.yaml').write_text(CHOICE_TASK_YAML.format(name='broken', path=d / 'items.jsonl') + yaml_extra)
+    return d
+
+
+def item(ctx='To be', endings=(' or not', ' a dog'), label=0):
+    return json.dumps({'ctx': ctx, 'endings': list(endings), 'label': label}) + '\n'
+
+
+@pytest.mark.parametrize('items, args, fragments', [
+    (item(endings=(' or not to be' * 6, ' a dog')), [], ["a continuation of 79 tokens", "block_size (64)"]),
+    (item(endings=()), [], ['IndexError', 'without choices']),  # the first item: the harness's own check
+    (item() + item(endings=()), [], ['item 2 has no choices']),
+    (item() + item(label=5), [], ['item 2 has the label 5, not one of its 2 choices']),
+    (item() + '{"ctx": "To be", "endings": [\n', [], ['JSON']),
+    (item() * 3, ['--num_fewshot=5'], ['num_fewshot=5', 'more examples']),
+    (None, [], ["Unable to find", "data_files"]),
+])
+def test_a_task_that_cannot_be_scored_is_one_line(tmp_path, monkeypatch, capsys, single_thread, items, args, fragments):
+    pytest.importorskip('lm_eval')
+    write_char_checkpoint(tmp_path)
+    tasks = broken_task(tmp_path, items or '')
+    if items is None:
+        (tasks / 'items.jsonl').unlink()
+    code, _, err = run_eval(tmp_path, '--out_dir=out', '--tasks=broken', f'--include_path={tasks}', *args,
+                            monkeypatch=monkeypatch, capsys=capsys)
+    # the harness's progress bars around it (an exception in this process ends it: no 'error:' line, no exit code)
+    errors = [line for line in err.splitlines() if line.startswith('error:')]
+    assert code == 2 and len(errors) == 1, err
+    one_line_error(code, errors[0], "task broken", *fragments)
+
+
+def test_a_task_yaml_that_does_not_parse_shows_why(tmp_path, capsys):
+    pytest.importorskip('lm_eval')
+    from lm_eval.tasks import TaskManager
+
+    import eval as nano_eval
+    tasks = broken_task(tmp_path, item(), yaml_extra='  - metric: [unclosed\n')
+    with pytest.raises(SystemExit) as e:
+        nano_eval.check_tasks(TaskManager(include_path=str(tasks), include_defaults=False), ['broken'])
+    one_line_error(e.value.code, capsys.readouterr().err, "unknown task 'broken'", 'broken.yaml', 'does not parse',
+                   'line 18')
+
+
+def test_a_character_checkpoint_away_from_its_vocabulary_is_refused(tmp_path, monkeypatch, capsys):
+    """Run from outside the repository (no data/<dataset>/meta.json there), GPT-2's BPE would score another
+    vocabulary: refused, as sample.py does."""
+    pytest.importorskip('lm_eval')
+    write_char_checkpoint(tmp_path / 'repo')
+    elsewhere = tmp_path / 'elsewhere'
+    elsewhere.mkdir()
+    code, _, err = run_eval(elsewhere, f'--out_dir={tmp_path / "repo" / "out"}', '--tasks=shakespeare_cloze',
+                            f'--include_path={EXAMPLE}', monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err, "no 'data/chars/meta.json' here", "repository's root", '--tokenizer')
+
+
+def test_a_tokenizer_larger_than_the_model_is_one_line(tmp_path, bpe, monkeypatch, capsys):
+    pytest.importorskip('lm_eval')
+    write_char_checkpoint(tmp_path)
+    code, _, err = run_eval(tmp_path, '--out_dir=out', '--tasks=shakespeare_cloze', '--include_path=examples/eval_task',
+                            '--tokenizer=gpt2', monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err, '50257 tokens', 'vocab_size', 'leave --tokenizer empty')
+
+
+def test_the_readme_points_to_the_example_task_and_the_dev_requirements():
+    """What a newcomer follows: the README's example command names the shipped task, and the requirements that
+    run the whole suite (eval.py's tests need lm-eval and accelerate) are one file that .ci/run installs too."""
+    readme = (REPO / 'README.md').read_text()
+    assert '--tasks=shakespeare_cloze --include_path=examples/eval_task' in readme
+    assert 'task: shakespeare_cloze' in (EXAMPLE / 'shakespeare_cloze.yaml').read_text()
+    dev = (REPO / 'requirements-dev.txt').read_text().splitlines()
+    assert {'-r requirements.txt', 'lm-eval==0.4.13', 'accelerate', 'pytest'} <= {line.split('#')[0].strip()
+                                                                                for line in dev}
+    assert 'pip install --quiet -r requirements-dev.txt' in (REPO / '.ci' / 'run').read_text()
+    tests_section = readme.split('## Tests')[1].split('\n## ')[0]
+    assert 'pip install -r requirements-dev.txt' in tests_section
+
+
+def test_an_unwritable_output_directory_is_refused_before_the_evaluation(tmp_path, monkeypatch, capsys):
+    write_char_checkpoint(tmp_path)
+    (tmp_path / 'readonly').mkdir()
+    readonly = str(tmp_path / 'readonly')
+    access = os.access  # as a directory without write permission answers (root may write anywhere: simulated)
+    monkeypatch.setattr(os, 'access', lambda path, mode, **kw: False if str(path) == readonly else access(path, mode))
+    code, out, err = run_eval(tmp_path, '--out_dir=out', '--tasks=shakespeare_cloze', '--include_path=examples/eval_task',
+                              '--output=readonly/scores.json', monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err, '--output=readonly/scores.json', 'not writable')
+    assert 'acc' not in out

@@ -412,3 +412,144 @@ def test_fineweb_parquet_without_text_is_one_line(tmp_path, bpe_env, monkeypatch
     assert "no 'text' column" in err and "content" in err and "000_00000.parquet" in err
     code, _, err = prepare_here(monkeypatch, capsys, "--input", tmp_path / "nothing", "--out_dir", tmp_path / "out")
     assert code == 2 and "nothing" in err and len(err.strip().splitlines()) == 1
+
+
+FWE_ARGS = ("--shard_tokens", 300, "--val_tokens", 200, "--num_proc", 1)
+
+
+def files(out):
+    return {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".lock"}
+
+
+def prepared(monkeypatch, capsys, fwe, out):
+    """A whole preparation of fwe into out (with two val/train boundaries crossed mid-document): its files."""
+    code, _, err = prepare_here(monkeypatch, capsys, "--input", fwe, "--out_dir", out, *FWE_ARGS)
+    assert code == 0, err
+    return files(out), json.loads((out / "meta.json").read_text())
+
+
+def rerun(monkeypatch, capsys, fwe, out):
+    code, stdout, err = prepare_here(monkeypatch, capsys, "--input", fwe, "--out_dir", out, *FWE_ARGS)
+    assert code == 0, err
+    return stdout, err
+
+
+def test_fineweb_one_preparation_per_folder_at_a_time(tmp_path, fwe, monkeypatch, capsys):
+    import fcntl
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with open(out / ".lock", "w") as held:  # as a running preparation holds it
+        held.write("4242")
+        held.flush()
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        code, _, err = prepare_here(monkeypatch, capsys, "--input", fwe, "--out_dir", out, *FWE_ARGS)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "being prepared by another process (pid 4242)" in err and not (out / "meta.json").exists()
+    rerun(monkeypatch, capsys, fwe, out)  # the lock gone, it runs
+    assert json.loads((out / "meta.json").read_text())["complete"]
+
+
+@pytest.mark.parametrize("damage", ["killed before meta.json listed its shard", "docs edited in meta.json"])
+def test_fineweb_resumes_from_the_shards_it_lists(tmp_path, fwe, monkeypatch, capsys, damage):
+    """The record cut back to two train shards, as a kill leaves it: the third shard's file already renamed in
+    (a kill between its rename and meta.json's), or meta.json's resume point edited by hand. The rerun goes on
+    from where the last listed shard ends and writes what the whole run wrote."""
+    out = tmp_path / "out"
+    whole, meta = prepared(monkeypatch, capsys, fwe, out)
+    train = meta["shards"]["train"]
+    keep = 3 if damage.startswith("killed") else 2  # the file of the shard meta.json does not list yet
+    for entry in train[keep:]:
+        (out / entry[0]).unlink()
+    cut = dict(meta, complete=False, shards={"val": meta["shards"]["val"], "train": train[:2]},
+               train_tokens=sum(e[1] for e in train[:2]), docs=train[1][2], doc_offset=train[1][3])
+    if damage.startswith("docs"):
+        cut["docs"] += 3
+    (out / "meta.json").write_text(json.dumps(cut))
+    stdout, err = rerun(monkeypatch, capsys, fwe, out)
+    assert "resuming" in stdout and "error" not in err
+    assert files(out) == whole
+
+
+def test_fineweb_rewrites_a_deleted_or_truncated_shard(tmp_path, fwe, monkeypatch, capsys):
+    out = tmp_path / "out"
+    whole, meta = prepared(monkeypatch, capsys, fwe, out)
+    deleted = meta["shards"]["train"][2][0]
+    (out / deleted).unlink()
+    stdout, err = rerun(monkeypatch, capsys, fwe, out)
+    assert "already prepared" not in stdout and deleted in err and files(out) == whole
+    val = out / meta["shards"]["val"][0][0]
+    val.write_bytes(val.read_bytes()[:-2])
+    stdout, err = rerun(monkeypatch, capsys, fwe, out)
+    assert "already prepared" not in stdout and val.name in err and files(out) == whole
+    assert "already prepared" in rerun(monkeypatch, capsys, fwe, out)[0]
+
+
+def test_fineweb_a_full_disk_is_one_line_and_the_rerun_resumes(tmp_path, fwe, monkeypatch, capsys):
+    import resource
+
+    whole, _ = prepared(monkeypatch, capsys, fwe, tmp_path / "whole")  # also fills the datasets cache
+    out = tmp_path / "out"
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1000, limits[1]))  # as `ulimit -f 1`: a 300-token shard fits, 600 not
+    try:
+        code, _, err = prepare_here(monkeypatch, capsys, "--input", fwe, "--out_dir", out, "--shard_tokens", 600,
+                                    "--val_tokens", 200, "--num_proc", 1)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]  # below the progress bar
+    assert code == 1 and len(errors) == 1 and "Traceback" not in err, err
+    assert "cannot write" in err and "File too large" in err and "rerun the same command to resume" in err
+    assert json.loads((out / "meta.json").read_text())["shards"]["val"]  # the val shard it could write, listed
+    code, _, err = prepare_here(monkeypatch, capsys, "--input", fwe, "--out_dir", out, "--shard_tokens", 600,
+                                "--val_tokens", 200, "--num_proc", 1)
+    assert code == 0, err
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["complete"] and meta["train_tokens"] == json.loads(whole["meta.json"])["train_tokens"]
+
+
+def test_fineweb_an_input_that_fills_only_the_val_split_is_not_a_success(tmp_path, fwe, monkeypatch, capsys):
+    out = tmp_path / "out"
+    code, _, err = prepare_here(monkeypatch, capsys, "--input", fwe, "--out_dir", out, "--val_tokens", 10 ** 7,
+                                "--num_proc", 1)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]  # below the progress bars
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err, err
+    assert "no train split" in err and "--val_tokens=10000000" in err
+    suggested = err.split("e.g. ")[1].split()[0]  # what the line says to change, as the user would
+    assert not out.exists()  # nothing a rerun with another --val_tokens would call another preparation's
+    code, _, err = prepare_here(monkeypatch, capsys, "--input", fwe, "--out_dir", out, suggested, "--num_proc", 1)
+    assert code == 0, err
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["train_tokens"] > 0 and meta["val_tokens"] == int(suggested.split("=")[1])
+
+
+def refused(monkeypatch, capsys, source, out, *args):
+    code, _, err = prepare_here(monkeypatch, capsys, "--input", source, "--out_dir", out, *args)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error:"), err
+    return err
+
+
+@pytest.mark.parametrize("case, fragment", [("ints", "'text' column of int64"), ("empty", "holds no documents"),
+                                            ("val_tokens=0", "--val_tokens must be at least 1, got 0")])
+def test_fineweb_a_bad_input_or_setting_is_one_line_and_leaves_no_out_dir(tmp_path, fwe, monkeypatch, capsys, case,
+                                                                           fragment):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    source, args = tmp_path / f"{case}.parquet", ()
+    if case == "ints":
+        pq.write_table(pa.table({"text": [1, 2, 3]}), source)
+    elif case == "empty":
+        pq.write_table(pa.table({"text": pa.array([], pa.string())}), source)
+    else:
+        source, args = fwe, ("--val_tokens=0",)
+    assert fragment in refused(monkeypatch, capsys, source, tmp_path / "out", *args)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("record", [[], {"shards": {"val": [], "train": []}}, {"complete": False}])
+def test_fineweb_a_malformed_meta_json_is_one_line_and_kept(tmp_path, fwe, monkeypatch, capsys, record):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "meta.json").write_text(json.dumps(record))
+    assert "is not a FineWeb-Edu preparation's record" in refused(monkeypatch, capsys, fwe, tmp_path / "old")
+    assert json.loads((tmp_path / "old" / "meta.json").read_text()) == record

@@ -10,8 +10,11 @@ nests them in subfolders); their 'text' column is read. Each document is encoded
 followed by the end-of-text token. The first documents, until they reach --val_tokens, are the val split.
 Writes raw uint16 token shards of --shard_tokens tokens (the last one shorter), fineweb_edu_val_000000.bin,
 fineweb_edu_train_000001.bin, ... (np.memmap-able, like train.bin), and meta.json listing them with their
-counts and this preparation's settings. An interrupted run resumes where its last shard ended when rerun with
-the same settings; other settings over those shards are refused rather than mixed.
+counts and this preparation's settings. An interrupted run (Ctrl-C, kill -9, a full disk) resumes where its
+last listed shard ended when rerun with the same settings, and a rerun rewrites a listed shard that went missing
+or short (and those after it); other settings over those shards are refused rather than mixed, and so is a
+second preparation of the same folder while one runs (out_dir/.lock). An input that fills only the val split is
+an error naming the --val_tokens that would leave a train split.
 Offline, point TIKTOKEN_CACHE_DIR at a directory holding tiktoken's cached GPT-2 files.
 """
 import argparse
@@ -33,9 +36,9 @@ SHARD = re.compile(r"fineweb_edu_(train|val)_(\d{6})\.bin")
 enc = None  # each worker's encoder
 
 
-def fail(msg):
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(2)
+def fail(msg, code=2):
+    tqdm.write(f"error: {msg}", file=sys.stderr)  # on a line of its own, above a progress bar
+    sys.exit(code)
 
 
 def reason(e):
@@ -84,18 +87,102 @@ def load(args):
         files = [src]
     else:
         fail(f"cannot read input '{src}': No such file or directory")
+    import pyarrow as pa
     import pyarrow.parquet as pq
+    rows = 0
     for f in files:  # checked before any work: a file without text would fail hours in
         try:
-            names = pq.read_schema(f).names
+            schema, rows = pq.read_schema(f), rows + pq.read_metadata(f).num_rows
         except Exception as e:
             fail(f"cannot read parquet file '{f}': {reason(e)}")
-        if "text" not in names:
-            fail(f"parquet file '{f}' has no 'text' column (columns: {', '.join(names)})")
+        if "text" not in schema.names:
+            fail(f"parquet file '{f}' has no 'text' column (columns: {', '.join(schema.names)})")
+        kind = schema.field("text").type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            fail(f"parquet file '{f}' has a 'text' column of {kind}, not of strings (the documents' text)")
+    if rows == 0:
+        fail(f"input '{src}' holds no documents (its parquet files have no rows)")
     try:
         return load_dataset("parquet", data_files=files, split="train", columns=["text"])
     except Exception as e:
         fail(f"cannot read input '{src}': {reason(e)}")
+
+
+def claim(out):
+    """Lock out (its .lock file) for this preparation: a second one on the same folder is refused, as its
+    shards and meta.json would mix with ours. The kernel drops the lock however this process ends."""
+    import fcntl
+    try:
+        fd = os.open(os.path.join(out, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        fail(f"cannot write to out_dir '{out}': {reason(e)}")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        fail(f"'{out}' is being prepared by another process (pid {holder}); wait for it to end or use another "
+             f"--out_dir")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+def read_meta(meta_path, preparation):
+    """The record of an earlier preparation in this folder, checked: None when there is none."""
+    if not os.path.exists(meta_path):
+        return None
+    start_over = "remove the directory's shards and meta.json to start over"
+    try:
+        with open(meta_path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        fail(f"cannot read '{meta_path}' ({reason(e)}); {start_over}")
+    shards = meta.get("shards") if isinstance(meta, dict) else None
+    if not (isinstance(shards, dict) and isinstance(meta.get("complete"), bool)
+            and all(isinstance(shards.get(split), list) and all(
+                isinstance(e, list) and len(e) == 4 and isinstance(e[0], str) and SHARD.fullmatch(e[0])
+                and all(isinstance(n, int) and n >= 0 for n in e[1:]) for e in shards[split])
+                for split in ("val", "train"))):
+        fail(f"'{meta_path}' is not a FineWeb-Edu preparation's record (a JSON object with 'complete' and 'shards' "
+             f"of [name, tokens, docs, offset]); {start_over}")
+    if meta.get("preparation") != preparation:
+        fail(f"'{os.path.dirname(meta_path)}' holds shards of another preparation ({meta.get('preparation')}); use "
+             f"another --out_dir, or {start_over}")
+    return meta
+
+
+def shard_number(entry):
+    return int(SHARD.fullmatch(entry[0]).group(2))
+
+
+def keep_whole_shards(out, meta):
+    """Cut the record at the first shard it lists that is missing or not its listed size (deleted, truncated):
+    it and the shards after it are written again from where the shard before it ended in the input. The totals
+    and the resume point are recounted from the shards kept (the record's own could have been edited)."""
+    entries = sorted((e + [split] for split, listed in meta["shards"].items() for e in listed), key=shard_number)
+    kept = []
+    for entry in entries:
+        path = os.path.join(out, entry[0])
+        if not os.path.isfile(path) or os.path.getsize(path) != 2 * entry[1]:
+            print(f"note: shard {entry[0]} is missing or not its {entry[1]:,} tokens; preparing it and the "
+                  f"ones after it again", file=sys.stderr)
+            for later in entries[len(kept):]:  # ours, listed: rewritten below
+                if os.path.isfile(os.path.join(out, later[0])):
+                    os.remove(os.path.join(out, later[0]))
+            meta["complete"] = False
+            break
+        kept.append(entry)
+    meta["shards"] = {split: [e[:4] for e in kept if e[4] == split] for split in ("val", "train")}
+    for split in ("val", "train"):
+        meta[f"{split}_tokens"] = sum(e[1] for e in meta["shards"][split])
+    if not meta["complete"]:  # where the last whole shard ends in the input: there the rerun goes on
+        docs, offset = (kept[-1][2], kept[-1][3]) if kept else (0, 0)
+        if (meta.get("docs"), meta.get("doc_offset")) != (docs, offset):
+            print(f"note: meta.json says document {meta.get('docs')} (offset {meta.get('doc_offset')}), its last "
+                  f"shard ends at document {docs} (offset {offset}): going on from the shard", file=sys.stderr)
+        meta.update(docs=docs, doc_offset=offset)
+    return meta
 
 
 def texts(ds, start, batch=1024):
@@ -115,6 +202,27 @@ def write_atomic(path, write):
             os.remove(tmp)
 
 
+def write_or_fail(path, write):
+    """write_atomic, a full disk (or a file size limit) said in one line: what meta.json lists stays whole."""
+    try:
+        write_atomic(path, write)
+    except OSError as e:
+        fail(f"cannot write '{path}' ({reason(e)}); the shards meta.json lists are whole: make room and rerun the "
+             f"same command to resume", code=1)
+
+
+def refuse_val_only(out, meta, args):
+    """A preparation whose input fits in the val split has nothing to train on: not a success. Its shards
+    are removed (the input is small, a rerun rewrites them in seconds), so the rerun suggested starts afresh."""
+    if meta["shards"]["train"]:
+        return
+    for entry in meta["shards"]["val"]:
+        os.remove(os.path.join(out, entry[0]))
+    os.remove(os.path.join(out, "meta.json"))
+    fail(f"the input's {meta['val_tokens']:,} tokens all fit in the val split (--val_tokens={args.val_tokens}), "
+         f"leaving no train split; rerun with a smaller one, e.g. --val_tokens={max(1, meta['val_tokens'] // 10)}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--input", help="a local parquet file or a directory of them, instead of the hub")
@@ -125,40 +233,52 @@ def main():
     parser.add_argument("--shard_tokens", type=int, default=10 ** 8, help="tokens per shard (build-nanogpt's 100M)")
     parser.add_argument("--val_tokens", type=int, default=10 ** 7, help="tokens of the val split (its first documents)")
     args = parser.parse_args()
-    if args.num_proc < 1:
-        parser.error("--num_proc must be at least 1")
-    if args.shard_tokens < 1 or args.val_tokens < 1:
-        parser.error("--shard_tokens and --val_tokens must be at least 1")
+    for name in ("num_proc", "shard_tokens", "val_tokens"):
+        if getattr(args, name) < 1:
+            fail(f"--{name} must be at least 1, got {getattr(args, name)}")
     try:
         load_encoder()
     except Exception as e:  # offline without a cache, tiktoken raises whatever its HTTP client raises
         fail(f"cannot load the GPT-2 encoding ({type(e).__name__}); offline, set TIKTOKEN_CACHE_DIR to a tiktoken "
              f"cache")
+    out = args.out_dir
+    if os.path.exists(out) and not os.path.isdir(out):
+        fail(f"--out_dir '{out}' is a file, not a directory")
+    created = not os.path.exists(out)
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        fail(f"cannot create --out_dir '{out}': {reason(e)}")
+    lock = claim(out)
+    try:
+        prepare(args, out)
+    finally:
+        os.close(lock)
+        if created and os.listdir(out) == [".lock"]:  # a preparation that failed before writing leaves nothing
+            os.remove(os.path.join(out, ".lock"))
+            os.rmdir(out)
 
+
+def prepare(args, out):
     # what decides the shards' contents: a rerun continues only a preparation with the same
     source = os.path.abspath(args.input) if args.input else f"HuggingFaceFW/fineweb-edu:{args.sample}"
     preparation = {"source": source, "shard_tokens": args.shard_tokens, "val_tokens": args.val_tokens}
-    out = args.out_dir
-    os.makedirs(out, exist_ok=True)
     meta_path = os.path.join(out, "meta.json")
-    meta = {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": enc.n_vocab, "preparation": preparation,
-            "shards": {"val": [], "train": []}, "train_tokens": 0, "val_tokens": 0, "docs": 0, "doc_offset": 0,
-            "complete": False}
-    if os.path.exists(meta_path):
-        try:
-            with open(meta_path, encoding="utf-8") as f:
-                old = json.load(f)
-        except (OSError, ValueError) as e:
-            fail(f"cannot read '{meta_path}' ({reason(e)}); remove the directory's shards and meta.json to start over")
-        if old.get("preparation") != preparation:
-            fail(f"'{out}' holds shards of another preparation ({old.get('preparation')}); use another --out_dir, "
-                 f"or remove its shards and meta.json to start over")
-        meta = old
+    meta = read_meta(meta_path, preparation)
+    if meta is None:
+        meta = {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": enc.n_vocab, "preparation": preparation,
+                "shards": {"val": [], "train": []}, "train_tokens": 0, "val_tokens": 0, "docs": 0, "doc_offset": 0,
+                "complete": False}
+    else:
+        meta = keep_whole_shards(out, meta)
         if meta["complete"]:
+            refuse_val_only(out, meta, args)
             print(f"'{out}' is already prepared: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens")
             return
     listed = {entry[0] for split in meta["shards"].values() for entry in split}
-    strays = sorted(n for n in os.listdir(out) if SHARD.fullmatch(n) and n not in listed)
+    # the shard the next flush writes: one there was renamed in before a kill let meta.json list it
+    upcoming = {f"fineweb_edu_{split}_{len(listed):06d}.bin" for split in ("val", "train")}
+    strays = sorted(n for n in os.listdir(out) if SHARD.fullmatch(n) and n not in listed | upcoming)
     if strays:  # shards meta.json does not list: another preparation's, which would mix with ours
         fail(f"'{out}' holds shards meta.json does not list ({strays[0]}, ...): from another preparation; remove "
              f"them or use another --out_dir")
@@ -183,11 +303,12 @@ def main():
         name = f"fineweb_edu_{split}_{number:06d}.bin"
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
-            write_atomic(os.path.join(out, name), lambda f: shard[:filled].tofile(f))
+            # file.write, not ndarray.tofile: tofile takes a short write (a full disk, a size limit) for done
+            write_or_fail(os.path.join(out, name), lambda f: f.write(memoryview(shard[:filled])))
             meta["shards"][split].append([name, filled, docs, offset])  # and where in the input it ends
             meta[f"{split}_tokens"] += filled
             meta.update(docs=docs, doc_offset=offset, complete=last)
-            write_atomic(meta_path, lambda f: f.write(json.dumps(meta, indent=1).encode() + b"\n"))
+            write_or_fail(meta_path, lambda f: f.write(json.dumps(meta, indent=1).encode() + b"\n"))
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
         filled = 0
@@ -216,10 +337,8 @@ def main():
         flush(last=True)
     else:  # the input ended with a shard (or a resume found nothing left): only the record says it is done
         meta.update(docs=docs, doc_offset=0, complete=True)
-        write_atomic(meta_path, lambda f: f.write(json.dumps(meta, indent=1).encode() + b"\n"))
-    if not meta["shards"]["train"]:
-        print(f"note: the input fills only the val split ({meta['val_tokens']:,} tokens); lower --val_tokens",
-              file=sys.stderr)
+        write_or_fail(meta_path, lambda f: f.write(json.dumps(meta, indent=1).encode() + b"\n"))
+    refuse_val_only(out, meta, args)
     print(f"wrote {len(meta['shards']['train'])} train shards ({meta['train_tokens']:,} tokens) and "
           f"{len(meta['shards']['val'])} val ({meta['val_tokens']:,} tokens) from {docs:,} documents to {out}")
 
