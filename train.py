@@ -565,6 +565,9 @@ if master:
         print(f"note: this run is sized for a GPU: on this CPU it would take about {total_seconds / 3600:.1f} h; "
               + (f"the CPU recipe is {cpu_recipe}" if cpu_recipe else
                  "config/shakespeare_modern_cpu.py is a recipe sized for a CPU"), flush=True)
+    if decay_lr and not eval_only and iter_num < max_iters <= warmup_iters:
+        print(f"note: warmup_iters ({warmup_iters}) outlasts max_iters ({max_iters}): the learning rate never reaches "
+              f"its peak (the last step runs at {lr_scale(max_iters - 1):.0%} of it); lower warmup_iters to reach it")
     if wandb_log:
         try:
             import wandb

@@ -854,6 +854,14 @@ def test_a_downstream_task_is_scored_beside_val_loss(workdir, run, single_thread
         assert r['task']['tiny_char']['acc'] in (0, 0.5, 1)  # two items scored
 
 
+def test_a_warmup_longer_than_the_run_says_the_peak_is_never_reached(workdir, run):
+    short = run(workdir, '--max_iters=2', '--eval_interval=2', '--warmup_iters=9', '--out_dir=short')
+    assert 'note: warmup_iters (9) outlasts max_iters (2): the learning rate never reaches its peak' in short.stdout
+    assert '(the last step runs at 20% of it)' in short.stdout  # step 1 of 9 + 1
+    whole = run(workdir, '--max_iters=2', '--eval_interval=2', '--warmup_iters=1', '--out_dir=whole')
+    assert 'warmup_iters' not in whole.stdout
+
+
 def test_wsd_holds_the_peak_then_decays_linearly(workdir, run):
     run(workdir, '--max_iters=10', '--eval_interval=1', '--lr_schedule=wsd', '--warmup_iters=2',
         '--lr_decay_iters=10', '--lr_decay_fraction=0.5', '--min_lr=3e-4', '--out_dir=out')
