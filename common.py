@@ -392,6 +392,10 @@ def load_checkpoint(path, hint="train one with: python train.py config/shakespea
     try:
         checkpoint = torch.load(path, map_location='cpu', weights_only=True)
     except Exception as e:  # truncated, not a torch file, or holding objects weights_only refuses
+        if 'Weights only load failed' in str(e):  # torch's own text advises weights_only=False: we never do
+            die(f"checkpoint '{path}' holds Python objects beyond tensors and plain values, so it was not loaded: "
+                f"loading them could run arbitrary code; it is not a nanoswap checkpoint (do not load it anywhere "
+                f"unless you trust where it came from)")
         die(f"cannot read checkpoint '{path}': corrupt or not a nanoswap checkpoint "
             f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})")
     if not isinstance(checkpoint, dict) or checkpoint.get('format') != CKPT_FORMAT:
@@ -494,6 +498,76 @@ def first_line(error):
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     text = ' '.join(lines[:3]) if lines and lines[0].endswith(':') else (lines[0] if lines else type(error).__name__)
     return text[:300]
+
+
+# ----------------------------------------------------------------------------- datasets: data/<dataset>/
+
+def dataset_meta(dataset):
+    """(meta.json's path, its contents) of data/<dataset>; {} when there is none (GPT-2's BPE, as nanoGPT's
+    openwebtext writes no meta.json)."""
+    meta_path = os.path.join('data', dataset, 'meta.json')
+    if not os.path.exists(meta_path):
+        return meta_path, {}
+    try:
+        with open(meta_path) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        die(f"cannot read '{meta_path}' ({type(e).__name__}): rerun python data/{dataset}/prepare.py")
+    if not isinstance(meta, dict) or not isinstance(meta.get('vocab_size'), int) or meta['vocab_size'] < 1:
+        die(f"'{meta_path}' has no vocab_size (a positive int); rerun python data/{dataset}/prepare.py")
+    return meta_path, meta
+
+
+def split_files(dataset, meta, split):
+    """The files of uint16 tokens of one split: train.bin / val.bin, or the shards meta.json lists
+    (data/fineweb_edu/prepare.py: [name, tokens, ...] per shard); each there, whole, and of this preparation."""
+    data_dir = os.path.join('data', dataset)
+    if isinstance(meta.get('shards'), dict):
+        files = listed_shards(dataset, meta, split)
+    else:
+        files = [os.path.join(data_dir, f'{split}.bin')]
+    for path in files:
+        if not os.path.isfile(path):
+            die(f"dataset file '{path}' not found; create it with: python data/{dataset}/prepare.py")
+        size = os.path.getsize(path)
+        if size % 2:
+            die(f"'{path}' is {size} bytes, not whole uint16 tokens: rerun python data/{dataset}/prepare.py")
+    total = sum(os.path.getsize(p) // 2 for p in files)
+    if meta.get(f'{split}_tokens', total) != total:
+        die(f"'{data_dir}' holds {total} {split} tokens but meta.json says {meta[f'{split}_tokens']}: the files are "
+            f"from different runs of prepare.py; rerun it")
+    return files
+
+
+def listed_shards(dataset, meta, split):
+    """The paths of the shards meta.json lists for a split; none listed, or a shard beside them that it does not
+    list (another preparation's, which would be read as ours), is one error line."""
+    data_dir = os.path.join('data', dataset)
+    listed = [entry[0] for entry in meta['shards'].get(split, [])]
+    if not listed:
+        fix = no_train_split_fix(dataset, meta) if split == 'train' else f"rerun python data/{dataset}/prepare.py"
+        die(f"'{os.path.join(data_dir, 'meta.json')}' lists no {split} shards: {fix}")
+    strays = sorted(n for n in os.listdir(data_dir) if n.endswith('.bin') and f'_{split}_' in n and n not in listed)
+    if strays:
+        die(f"'{data_dir}' holds {split} shards '{os.path.join(data_dir, 'meta.json')}' does not list ({strays[0]}, "
+            f"...): two preparations mixed; remove them or rerun python data/{dataset}/prepare.py into an empty "
+            f"directory")
+    return [os.path.join(data_dir, name) for name in listed]
+
+
+def no_train_split_fix(dataset, meta):
+    """What to change when a preparation put its whole input in the val split: a --val_tokens that leaves a train
+    split (a tenth of the input for val, from meta.json's count), in a fresh preparation."""
+    preparation = meta.get('preparation') if isinstance(meta.get('preparation'), dict) else {}
+    source = preparation.get('source')
+    command = f"python data/{dataset}/prepare.py" + (f" --input {source}" if source and os.path.exists(source) else '')
+    start_over = f"remove data/{dataset}'s shards and meta.json first (a preparation resumes only with its own settings)"
+    val_tokens = meta.get('val_tokens')
+    if not isinstance(val_tokens, int) or isinstance(val_tokens, bool) or val_tokens < 10:
+        return (f"the input went to the val split; rerun {command} with a --val_tokens below the input's token "
+                f"count; {start_over}")
+    return (f"the whole input ({val_tokens:,} tokens) went to the val split (--val_tokens is at least that); rerun "
+            f"{command} --val_tokens={val_tokens // 10} (a tenth for val, the rest for train); {start_over}")
 
 
 # ----------------------------------------------------------------------------- tokenizers

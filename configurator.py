@@ -32,6 +32,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MODEL_PY = os.path.join(HERE, 'model.py')
 
 SETTING_TYPES = (bool, int, float, str, type(None))
+# settings that were renamed, so an old command line or config file is told what replaced them:
+# old name -> (new name, {old value: new value}); model.py's upgrade_args reads old checkpoints the same way
+RENAMED_SETTINGS = {
+    'prenorm': ('norm_position', {True: 'pre', False: 'post'}),
+}
 _TYPE_NAMES = {'bool': bool, 'int': int, 'float': float, 'str': str}
 
 
@@ -147,9 +152,24 @@ def _descriptions(prog):
     return _read_settings(prog)[0]
 
 
+def _renamed(key, value, on_command_line):
+    """What replaced a renamed setting, written as the user would write it there (--new=value, or new = 'value')."""
+    new_key, values = RENAMED_SETTINGS[key]
+    if isinstance(value, str) and value.lower() in ('true', 'false'):
+        value = value.lower() == 'true'
+    new_value = values.get(value) if isinstance(value, (bool, int, float, str)) else None
+    if new_value is None:
+        return (f"setting '{key}' was renamed to '{new_key}' (its values: "
+                f"{', '.join(f'{k!r} -> {v!r}' for k, v in values.items())})")
+    written = f"--{new_key}={new_value}" if on_command_line else f"{new_key} = {new_value!r}"
+    return f"setting '{key}' was renamed: {key}={value!r} is now {written}"
+
+
 def _check(defaults, key, value, raw=None, kinds=None):
     """Return `value` as the type of defaults[key] (for a None default: None, or the type kinds[key] names,
     else any literal), or raise ConfigError."""
+    if key in RENAMED_SETTINGS and key not in defaults and RENAMED_SETTINGS[key][0] in defaults:
+        raise ConfigError(_renamed(key, value, on_command_line=raw is not None))
     if key not in defaults:
         close = difflib.get_close_matches(key, list(defaults), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ''

@@ -120,10 +120,10 @@ import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from common import (DTYPES, all_reduce_sum, append_log, autocast, catch_interrupts, claim_out_dir,  # noqa: E402
-                    collective_error, critical, deliver_interrupts, die, grad_scaler, hold_interrupts, Interrupted,
-                    keep_as, load_checkpoint, load_pretrained, measure_matmul_flops, model_from_checkpoint,
-                    new_checkpoint, out_of_memory, peak_flops as measure_peak_flops, pick_device, pick_dtype,
-                    repair_log, save_checkpoint, write_json)
+                    collective_error, critical, dataset_meta, deliver_interrupts, die, first_line, grad_scaler,
+                    hold_interrupts, Interrupted, keep_as, load_checkpoint, load_pretrained, measure_matmul_flops,
+                    model_from_checkpoint, new_checkpoint, out_of_memory, peak_flops as measure_peak_flops,
+                    pick_device, pick_dtype, repair_log, save_checkpoint, split_files, write_json)
 from model import GPT, RUNTIME_FLAGS, GPTConfig  # noqa: E402
 
 catch_interrupts()
@@ -163,46 +163,11 @@ torch.backends.cudnn.allow_tf32 = True
 ctx = autocast(device, dtype)
 
 # ----------------------------------------------------------------------------- data
-data_dir = os.path.join('data', dataset)
-meta_vocab_size, meta = None, {}
-meta_path = os.path.join(data_dir, 'meta.json')
-if os.path.exists(meta_path):
-    try:
-        with open(meta_path) as f:
-            meta = json.load(f)
-    except (OSError, ValueError) as e:
-        die(f"cannot read '{meta_path}' ({type(e).__name__}): rerun python data/{dataset}/prepare.py")
-    if not isinstance(meta, dict) or not isinstance(meta.get('vocab_size'), int) or meta['vocab_size'] < 1:
-        die(f"'{meta_path}' has no vocab_size (a positive int); rerun python data/{dataset}/prepare.py")
-    meta_vocab_size = meta['vocab_size']
-    if meta.get('kind') == 'tiktoken':  # GPT-2's 50257 padded to 50304: a multiple of 64 runs faster on GPUs
-        meta_vocab_size = 64 * math.ceil(meta_vocab_size / 64)
-# each split is a list of files of uint16 tokens: train.bin / val.bin, or the shards meta.json lists
-# (data/fineweb_edu/prepare.py: [name, tokens, ...] per shard)
-shard_files = {}
-for split in ('train', 'val'):
-    if isinstance(meta.get('shards'), dict):
-        listed = [entry[0] for entry in meta['shards'].get(split, [])]
-        if not listed:
-            die(f"'{meta_path}' lists no {split} shards: rerun python data/{dataset}/prepare.py")
-        # a shard of another preparation beside ours would be read as ours: refused
-        strays = sorted(n for n in os.listdir(data_dir) if n.endswith('.bin') and f'_{split}_' in n and n not in listed)
-        if strays:
-            die(f"'{data_dir}' holds {split} shards '{meta_path}' does not list ({strays[0]}, ...): two preparations "
-                f"mixed; remove them or rerun python data/{dataset}/prepare.py into an empty directory")
-        shard_files[split] = [os.path.join(data_dir, name) for name in listed]
-    else:
-        shard_files[split] = [os.path.join(data_dir, f'{split}.bin')]
-    for path in shard_files[split]:
-        if not os.path.isfile(path):
-            die(f"dataset file '{path}' not found; create it with: python data/{dataset}/prepare.py")
-        size = os.path.getsize(path)
-        if size % 2:
-            die(f"'{path}' is {size} bytes, not whole uint16 tokens: rerun python data/{dataset}/prepare.py")
-    total = sum(os.path.getsize(p) // 2 for p in shard_files[split])
-    if meta.get(f'{split}_tokens', total) != total:
-        die(f"'{data_dir}' holds {total} {split} tokens but meta.json says {meta[f'{split}_tokens']}: the files are "
-            f"from different runs of prepare.py; rerun it")
+meta_path, meta = dataset_meta(dataset)
+meta_vocab_size = meta.get('vocab_size')
+if meta.get('kind') == 'tiktoken':  # GPT-2's 50257 padded to 50304: a multiple of 64 runs faster on GPUs
+    meta_vocab_size = 64 * math.ceil(meta_vocab_size / 64)
+shard_files = {split: split_files(dataset, meta, split) for split in ('train', 'val')}
 split_tokens = {split: [os.path.getsize(p) // 2 for p in files] for split, files in shard_files.items()}
 
 
@@ -238,93 +203,132 @@ def train_generator(it, micro):
     return torch.Generator().manual_seed(hash((seed, it, micro)) & (2 ** 63 - 1))
 
 
-# ----------------------------------------------------------------------------- out_dir: this run's alone
-# every setting is checked before out_dir is looked at: a scratch run's model flags too
-if init_from == 'scratch':
-    model_args = {k: settings[k] for k in MODEL_FLAGS}
-    model_args['vocab_size'] = vocab_size or meta_vocab_size or 50304
-    try:
-        scratch_config = GPTConfig(**model_args)
-    except ValueError as e:
-        die(str(e))
+def check_splits_fit(length):
+    """Each split needs a file longer than one window of length tokens."""
     for split in ('train', 'val'):
         tokens = max(split_tokens[split])
-        if tokens <= block_size:
+        if tokens <= length:
             die(f"'{shard_files[split][split_tokens[split].index(tokens)]}' holds {tokens} tokens, too few for "
-                f"block_size {block_size}")
+                f"block_size {length}")
+
+
+# ----------------------------------------------------------------------------- out_dir: this run's alone
 ckpt_path = os.path.join(out_dir, 'ckpt.pt')  # the latest state: what resume continues from
 best_path = os.path.join(out_dir, 'best.pt')  # the model of the best val loss so far
 log_path = os.path.join(out_dir, 'log.jsonl')
-if master:
+
+
+def scratch_config():
+    """A new model's GPTConfig from the settings (the dataset's vocabulary unless vocab_size is set)."""
+    model_args = {k: settings[k] for k in MODEL_FLAGS}
+    model_args['vocab_size'] = vocab_size or meta_vocab_size or 50304
+    try:
+        return GPTConfig(**model_args)
+    except ValueError as e:
+        die(str(e))
+
+
+def claim_run_dir():
+    """out_dir for this process alone; a new run there must not bury a trained one, and a log without a
+    checkpoint (a run that saved nothing) moves aside, never lost."""
     claim_out_dir(out_dir)  # held until the process ends
     if init_from != 'resume':
         held = [name for name in ('ckpt.pt', 'best.pt') if os.path.exists(os.path.join(out_dir, name))]
         if held:
             die(f"out_dir '{out_dir}' already holds a run ({held[0]}); continue (or evaluate) it with "
                 f"--init_from=resume, or start over with another out_dir (or delete this one)")
-        if os.path.isfile(log_path):  # a run that saved nothing: its log moves aside, never lost
+        if os.path.isfile(log_path):
             n = 1
             while os.path.exists(os.path.join(out_dir, f'log.{n}.jsonl')):
                 n += 1
             os.replace(log_path, os.path.join(out_dir, f'log.{n}.jsonl'))
             print(f"note: out_dir '{out_dir}' held a log.jsonl without a checkpoint: moved it to log.{n}.jsonl")
-    for stale in ('diverged.json',):  # what the last run said when it stopped
-        if os.path.exists(os.path.join(out_dir, stale)) and not eval_only:
-            os.remove(os.path.join(out_dir, stale))
+    stale = os.path.join(out_dir, 'diverged.json')  # what the last run said when it stopped
+    if os.path.exists(stale) and not eval_only:
+        os.remove(stale)
 
-# ----------------------------------------------------------------------------- model
-iter_num, best_val_loss, checkpoint, elapsed_before, last_saved = 0, float('inf'), None, 0.0, None
-best_saved, tokens_seen, eval_done = None, 0, False  # best.pt's (iter, val loss); tokens trained on
-trained_args = None  # the model flags a resumed checkpoint was trained with
-try:
+
+# every setting is checked before out_dir is looked at: a scratch run's model flags too
+if init_from == 'scratch':
+    new_config = scratch_config()
+    check_splits_fit(block_size)
+if master:
+    claim_run_dir()
+
+
+# ----------------------------------------------------------------------------- model: new, resumed or pretrained
+def training_checkpoint():
+    """ckpt.pt, with the training state a resume needs, trained with this run's optimizer and vocabulary."""
+    checkpoint = load_checkpoint(ckpt_path, hint=f"train first with init_from='scratch' into out_dir '{out_dir}'")
+    if not all(k in checkpoint for k in ('optimizer', 'iter_num', 'best_val_loss', 'rng')):
+        die(f"checkpoint '{ckpt_path}' has no training state (optimizer, iteration): it can be sampled or "
+            f"exported, not resumed")
+    trained_with = 'muon' if set(checkpoint['optimizer']) == {'adamw', 'muon'} else 'adamw'
+    if trained_with == 'muon' and fsdp:
+        die(f"checkpoint '{ckpt_path}' was trained with optimizer='muon', which cannot run with fsdp=True: resume "
+            f"it under DDP (fsdp=False) with --optimizer=muon")
+    if trained_with != optimizer:
+        die(f"checkpoint '{ckpt_path}' was trained with optimizer={trained_with!r}: resume with "
+            f"--optimizer={trained_with}")
+    check_same_vocabulary(checkpoint)
+    return checkpoint
+
+
+def check_same_vocabulary(checkpoint):
+    """Resuming on another dataset: its token ids must mean the same text as the checkpoint's dataset's."""
+    trained_on = (checkpoint.get('config') or {}).get('dataset', dataset)
+    if trained_on == dataset:
+        return
+    trained_meta = checkpoint.get('meta')
+    if trained_meta is None:
+        trained_meta = saved_meta(trained_on)
+    vocabulary = lambda m: tuple(m.get(k) for k in ('kind', 'chars', 'encoding', 'vocab_size'))
+    if isinstance(trained_meta, dict) and vocabulary(trained_meta) != vocabulary(meta):
+        die(f"dataset '{dataset}' has another vocabulary than '{trained_on}', which the checkpoint trained on: its "
+            f"token ids would mean other text (resume with --dataset={trained_on})")
+    if master:
+        print(f"note: resuming on dataset '{dataset}'; the checkpoint trained on '{trained_on}'"
+              f"{'' if trained_meta else ' (whose vocabulary is unknown here)'}")
+
+
+def saved_meta(name):
+    """data/<name>/meta.json if it can be read, else None (an old checkpoint saved no copy of it)."""
+    try:
+        with open(os.path.join('data', name, 'meta.json')) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def resumed_model(checkpoint):
+    """The checkpoint's architecture, with this run's runtime flags (a longer block_size with a RoPE scaling, a
+    window) and dropout, a training choice."""
+    model = model_from_checkpoint(checkpoint, ckpt_path, settings)
+    trained_block_size = checkpoint['model_args'].get('block_size', GPT_DEFAULTS['block_size'])
+    learned = checkpoint['model_args'].get('pos', GPT_DEFAULTS['pos']) == 'learned'
+    if not eval_only and learned and model.config.block_size != trained_block_size:
+        die(f"block_size {model.config.block_size} is not the checkpoint's {trained_block_size}: a model with "
+            f"learned positions resumes training at its own block_size (another is for --eval_only=True or "
+            f"sample.py)")
+    ignored = [k for k in MODEL_FLAGS if k in settings.given and k not in RUNTIME_FLAGS
+               and checkpoint['model_args'].get(k) != settings[k]]
+    if ignored and master:
+        print(f"resuming with the checkpoint's model flags, not this run's: {', '.join(ignored)}")
+    return model
+
+
+def new_model():
+    """(the model, the checkpoint it resumes or None): from scratch, from ckpt.pt, or a pretrained one."""
     if init_from == 'scratch':
-        model = GPT(scratch_config)
-    elif init_from == 'resume':
-        checkpoint = load_checkpoint(ckpt_path, hint=f"train first with init_from='scratch' into out_dir '{out_dir}'")
-        if not all(k in checkpoint for k in ('optimizer', 'iter_num', 'best_val_loss', 'rng')):
-            die(f"checkpoint '{ckpt_path}' has no training state (optimizer, iteration): it can be sampled or "
-                f"exported, not resumed")
-        # the architecture is the checkpoint's; the runtime flags this run sets (a longer block_size with a
-        # RoPE scaling, a window) and dropout, a training choice, are this run's
-        model = model_from_checkpoint(checkpoint, ckpt_path, settings)
-        trained_args = {**GPT_DEFAULTS, **checkpoint['model_args']}
-        if not eval_only and trained_args['pos'] == 'learned' and model.config.block_size != trained_args['block_size']:
-            die(f"block_size {model.config.block_size} is not the checkpoint's {trained_args['block_size']}: a model "
-                f"with learned positions resumes training at its own block_size (another is for --eval_only=True "
-                f"or sample.py)")
-        ignored = [k for k in MODEL_FLAGS if k in settings.given and k not in RUNTIME_FLAGS
-                   and checkpoint['model_args'].get(k) != settings[k]]
-        if ignored and master:
-            print(f"resuming with the checkpoint's model flags, not this run's: {', '.join(ignored)}")
-        trained_config = checkpoint.get('config') or {}
-        if trained_config.get('dataset', dataset) != dataset:  # another dataset: the same token ids, or refused
-            trained_meta = checkpoint.get('meta')
-            trained_meta_path = os.path.join('data', trained_config['dataset'], 'meta.json')
-            if trained_meta is None and os.path.isfile(trained_meta_path):
-                try:
-                    with open(trained_meta_path) as f:
-                        trained_meta = json.load(f)
-                except (OSError, ValueError):
-                    pass
-            vocabulary = lambda m: tuple(m.get(k) for k in ('kind', 'chars', 'encoding', 'vocab_size'))
-            if isinstance(trained_meta, dict) and vocabulary(trained_meta) != vocabulary(meta):
-                die(f"dataset '{dataset}' has another vocabulary than '{trained_config['dataset']}', which the "
-                    f"checkpoint trained on: its token ids would mean other text (resume with "
-                    f"--dataset={trained_config['dataset']})")
-            if master:
-                print(f"note: resuming on dataset '{dataset}'; the checkpoint trained on '{trained_config['dataset']}'"
-                      f"{'' if trained_meta else ' (whose vocabulary is unknown here)'}")
-        iter_num, best_val_loss = checkpoint['iter_num'], checkpoint['best_val_loss']
-        elapsed_before = checkpoint.get('elapsed_s', 0.0)
-        last_saved = (iter_num, checkpoint.get('val_loss', best_val_loss))
-        if checkpoint.get('best_iter') is not None:
-            best_saved = (checkpoint['best_iter'], best_val_loss)
-        # an interrupt's checkpoint may be of an iteration not evaluated yet; older checkpoints carry no count
-        eval_done = checkpoint.get('eval_done', True)
-        tokens_seen = checkpoint.get('tokens', iter_num * trained_config.get('gradient_accumulation_steps', 0)
-                                     * trained_config.get('batch_size', 0) * trained_args['block_size'])
-    else:
-        model = load_pretrained(init_from, settings)
+        return GPT(new_config), None
+    if init_from != 'resume':
+        return load_pretrained(init_from, settings), None
+    checkpoint = training_checkpoint()
+    return resumed_model(checkpoint), checkpoint
+
+
+try:
+    model, checkpoint = new_model()
     if meta_vocab_size and meta_vocab_size > model.config.vocab_size:
         die(f"dataset '{dataset}' has {meta_vocab_size} token ids but the model only {model.config.vocab_size}")
     model.to(device)
@@ -334,21 +338,31 @@ except Exception as e:
     die(f"out of memory building the model on {device}: lower n_layer, n_embd or block_size ({type(e).__name__})",
         code=1)
 vocab_limit = model.config.vocab_size
-for split in ('train', 'val'):
-    tokens = max(split_tokens[split])
-    if tokens <= model.config.block_size:
-        die(f"'{shard_files[split][split_tokens[split].index(tokens)]}' holds {tokens} tokens, too few for "
-            f"block_size {model.config.block_size}")
-trained_args = trained_args or asdict(model.config)
-for k in MODEL_FLAGS:  # what was really built is what gets logged and saved
-    settings[k] = getattr(model.config, k)
+check_splits_fit(model.config.block_size)
+# the model flags it trained with (a resumed checkpoint's), and what was really built, which is logged and saved
+trained_args = {**GPT_DEFAULTS, **checkpoint['model_args']} if checkpoint else asdict(model.config)
+settings.update({k: getattr(model.config, k) for k in MODEL_FLAGS})
 block_size = model.config.block_size
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
-if master and init_from == 'resume' and not eval_only:
-    repair_log(log_path, last_iter=iter_num)  # records a crash left past the checkpoint: this run logs them again
-elif master:
-    repair_log(log_path)
 
+# where the run stands: a resume continues from its checkpoint's counters
+iter_num, best_val_loss, elapsed_before, tokens_seen = 0, float('inf'), 0.0, 0
+last_saved = best_saved = None  # (iter, val loss) of ckpt.pt and of best.pt
+evaluated = None  # the last iteration evaluated and logged
+if checkpoint:
+    iter_num, best_val_loss = checkpoint['iter_num'], checkpoint['best_val_loss']
+    elapsed_before = checkpoint.get('elapsed_s', 0.0)
+    last_saved = (iter_num, checkpoint.get('val_loss', best_val_loss))
+    best_saved = (checkpoint['best_iter'], best_val_loss) if checkpoint.get('best_iter') is not None else None
+    # an interrupt's checkpoint may be of an iteration not evaluated yet; older checkpoints carry no flag
+    evaluated = iter_num if checkpoint.get('eval_done', True) else None
+    trained_config = checkpoint.get('config') or {}  # older checkpoints carry no token count
+    tokens_seen = checkpoint.get('tokens', iter_num * trained_config.get('gradient_accumulation_steps', 0)
+                                 * trained_config.get('batch_size', 0) * trained_args['block_size'])
+if master:  # records a crash left past the checkpoint go: this run logs them again
+    repair_log(log_path, last_iter=iter_num if checkpoint and not eval_only else None)
+
+# ----------------------------------------------------------------------------- processes and optimizer
 if distributed:  # every rank starts from rank 0's weights; dropout should differ per rank
     torch.manual_seed(seed + rank + iter_num)
 raw_model = model  # what gets saved: no compile prefix, no DDP/FSDP wrapper
@@ -360,33 +374,39 @@ if fsdp:  # each block's parameters sharded over the processes, then the rest of
 scaler = grad_scaler(device_type, dtype, sharded=fsdp)
 optim = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type, optimizer, muon_lr,
                                    muon_momentum, fused=not (fsdp and scaler.is_enabled()))  # `optimizer` names which
-if checkpoint is not None:
+
+
+def load_optimizer_state(state):
+    """The checkpoint's optimizer state (keyed by position) into optim (FSDP's is keyed by parameter name)."""
     try:
-        if fsdp:
-            from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
-                                                                 set_optimizer_state_dict)
-            full = StateDictOptions(full_state_dict=True)
-            names = [n for g in get_optimizer_state_dict(model, optim, options=full)['param_groups']
-                     for n in g['params']]
-            state = checkpoint['optimizer']  # ours is keyed by position, FSDP's by parameter name
-            set_optimizer_state_dict(model, optim, {
-                'state': {names[i]: v for i, v in state['state'].items()},
-                'param_groups': [{**g, 'params': [names[i] for i in g['params']]} for g in state['param_groups']]},
-                options=full)
-        else:
-            trained_with = 'muon' if set(checkpoint['optimizer']) == {'adamw', 'muon'} else 'adamw'
-            if trained_with != optimizer:
-                die(f"checkpoint '{ckpt_path}' was trained with optimizer={trained_with!r}: resume with "
-                    f"--optimizer={trained_with}")
-            optim.load_state_dict(checkpoint['optimizer'])
+        if not fsdp:
+            return optim.load_state_dict(state)
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
+                                                             set_optimizer_state_dict)
+        full = StateDictOptions(full_state_dict=True)
+        names = [n for g in get_optimizer_state_dict(model, optim, options=full)['param_groups'] for n in g['params']]
+        set_optimizer_state_dict(model, optim, {
+            'state': {names[i]: v for i, v in state['state'].items()},
+            'param_groups': [{**g, 'params': [names[i] for i in g['params']]} for g in state['param_groups']]},
+            options=full)
     except (ValueError, RuntimeError, KeyError, IndexError) as e:
         die(f"checkpoint '{ckpt_path}' holds optimizer state for another model: {str(e).splitlines()[0][:200]}")
+
+
+def restore_generators(rng):
+    """The random generators as the checkpoint saved them (rank 0's: other ranks keep the streams seeded above)."""
+    if not master:
+        return
+    torch.set_rng_state(rng['torch'])
+    if device_type == 'cuda' and rng.get('cuda'):
+        torch.cuda.set_rng_state(rng['cuda'], device)
+
+
+if checkpoint:
+    load_optimizer_state(checkpoint['optimizer'])
     if scaler.is_enabled() and checkpoint.get('scaler'):  # empty when saved without fp16 (CPU, bf16)
         scaler.load_state_dict(checkpoint['scaler'])
-    if master:  # other ranks keep the dropout streams seeded above
-        torch.set_rng_state(checkpoint['rng']['torch'])
-        if device_type == 'cuda' and checkpoint['rng'].get('cuda'):
-            torch.cuda.set_rng_state(checkpoint['rng']['cuda'], device)
+    restore_generators(checkpoint['rng'])
     checkpoint = None  # free the memory
 sharded = model  # FSDP's module: what state-dict gathering takes
 if compile:
@@ -418,12 +438,7 @@ def estimate_loss():
                     total += eval_model(*batch)[1].float()
                 bar.update()
         if fsdp and eval_iters % world_size and rank >= eval_iters % world_size:
-            # FSDP's forwards are collective: a rank short of a batch joins the last round, counted nowhere
-            counters = [(c, c.clone()) for c in raw_model.moe_counters()]
-            with ctx:
-                eval_model(*batch)
-            for c, before in counters:
-                c.copy_(before)
+            join_last_round(batch)
         if distributed:
             dist.all_reduce(total)
         out[split] = total.item() / eval_iters
@@ -434,6 +449,15 @@ def estimate_loss():
         out['moe'] = raw_model.moe_report()
     eval_model.train()
     return out
+
+
+def join_last_round(batch):
+    """FSDP's forwards are collective: a rank short of a batch joins the last round, counted nowhere."""
+    counters = [(c, c.clone()) for c in raw_model.moe_counters()]
+    with ctx:
+        eval_model(*batch)
+    for c, before in counters:
+        c.copy_(before)
 
 
 def progress(total, what, slow):
@@ -474,11 +498,15 @@ def lr_scale(it):
     return floor + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (1.0 - floor)
 
 
-def set_lr(scale):
+def set_lr(it):
+    """Every optimizer's learning rate at iteration it; -> AdamW's (the one logged)."""
+    scale = lr_scale(it)
     for group in optim.param_groups:
         group['lr'] = scale * (muon_lr if 'ns_steps' in group else learning_rate)  # Muon's groups have ns_steps
+    return scale * learning_rate
 
 
+# ----------------------------------------------------------------------------- checkpoints
 def last_checkpoint():
     if last_saved is None:
         return "no checkpoint was saved"
@@ -491,35 +519,21 @@ def last_checkpoint():
 
 def save_state(weights, opt_state, val_loss, elapsed_s, best):
     """Write ckpt.pt whole (model, optimizer, RNG, counters: all a resume needs to go on as if never stopped)
-    and, when best, best.pt as a second name of it."""
-    global last_saved, best_saved
-    rng = {'torch': torch.get_rng_state()}
-    if device_type == 'cuda':
-        rng['cuda'] = torch.cuda.get_rng_state(device)
-    checkpoint = new_checkpoint(raw_model, optimizer=opt_state, scaler=scaler.state_dict(), iter_num=iter_num,
-                                best_val_loss=best_val_loss, best_iter=iter_num if best else best_saved and best_saved[0],
-                                val_loss=val_loss, eval_done=evaluated == iter_num, tokens=tokens_seen,
-                                config=dict(settings), meta=meta, rng=rng, elapsed_s=elapsed_s)
-    checkpoint['model'] = weights
-    with critical():  # an interrupt during the writes stops us once last_saved names them
+    and, when best, best.pt as a second name of it; rank 0 writes. -> the new (last_saved, best_saved), which
+    the caller sets within the same critical() block: an interrupt during the writes waits until they name them."""
+    saved = (iter_num, val_loss)
+    if master:
+        rng = {'torch': torch.get_rng_state(), **({'cuda': torch.cuda.get_rng_state(device)}
+                                                  if device_type == 'cuda' else {})}
+        checkpoint = new_checkpoint(raw_model, optimizer=opt_state, scaler=scaler.state_dict(), iter_num=iter_num,
+                                    best_val_loss=best_val_loss, best_iter=iter_num if best else best_saved and best_saved[0],
+                                    val_loss=val_loss, eval_done=evaluated == iter_num, tokens=tokens_seen,
+                                    config=dict(settings), meta=meta, rng=rng, elapsed_s=elapsed_s)
+        checkpoint['model'] = weights
         save_checkpoint(checkpoint, ckpt_path)
         if best:
             keep_as(ckpt_path, best_path)
-        last_saved = (iter_num, val_loss)
-        if best:
-            best_saved = (iter_num, val_loss)
-
-
-def stop_non_finite(what, value):
-    if not math.isfinite(value):
-        if master:
-            write_json(os.path.join(out_dir, 'diverged.json'), {'iter': iter_num, 'what': what, 'value': str(value)})
-        if distributed:
-            dist.destroy_process_group()
-        if not master:
-            sys.exit(1)
-        die(f"{what} is {value} at iter {iter_num}: training diverged (try a lower learning_rate or grad_clip); "
-            f"{last_checkpoint()}", code=1)
+    return saved, saved if best else best_saved
 
 
 def full_state():
@@ -540,40 +554,96 @@ def full_state():
                                       for g in state['param_groups']]}
 
 
-# ----------------------------------------------------------------------------- logging
-flops_per_iter = raw_model.flops_per_token() * tokens_per_iter
-eval_seconds = 0.0  # an estimate, for the progress bar
-peak_measured = False
-if master:
+def stop_non_finite(what, value):
+    if math.isfinite(value):
+        return
+    if master:
+        write_json(os.path.join(out_dir, 'diverged.json'), {'iter': iter_num, 'what': what, 'value': str(value)})
+    if distributed:
+        dist.destroy_process_group()
+    if not master:
+        sys.exit(1)
+    die(f"{what} is {value} at iter {iter_num}: training diverged (try a lower learning_rate or grad_clip); "
+        f"{last_checkpoint()}", code=1)
+
+
+# ----------------------------------------------------------------------------- what the run prints and logs
+def describe_run():
+    """The first lines: where it runs, the model, and a note when the run will not go as the user may think."""
     print(f"device {device}, dtype {dtype}, compile {compile}, {world_size} process(es)"
           f"{' sharded (FSDP)' if fsdp else ''}, {tokens_per_iter:,} tokens per iteration")
-    active = raw_model.get_num_params(active=True)
-    print(f"model: {raw_model.get_num_params() / 1e6:.2f}M parameters"
-          f"{f' ({active / 1e6:.2f}M active)' if active != raw_model.get_num_params() else ''}; " + ' '.join(
-              f"{k}={v}" for k, v in asdict(raw_model.config).items() if k in SIZES or v != GPT_DEFAULTS.get(k)))
-    if peak_flops <= 0:
-        peak_flops, how = measure_peak_flops(device, dtype)
-        peak_measured = how.startswith('measured')  # then another job can slow it: re-measured if MFU > 100%
-        print(f"peak {peak_flops / 1e12:.3g} TFLOP/s for MFU ({how})")
-    # at a CPU's usual ~40% MFU: a recipe sized for a GPU says so at once, not after minutes of silence
-    eval_seconds = 2 * eval_iters * batch_size * block_size * raw_model.flops_per_token() / 3 / (0.4 * peak_flops)
-    total_seconds = (max_iters - iter_num) * flops_per_iter / (0.4 * peak_flops) \
+    total, active = raw_model.get_num_params(), raw_model.get_num_params(active=True)
+    print(f"model: {total / 1e6:.2f}M parameters{f' ({active / 1e6:.2f}M active)' if active != total else ''}; "
+          + ' '.join(f"{k}={v}" for k, v in asdict(raw_model.config).items() if k in SIZES or v != GPT_DEFAULTS.get(k)))
+    if decay_lr and not eval_only and iter_num < max_iters <= warmup_iters:
+        print(f"note: warmup_iters ({warmup_iters}) outlasts max_iters ({max_iters}): the learning rate never reaches "
+              f"its peak (the last step runs at {lr_scale(max_iters - 1):.0%} of it); lower warmup_iters to reach it")
+
+
+def say_if_sized_for_a_gpu(peak):
+    """At a CPU's usual ~40% MFU: a recipe sized for a GPU says so at once, not after minutes of silence."""
+    total_seconds = (max_iters - iter_num) * flops_per_iter / (0.4 * peak) \
         + eval_seconds * (1 + (max_iters - iter_num) // eval_interval)
-    if device_type == 'cpu' and total_seconds > 1800 and not eval_only:
-        recipe = next((a for a in sys.argv[1:] if a.endswith('.py')), None)
-        cpu_recipe = recipe[:-3] + '_cpu.py' if recipe and os.path.exists(recipe[:-3] + '_cpu.py') else None
-        print(f"note: this run is sized for a GPU: on this CPU it would take about {total_seconds / 3600:.1f} h; "
-              + (f"the CPU recipe is {cpu_recipe}" if cpu_recipe else
-                 "config/shakespeare_modern_cpu.py is a recipe sized for a CPU"), flush=True)
-    if wandb_log:
-        try:
-            import wandb
-            wandb.init(project=wandb_project, name=wandb_run_name, config=dict(settings), dir=out_dir)
-        except ImportError:
-            die("wandb_log=True needs wandb: pip install wandb")
-        except Exception as e:  # no login, no network: say so in one line (WANDB_MODE=offline works without)
-            die(f"wandb could not start ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                f"try WANDB_MODE=offline")
+    if device_type != 'cpu' or total_seconds <= 1800 or eval_only:
+        return
+    recipe = next((a for a in sys.argv[1:] if a.endswith('.py')), None)
+    cpu_recipe = recipe[:-3] + '_cpu.py' if recipe and os.path.exists(recipe[:-3] + '_cpu.py') else None
+    print(f"note: this run is sized for a GPU: on this CPU it would take about {total_seconds / 3600:.1f} h; "
+          + (f"the CPU recipe is {cpu_recipe}" if cpu_recipe else
+             "config/shakespeare_modern_cpu.py is a recipe sized for a CPU"), flush=True)
+
+
+def start_wandb():
+    """wandb's module, its run started; a failure is one line (WANDB_MODE=offline works without a login)."""
+    try:
+        import wandb
+        wandb.init(project=wandb_project, name=wandb_run_name, config=dict(settings), dir=out_dir)
+    except ImportError:
+        die("wandb_log=True needs wandb: pip install wandb")
+    except Exception as e:  # no login, no network: say so in one line
+        die(f"wandb could not start ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            f"try WANDB_MODE=offline")
+    return wandb
+
+
+class Speed:
+    """ms/iter, MFU and the ETA of the logged steps, past this process's first ones (warm-up, compilation). A
+    peak measured at start may have been slowed by another job: MFU over 100% measures it again (3 times)."""
+
+    def __init__(self, peak, measured):
+        self.peak, self.measured, self.remeasured = peak, measured, 0
+        self.mfu, self.recent_dt = -1.0, []
+
+    def update(self, dt):
+        self.recent_dt = (self.recent_dt + [dt])[-20:]
+        mfu = raw_model.estimate_mfu(batch_size * local_accum, dt, self.peak)  # per device
+        if mfu > 1 and self.measured and self.remeasured < 3:
+            self.remeasured += 1
+            self.peak = max(self.peak, measure_matmul_flops(device, DTYPES[dtype]))
+            mfu, self.mfu = raw_model.estimate_mfu(batch_size * local_accum, dt, self.peak), -1.0
+        self.mfu = mfu if self.mfu == -1.0 else 0.9 * self.mfu + 0.1 * mfu
+
+    def line(self, iters_left):
+        """'mfu ..., eta ...' for the progress line."""
+        eta = time.strftime('%H:%M:%S', time.gmtime(sum(self.recent_dt) / len(self.recent_dt) * iters_left)) \
+            if self.recent_dt else '--:--:--'
+        mfu = '--' if self.mfu < 0 else f'{self.mfu * 100:.2f}%' + (
+            ' (over 100%: the peak is too low, set --peak_flops)' if self.mfu > 1 else '')
+        return f"mfu {mfu}, eta {eta}"
+
+
+flops_per_iter = raw_model.flops_per_token() * tokens_per_iter
+eval_seconds = 0.0  # an estimate, for the progress bar
+speed = wandb = None  # rank 0's
+if master:
+    describe_run()
+    peak, how = (peak_flops, 'given') if peak_flops > 0 else measure_peak_flops(device, dtype)
+    if peak_flops <= 0:
+        print(f"peak {peak / 1e12:.3g} TFLOP/s for MFU ({how})")
+    speed = Speed(peak, measured=how.startswith('measured'))
+    eval_seconds = 2 * eval_iters * batch_size * block_size * raw_model.flops_per_token() / 3 / (0.4 * peak)
+    say_if_sized_for_a_gpu(peak)
+    wandb = start_wandb() if wandb_log else None
 
 # ----------------------------------------------------------------------------- a downstream task
 task_lm = None  # rank 0 scores it alone (the others wait at the next step's all-reduce)
@@ -591,84 +661,59 @@ if eval_task and master:
 
 
 def score_task():
-    """The task's metrics now ({'acc': ..., 'acc_norm': ...}); the model back in training mode after."""
-    results = run_tasks(task_lm, [eval_task], task_index, eval_task_limit or None, eval_task_fewshot, seeds=False)
-    raw_model.train()
-    return scores(results, eval_task)
+    """The task's metrics now ({'acc': ..., 'acc_norm': ...}); the model back in training mode after. A task
+    that fails (an item longer than block_size, ...) is one line and None: the training it would end goes on."""
+    try:
+        return scores(run_tasks(task_lm, [eval_task], task_index, eval_task_limit or None, eval_task_fewshot,
+                                seeds=False), eval_task)
+    except (Exception, SystemExit) as e:  # SystemExit: a one-line error of ours, already printed
+        reason = 'the error above' if isinstance(e, SystemExit) else f"{type(e).__name__}: {first_line(e)}"
+        print(f"warning: eval_task {eval_task!r} failed at iter {iter_num} ({reason}); not scored this time, "
+              f"training goes on", file=sys.stderr, flush=True)
+        return None
+    finally:
+        raw_model.train()
 
 
-# ----------------------------------------------------------------------------- training loop
-t_start = time.time() - elapsed_before  # elapsed_s continues across resumes
-resumed_at = iter_num if init_from == 'resume' else None
-train_time, train_steps = 0.0, 0  # since the last evaluation, for ms/iter in log.jsonl
-running_mfu, recent_dt, start_iter, evaluated, remeasured, holding = -1.0, [], iter_num, None, 0, False
-if eval_done:
-    evaluated = resumed_at
-try:
-    while True:
-        scale = lr_scale(iter_num)
-        set_lr(scale)
-        lr = learning_rate * scale  # AdamW's, logged
+def report_evaluation(losses, lr, elapsed_s, save, blown_up):
+    """Rank 0: the evaluation's lines printed, the task scored -> its log.jsonl record (None on other ranks)."""
+    if not master:
+        return None
+    print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+    record = {'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val'], 'lr': lr,
+              'tokens': tokens_seen, 'elapsed_s': elapsed_s,
+              'ms_per_iter': 1000 * train_time / train_steps if train_steps else None}
+    task_scores = score_task() if task_lm is not None else None
+    if task_scores is not None:
+        record['task'] = {eval_task: task_scores}
+        print(f"step {iter_num}: {eval_task} " + ', '.join(f"{k} {v:.4f}" for k, v in task_scores.items()))
+    if eval_only:  # an evaluation of the trained model, maybe at another length or scaling: say so
+        record.update(eval_only=True, **{k: getattr(raw_model.config, k) for k in RUNTIME_FLAGS
+                                         if k != 'dropout' and getattr(raw_model.config, k) != trained_args[k]})
+    if 'moe' in losses:  # the experts' load: a collapsed router shows as an expert with share 0
+        record['moe'] = losses['moe']
+    if blown_up and not save:
+        print(f"val loss {losses['val']:.4f} is over twice the best ({best_val_loss:.4f}): not saving; "
+              f"{last_checkpoint()}")
+    return record
 
-        # a resumed run's first iteration was evaluated, logged and saved before it stopped (unless an interrupt
-        # saved it before its evaluation)
-        if ((iter_num % eval_interval == 0 or iter_num == max_iters) and iter_num != evaluated) or eval_only:
-            losses = estimate_loss()
-            stop_non_finite('train loss', losses['train'])
-            stop_non_finite('val loss', losses['val'])
-            trained = iter_num > 0 and not eval_only  # a model this run may save: iter 0's is not trained yet
-            improved = trained and losses['val'] < best_val_loss  # best.pt: never replaced by a worse model
-            # a loss far above the best is a run blowing up: ckpt.pt keeps the better state too
-            blown_up = trained and losses['val'] > 2 * best_val_loss
-            # the first trained evaluation always saves: a run never ends without a checkpoint it could have had
-            save = trained and (improved or last_saved is None or (always_save_checkpoint and not blown_up))
-            weights, opt_state = full_state() if save else (None, None)  # FSDP: every rank gathers
-            if trained:
-                best_val_loss = min(best_val_loss, losses['val'])
-            if master:
-                print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-                record = {'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val'], 'lr': lr,
-                          'tokens': tokens_seen, 'elapsed_s': round(time.time() - t_start, 3),
-                          'ms_per_iter': 1000 * train_time / train_steps if train_steps else None}
-                if task_lm is not None:
-                    record['task'] = {eval_task: score_task()}
-                    print(f"step {iter_num}: {eval_task} " + ', '.join(f"{k} {v:.4f}"
-                                                                      for k, v in record['task'][eval_task].items()))
-                if eval_only:  # an evaluation of the trained model, maybe at another length or scaling: say so
-                    record.update(eval_only=True, **{k: getattr(raw_model.config, k) for k in RUNTIME_FLAGS
-                                                     if k != 'dropout' and getattr(raw_model.config, k) != trained_args[k]})
-                if 'moe' in losses:  # the experts' load: a collapsed router shows as an expert with share 0
-                    record['moe'] = losses['moe']
-                if blown_up and not save:
-                    print(f"val loss {losses['val']:.4f} is over twice the best ({best_val_loss:.4f}): not saving; "
-                          f"{last_checkpoint()}")
-                # the log first: a crash before the save leaves records past the checkpoint, which a resume drops
-                with critical():
-                    append_log(log_path, record)
-                    evaluated = iter_num
-                if save:
-                    save_state(weights, opt_state, losses['val'], record['elapsed_s'], best=improved)
-                    print(f"saved checkpoint to {ckpt_path}" + (f" and {best_path} (the best val loss so far)"
-                                                                if improved else ''))
-                if wandb_log:
-                    wandb.log({**flat_record(record), 'mfu': running_mfu * 100})
-            else:
-                evaluated = iter_num
-                if save:
-                    last_saved = (iter_num, losses['val'])
-                if improved:
-                    best_saved = (iter_num, losses['val'])
-            train_time, train_steps = 0.0, 0
-        if eval_only or iter_num >= max_iters:
-            break
 
-        # one step whole: an interrupt waits for its end, where the state is one a resume continues from exactly
-        hold_interrupts()
-        holding = True
-        t0 = time.time()
+def log_evaluation(record):
+    """Rank 0: the record into log.jsonl (and wandb)."""
+    if not master:
+        return
+    append_log(log_path, record)
+    if wandb:
+        wandb.log({**flat_record(record), 'mfu': speed.mfu * 100})
+
+
+def train_step(it):
+    """One optimizer step over this process's micro batches -> their summed loss, on the device. The caller holds
+    interrupts for it (a step is whole); a step that fails lets go of the hold, so the error can end the run."""
+    try:
         loss_sum = torch.zeros((), device=device)
         for micro in range(local_accum):
-            x, y = get_batch('train', train_generator(iter_num, rank * local_accum + micro))
+            x, y = get_batch('train', train_generator(it, rank * local_accum + micro))
             last_micro = micro == local_accum - 1
             # gradients are reduced across processes only after the last micro step
             if fsdp:
@@ -685,52 +730,104 @@ try:
         scaler.step(optim)
         scaler.update()
         optim.zero_grad(set_to_none=True)
-        if raw_model.moe_layers():  # sigmoid routers' balancing bias follows this step's load, alike on every rank
-            if distributed and raw_model.balances_experts():  # a softmax router never reads the load
-                all_reduce_sum([m.load for m in raw_model.moe_layers()])
-            raw_model.balance_experts()
+        balance_experts()
+    except Exception:
+        deliver_interrupts(discard=True)  # what ends the process is under way: an interrupt adds nothing
+        raise
+    return loss_sum
+
+
+def balance_experts():
+    """Sigmoid routers' balancing bias follows this step's load, alike on every rank."""
+    if not raw_model.moe_layers():
+        return
+    if distributed and raw_model.balances_experts():  # a softmax router never reads the load
+        all_reduce_sum([m.load for m in raw_model.moe_layers()])
+    raw_model.balance_experts()
+
+
+def mean_loss(loss_sum):
+    """The mean loss over every micro step of every process (reading it waits for the device)."""
+    if distributed:
+        dist.all_reduce(loss_sum)
+    return loss_sum.item() / gradient_accumulation_steps
+
+
+def report_step(lossf, lr, dt):
+    if not master:
+        return
+    if iter_num - start_iter > 3:  # this process's first steps include warm-up and compilation
+        speed.update(dt)
+    print(f"iter {iter_num}/{max_iters}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
+          f"{tokens_per_iter / dt:,.0f} tok/s, {speed.line(max_iters - iter_num)}")
+
+
+# ----------------------------------------------------------------------------- training loop
+t_start = time.time() - elapsed_before  # elapsed_s continues across resumes
+train_time, train_steps = 0.0, 0  # since the last evaluation, for ms/iter in log.jsonl
+start_iter = iter_num
+try:
+    while True:
+        lr = set_lr(iter_num)
+        save = False
+
+        # a resumed run's first iteration was evaluated, logged and saved before it stopped (unless an interrupt
+        # saved it before its evaluation)
+        if ((iter_num % eval_interval == 0 or iter_num == max_iters) and iter_num != evaluated) or eval_only:
+            losses = estimate_loss()
+            stop_non_finite('train loss', losses['train'])
+            stop_non_finite('val loss', losses['val'])
+            trained = iter_num > 0 and not eval_only  # a model this run may save: iter 0's is not trained yet
+            improved = trained and losses['val'] < best_val_loss  # best.pt: never replaced by a worse model
+            # a loss far above the best is a run blowing up: ckpt.pt keeps the better state too
+            blown_up = trained and losses['val'] > 2 * best_val_loss
+            # the first trained evaluation always saves: a run never ends without a checkpoint it could have had
+            save = trained and (improved or last_saved is None or (always_save_checkpoint and not blown_up))
+            weights, opt_state = full_state() if save else (None, None)  # FSDP: every rank gathers
+            elapsed_s = round(time.time() - t_start, 3)
+            record = report_evaluation(losses, lr, elapsed_s, save, blown_up)
+            # the log first: a crash before the save leaves records past the checkpoint, which a resume drops
+            with critical():
+                log_evaluation(record)
+                evaluated = iter_num
+            train_time, train_steps = 0.0, 0
+        if save:
+            with critical():  # best_val_loss moves with best.pt; an interrupt waits until last_saved names them
+                best_val_loss = min(best_val_loss, losses['val'])
+                last_saved, best_saved = save_state(weights, opt_state, losses['val'], elapsed_s, best=improved)
+            if master:
+                print(f"saved checkpoint to {ckpt_path}" + (f" and {best_path} (the best val loss so far)"
+                                                            if improved else ''))
+        if eval_only or iter_num >= max_iters:
+            break
+
+        # one step whole: an interrupt waits for its end, where the state is one a resume continues from exactly
+        hold_interrupts()
+        t0 = time.time()
+        loss_sum = train_step(iter_num)
         iter_num += 1
         tokens_seen += tokens_per_iter
-        holding = False
         deliver_interrupts()
 
         logging = iter_num % log_interval == 0 or iter_num == max_iters
-        if logging:  # reading the loss waits for the device, so only on logging iterations
-            if distributed:
-                dist.all_reduce(loss_sum)
-            lossf = loss_sum.item() / gradient_accumulation_steps  # the mean over every micro step
+        lossf = mean_loss(loss_sum) if logging else None  # reading the loss waits for the device
         dt = time.time() - t0
         train_time, train_steps = train_time + dt, train_steps + 1
         if logging:
             stop_non_finite('train loss', lossf)
-            if master:
-                if iter_num - start_iter > 3:  # this process's first steps include warm-up and compilation
-                    recent_dt = (recent_dt + [dt])[-20:]
-                    mfu = raw_model.estimate_mfu(batch_size * local_accum, dt, peak_flops)  # per device
-                    if mfu > 1 and peak_measured and remeasured < 3:  # the peak measured at start was slowed
-                        remeasured += 1
-                        peak_flops = max(peak_flops, measure_matmul_flops(device, DTYPES[dtype]))
-                        mfu, running_mfu = raw_model.estimate_mfu(batch_size * local_accum, dt, peak_flops), -1.0
-                    running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
-                eta = time.strftime('%H:%M:%S', time.gmtime(sum(recent_dt) / len(recent_dt) * (max_iters - iter_num))) \
-                    if recent_dt else '--:--:--'
-                shown_mfu = '--' if running_mfu < 0 else f'{running_mfu * 100:.2f}%' + (
-                    ' (over 100%: the peak is too low, set --peak_flops)' if running_mfu > 1 else '')
-                print(f"iter {iter_num}/{max_iters}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
-                      f"{tokens_per_iter / dt:,.0f} tok/s, mfu {shown_mfu}, eta {eta}")
+            report_step(lossf, lr, dt)
 except Interrupted as e:
     # the state between two steps is whole: saved, a resume continues from this very iteration (FSDP's
     # gathering would need every process, which the interrupt may have stopped already)
     if master and iter_num > start_iter and not fsdp and (last_saved is None or last_saved[0] != iter_num):
-        save_state(*full_state(), None, round(time.time() - t_start, 3), best=False)
+        with critical():
+            last_saved, best_saved = save_state(*full_state(), None, round(time.time() - t_start, 3), best=False)
         die(f"interrupted at iter {iter_num}, its state saved; {last_checkpoint()}; --init_from=resume continues "
             f"from there", code=e.code)
     if master:
         die(f"interrupted at iter {iter_num}; {last_checkpoint()}", code=e.code)
     sys.exit(e.code)
 except Exception as e:
-    if holding:  # the step failed: nothing to wait for
-        deliver_interrupts(discard=True)
     if distributed and collective_error(e):  # another process ended or hung: one line each, not gloo's tracebacks
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         die(f"{'' if master else f'rank {rank}: '}another process stopped at iter {iter_num} ({first})"
@@ -744,7 +841,7 @@ if master and last_saved is None and not eval_only:  # say it: the out_dir holds
     print(f"note: no checkpoint was saved: {'max_iters=0 trains nothing' if max_iters == 0 else 'no evaluation after training started'}; "
           f"out_dir '{out_dir}' holds only log.jsonl")
 
-if master and wandb_log:
+if wandb:
     wandb.finish()
 if distributed:
     dist.destroy_process_group()

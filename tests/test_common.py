@@ -199,3 +199,27 @@ def test_an_output_into_a_directory_or_nowhere_is_one_line(tmp_path, capsys):
             common.write_output(str(target), '{}')
         assert e.value.code == 1
         assert str(target) in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+class RunsCode:
+    """A pickle that would create a file when unpickled without weights_only."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, 'w'))
+
+
+def test_an_unsafe_checkpoint_is_refused_saying_it_would_run_code(tmp_path, capsys):
+    marker = tmp_path / 'code_ran'
+    torch.save({'format': common.CKPT_FORMAT, 'model': RunsCode(str(marker))}, tmp_path / 'ckpt.pt')
+    with pytest.raises(SystemExit) as e:
+        common.load_checkpoint(str(tmp_path / 'ckpt.pt'))
+    assert e.value.code == 2 and not marker.exists()
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith('error:')
+    # the warning whole: what loading would do and what not to do, never torch's advice to load it anyway
+    for fragment in ('ckpt.pt', 'not loaded', 'arbitrary code', 'unless you trust'):
+        assert fragment in lines[0], lines[0]
+    assert 'weights_only set to False' not in lines[0] and lines[0].endswith(')')

@@ -245,6 +245,25 @@ def test_unknown_key_in_config_file(capsys, tmp_path):
     expect_error(capsys, [cfg], cfg, "'batch_sise'", "did you mean 'batch_size'")
 
 
+@pytest.mark.parametrize('argv, written', [
+    (['--prenorm=False'], '--norm_position=post'),
+    (['--prenorm=true'], '--norm_position=pre'),
+    (['CONFIG'], "norm_position = 'post'"),
+], ids=['cli-false', 'cli-true', 'config-file'])
+def test_a_renamed_setting_says_what_replaced_it(capsys, tmp_path, argv, written):
+    argv = [write(tmp_path, 'c.py', 'prenorm = False\n') if a == 'CONFIG' else a for a in argv]
+    with pytest.raises(SystemExit) as exc:
+        configure({**DEFAULTS, 'norm_position': 'pre'}, argv, prog='train.py')
+    lines = capsys.readouterr().err.splitlines()
+    assert exc.value.code == 2 and len(lines) == 1
+    assert "setting 'prenorm' was renamed" in lines[0] and lines[0].endswith(written), lines[0]
+
+
+def test_a_renamed_setting_where_its_new_name_is_no_setting_is_just_unknown(capsys):
+    line = expect_error(capsys, ['--prenorm=False'], "unknown setting 'prenorm'")  # DEFAULTS has no norm_position
+    assert 'renamed' not in line
+
+
 @pytest.mark.parametrize('arg,setting', [
     ('--batch_size=abc', 'batch_size'),
     ('--batch_size=1.5', 'batch_size'),

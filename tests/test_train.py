@@ -25,6 +25,8 @@ TINY = ['--dataset=tiny', '--device=cpu', '--compile=False', '--n_layer=2', '--n
         '--block_size=16', '--batch_size=4', '--gradient_accumulation_steps=1', '--eval_iters=2',
         '--log_interval=1', '--learning_rate=3e-3', '--warmup_iters=2', '--dropout=0.0']
 MODERN = ['--norm=rms', '--mlp=swiglu', '--n_kv_head=1', '--pos=rope']
+# runs compared with another process's to rounding use the thread count torchrun gives each of its processes
+ONE_THREAD = {'OMP_NUM_THREADS': '1'}
 
 
 @pytest.fixture
@@ -161,9 +163,11 @@ def test_ddp_two_processes_match_one(workdir, optimizer):
     sigmoid routers' balancing biases follow the load of both processes; Muon steps on the averaged gradients."""
     args = ['--gradient_accumulation_steps=2', '--max_iters=4', '--eval_interval=4', '--eval_iters=3', *MODERN,
             '--mlp=moe', '--n_expert=4', '--router=sigmoid', '--moe_bias_update_rate=0.01', f'--optimizer={optimizer}']
-    single = train(workdir, *args, '--out_dir=single')
+    # one thread in every process: the thread count sets the order of a matmul's sums, and Muon's Newton-Schulz
+    # steps amplify that rounding (2 threads against 1 moved val loss by 2.7e-4); alike, val loss matched to every digit
+    single = train(workdir, *args, '--out_dir=single', env=ONE_THREAD)
     launcher = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
-    double = train(workdir, *args, '--out_dir=double', launcher=launcher, env={'OMP_NUM_THREADS': '1'})
+    double = train(workdir, *args, '--out_dir=double', launcher=launcher, env=ONE_THREAD)
     a, b = iter_losses(single.stdout), iter_losses(double.stdout)
     assert sorted(a) == sorted(b) == [1, 2, 3, 4], (single.stdout[-2000:], double.stdout[-2000:], double.stderr[-2000:])
     for k in a:
@@ -509,12 +513,11 @@ def test_fsdp_matches_one_process_and_its_checkpoint_resumes_on_one(workdir):
     """FSDP over 2 gloo processes: the losses of one process, to 1e-4; its checkpoint (gathered, in our
     format) resumes on a single process as if that one had trained all along."""
     args = ['--gradient_accumulation_steps=2', '--eval_interval=4', '--eval_iters=3', *MODERN]
-    single = train(workdir, *args, '--max_iters=8', '--out_dir=single')
+    single = train(workdir, *args, '--max_iters=8', '--out_dir=single', env=ONE_THREAD)
     launcher = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
-    sharded = train(workdir, *args, '--max_iters=4', '--fsdp=True', '--out_dir=fsdp', launcher=launcher,
-                    env={'OMP_NUM_THREADS': '1'})
+    sharded = train(workdir, *args, '--max_iters=4', '--fsdp=True', '--out_dir=fsdp', launcher=launcher, env=ONE_THREAD)
     assert 'sharded (FSDP)' in sharded.stdout
-    resumed = train(workdir, *args, '--max_iters=8', '--out_dir=fsdp', '--init_from=resume')
+    resumed = train(workdir, *args, '--max_iters=8', '--out_dir=fsdp', '--init_from=resume', env=ONE_THREAD)
     a, b, c = iter_losses(single.stdout), iter_losses(sharded.stdout), iter_losses(resumed.stdout)
     assert sorted(b) == [1, 2, 3, 4] and sorted(c) == [5, 6, 7, 8], (sharded.stdout[-2000:], sharded.stderr[-2000:])
     for k, loss in {**b, **c}.items():
@@ -751,9 +754,9 @@ def test_mfu_over_100_percent_remeasures_the_peak_and_says_so(workdir, monkeypat
     assert code == 0 and 'over 100%' not in out and 'mfu 0.' in out
 
 
-def test_a_failed_collective_is_one_line_naming_the_last_checkpoint(workdir, monkeypatch, capsys):
-    """A rank killed under DDP makes the others' collectives fail: one line, not gloo's traceback. Killing one
-    of 2 real processes is slow; here one gloo process's all_reduce fails after the first checkpoint."""
+@pytest.fixture
+def one_process_group(monkeypatch):
+    """torchrun's environment for a single process: train.py starts a gloo group of one, destroyed after."""
     import socket
 
     import torch.distributed as dist
@@ -762,6 +765,15 @@ def test_a_failed_collective_is_one_line_naming_the_last_checkpoint(workdir, mon
         port = s.getsockname()[1]
     for k, v in dict(RANK='0', LOCAL_RANK='0', WORLD_SIZE='1', MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port)).items():
         monkeypatch.setenv(k, v)
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_a_failed_collective_is_one_line_naming_the_last_checkpoint(workdir, monkeypatch, capsys, one_process_group):
+    """A rank killed under DDP makes the others' collectives fail: one line, not gloo's traceback. Killing one
+    of 2 real processes is slow; here one gloo process's all_reduce fails after the first checkpoint."""
+    import torch.distributed as dist
     real_all_reduce, calls = dist.all_reduce, []
 
     def peer_gone(*args, **kwargs):
@@ -770,12 +782,8 @@ def test_a_failed_collective_is_one_line_naming_the_last_checkpoint(workdir, mon
             raise dist.DistBackendError('[gloo/transport/tcp/pair.cc:534] Connection closed by peer')
         return real_all_reduce(*args, **kwargs)
     monkeypatch.setattr(dist, 'all_reduce', peer_gone)
-    try:
-        code, _, err = train_here(workdir, '--max_iters=6', '--eval_interval=2', '--out_dir=out',
-                                  monkeypatch=monkeypatch, capsys=capsys)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    code, _, err = train_here(workdir, '--max_iters=6', '--eval_interval=2', '--out_dir=out', monkeypatch=monkeypatch,
+                              capsys=capsys)
     one_line_error(code, err, 'another process stopped at iter', 'Connection closed by peer',
                    "the last checkpoint is 'out/ckpt.pt' (iter 2,")
     assert code == 1
@@ -819,11 +827,22 @@ def test_sharded_datasets_are_sampled_uniformly_by_tokens(tmp_path, monkeypatch,
     assert torch.equal(again, rows[:4])
 
 
+def no_train_split(d):
+    """A preparation whose input all went to its val split, as prepare.py leaves one from a small input."""
+    meta = json.loads((d / 'meta.json').read_text())
+    for name, _ in meta['shards']['train']:
+        (d / name).unlink()
+    meta['shards']['train'], meta['train_tokens'] = [], 0
+    (d / 'meta.json').write_text(json.dumps(meta))
+
+
 @pytest.mark.parametrize('damage, fragments', [
     (lambda d: (d / 'tiny_train_000009.bin').write_bytes(b'\0\0'), ['tiny_train_000009.bin', 'two preparations']),
     (lambda d: (d / 'tiny_val_000001.bin').unlink(), ['tiny_val_000001.bin', 'not found']),
     (lambda d: (d / 'tiny_train_000001.bin').write_bytes(b'\0\0' * 7), ['train tokens', 'meta.json says 408']),
-], ids=['stray-shard', 'missing-shard', 'out-of-step'])
+    (lambda d: no_train_split(d), ["lists no train shards", 'the whole input (100 tokens) went to the val split',
+                                   '--val_tokens=10 (a tenth for val', 'remove data/shards']),
+], ids=['stray-shard', 'missing-shard', 'out-of-step', 'no-train-split'])
 def test_damaged_shard_directories_are_one_line(tmp_path, damage, fragments, monkeypatch, capsys):
     damage(make_sharded_dataset(tmp_path))
     code, _, err = train_here(tmp_path, '--dataset=shards', '--max_iters=1', monkeypatch=monkeypatch, capsys=capsys)
@@ -833,9 +852,8 @@ def test_damaged_shard_directories_are_one_line(tmp_path, damage, fragments, mon
 CHAR_TASK = CHOICE_TASK_YAML.replace('{name}', 'tiny_char')
 
 
-def test_a_downstream_task_is_scored_beside_val_loss(workdir, run, single_thread):
-    """eval_task: a harness task (here a local one in HellaSwag's shape, in the dataset's characters) scored at
-    every evaluation, logged beside val loss."""
+def make_char_task(workdir):
+    """A harness task in HellaSwag's shape, in the dataset's characters -> train.py's settings that score it."""
     pytest.importorskip('lm_eval')
     tasks = workdir / 'tasks'
     tasks.mkdir()
@@ -844,14 +862,78 @@ def test_a_downstream_task_is_scored_beside_val_loss(workdir, run, single_thread
              {'ctx': 'the lazy', 'endings': [' fox.', ' jumps.', ' dog.'], 'label': 2}]
     (tasks / 'items.jsonl').write_text(''.join(json.dumps(item) + '\n' for item in items))
     (tasks / 'tiny_char.yaml').write_text(CHAR_TASK.format(path=tasks / 'items.jsonl'))
-    result = run(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=out', '--eval_task=tiny_char',
-                 f'--eval_task_include_path={tasks}', '--eval_task_limit=2')
+    return ['--eval_task=tiny_char', f'--eval_task_include_path={tasks}', '--eval_task_limit=2']
+
+
+def test_a_downstream_task_is_scored_beside_val_loss(workdir, run, single_thread):
+    """eval_task: a harness task (here a local one in HellaSwag's shape, in the dataset's characters) scored at
+    every evaluation, logged beside val loss."""
+    task = make_char_task(workdir)
+    result = run(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=out', *task)
     assert re.search(r'step 2: tiny_char acc \d\.\d{4}, acc_norm \d\.\d{4}', result.stdout), result.stdout
     records = [json.loads(line) for line in (workdir / 'out' / 'log.jsonl').read_text().splitlines()]
     assert [r['iter'] for r in records] == [0, 2]
     for r in records:
         assert set(r['task']['tiny_char']) == {'acc', 'acc_norm'}
         assert r['task']['tiny_char']['acc'] in (0, 0.5, 1)  # two items scored
+
+
+def test_a_warmup_longer_than_the_run_says_the_peak_is_never_reached(workdir, run):
+    short = run(workdir, '--max_iters=2', '--eval_interval=2', '--warmup_iters=9', '--out_dir=short')
+    assert 'note: warmup_iters (9) outlasts max_iters (2): the learning rate never reaches its peak' in short.stdout
+    assert '(the last step runs at 20% of it)' in short.stdout  # step 1 of 9 + 1
+    whole = run(workdir, '--max_iters=2', '--eval_interval=2', '--warmup_iters=1', '--out_dir=whole')
+    assert 'warmup_iters' not in whole.stdout
+
+
+def scoring_that_fails_on_call(n, fail, monkeypatch):
+    """eval.run_tasks as train.py imports it, calling fail() instead on its n-th call."""
+    import eval
+    real_run_tasks, calls = eval.run_tasks, []
+
+    def run_tasks(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == n:
+            fail()
+        return real_run_tasks(*args, **kwargs)
+    monkeypatch.setattr(eval, 'run_tasks', run_tasks)
+
+
+def test_an_interrupt_while_the_task_scores_keeps_best_pt_and_best_val_loss_together(workdir, monkeypatch, capsys,
+                                                                                     single_thread):
+    """Ctrl-C while eval_task scores the evaluation of iter 4: the state saved still counts iter 2 as the best (as
+    best.pt holds), so the resume, evaluating iter 4 again, makes it best.pt."""
+    args = ['--max_iters=4', '--eval_interval=2', '--out_dir=out', *make_char_task(workdir)]
+    scoring_that_fails_on_call(3, lambda: common._on_signal(signal.SIGINT, None), monkeypatch)  # iters 0, 2, 4
+    code, _, err = train_here(workdir, *args, monkeypatch=monkeypatch, capsys=capsys)
+    # the harness's progress bars come before it on stderr
+    assert code == 130 and 'interrupted at iter 4, its state saved' in err.strip().splitlines()[-1], err
+    ckpt = common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
+    best = common.load_checkpoint(str(workdir / 'out' / 'best.pt'))
+    assert ckpt['iter_num'] == 4 and best['iter_num'] == 2
+    assert ckpt['best_val_loss'] == best['val_loss']
+    monkeypatch.undo()
+    assert train_here(workdir, *args, '--init_from=resume', monkeypatch=monkeypatch, capsys=capsys)[0] == 0
+    records = log_records(workdir / 'out')
+    assert records[-1]['iter'] == 4 and records[-1]['val_loss'] < records[-2]['val_loss']  # it did improve
+    best = common.load_checkpoint(str(workdir / 'out' / 'best.pt'))
+    assert best['iter_num'] == 4 and best['best_val_loss'] == best['val_loss'] == records[-1]['val_loss']
+
+
+def test_a_task_failing_at_a_later_evaluation_is_one_line_and_training_goes_on(workdir, monkeypatch, capsys,
+                                                                              single_thread):
+    def fail():
+        raise RuntimeError('The size of tensor a (20) must match the size of tensor b (16)\nat dimension 1')
+    scoring_that_fails_on_call(2, fail, monkeypatch)
+    code, out, err = train_here(workdir, '--max_iters=4', '--eval_interval=2', '--out_dir=out',
+                                *make_char_task(workdir), monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, err
+    assert [line for line in err.splitlines() if line.startswith('warning:')] == ["warning: eval_task 'tiny_char' failed at iter 2 (RuntimeError: The size of "
+                                        "tensor a (20) must match the size of tensor b (16)); not scored this time, "
+                                        "training goes on"]
+    records = log_records(workdir / 'out')
+    assert [r['iter'] for r in records] == [0, 2, 4] and [('task' in r) for r in records] == [True, False, True]
+    assert common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))['iter_num'] == 4
 
 
 def test_wsd_holds_the_peak_then_decays_linearly(workdir, run):
@@ -873,3 +955,17 @@ def test_muon_under_fsdp_and_a_resume_with_another_optimizer_are_one_line(workdi
     code, _, err = train_here(workdir, '--max_iters=4', '--eval_interval=2', '--out_dir=out', '--init_from=resume',
                               monkeypatch=monkeypatch, capsys=capsys)
     one_line_error(code, err, "was trained with optimizer='muon'", '--optimizer=muon')
+
+
+def test_a_muon_checkpoint_resumed_under_fsdp_names_the_optimizer(workdir, run, monkeypatch, capsys,
+                                                                  one_process_group):
+    for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'):  # a single process trains the checkpoint
+        monkeypatch.delenv(k)
+    run(workdir, '--max_iters=2', '--eval_interval=2', '--optimizer=muon', '--out_dir=out')
+    monkeypatch.setenv('RANK', '0')
+    monkeypatch.setenv('LOCAL_RANK', '0')
+    monkeypatch.setenv('WORLD_SIZE', '1')
+    code, _, err = train_here(workdir, '--max_iters=4', '--eval_interval=2', '--out_dir=out', '--init_from=resume',
+                              '--fsdp=True', monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err, "was trained with optimizer='muon', which cannot run with fsdp=True",
+                   'under DDP (fsdp=False) with --optimizer=muon')
