@@ -94,8 +94,8 @@ check(not unknown_methods, f"unknown extrapolation method(s) {', '.join(map(repr
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from common import (build_model, die, load_checkpoint, model_from_checkpoint, pick_device,  # noqa: E402
-                    write_json)
+from common import (build_model, die, load_checkpoint, model_from_checkpoint, output_refusal,  # noqa: E402
+                    pick_device, tmp_path, write_json, write_output)
 from model import SWAPS, GPTConfig, swap_flags  # noqa: E402
 
 REPO = os.path.dirname(os.path.abspath(__file__))
@@ -104,6 +104,7 @@ EXTRAPOLATION_SEED = 4242  # one set of batches per length, the same for every v
 MULTIPLES = (1, 2, 4, 8)
 SUMMARY_VERSION = 3  # done.json figures older than this are recomputed from the run's files
 CLAIM_STALE_S = 600  # a claim whose owner stopped refreshing it this long ago is free
+REPORT_FILES = ('results.md', 'results.json', 'val_loss_vs_iter.png', 'val_loss_vs_time.png')
 
 
 # ----------------------------------------------------------------------------- the grid
@@ -585,8 +586,23 @@ def plot(variants, x_index, xlabel, path):
         ax.set_ylim(min(later) - 0.05, min(max(later), 2 * min(later)) + 0.05)
     ax.legend(fontsize='small')
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    tmp = tmp_path(path)  # written aside and switched in: a reader never sees half a picture
+    try:
+        fig.savefig(tmp, format='png', dpi=120)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+
+
+def check_report_files(out):
+    """One line and exit if a report file may not be written in out (one is a checkpoint, a hard link, a
+    directory): outputs never replace those."""
+    for name in REPORT_FILES:
+        refusal = output_refusal(os.path.join(out, name))
+        if refusal:
+            die(f"cannot write the report's {name} in out_dir '{out}': {refusal}", code=1)
 
 
 def shell_quote(arg):
@@ -596,6 +612,7 @@ def shell_quote(arg):
 def write_report(out, order, failed, cwd):
     """Write results.md, results.json and the plots from every finished run (its done.json, read now: runs other
     processes finished are in); the set of the runs' directories it holds."""
+    check_report_files(out)  # before the minutes of the length table
     runs, other, reported = [], [], set()
     for root, _, files in sorted(os.walk(os.path.join(out, 'runs'))):
         if 'done.json' in files:
@@ -613,8 +630,9 @@ def write_report(out, order, failed, cwd):
     names = dict.fromkeys(r['variant'] for r in runs)
     variants = {n: aggregate([r for r in runs if r['variant'] == n]) for n in names}
     command = ' '.join(['python ablate.py'] + [shell_quote(a) for a in sys.argv[1:]])
-    write_json(os.path.join(out, 'results.json'), {'command': command, 'settings': dict(settings),
-                                                   'variants': variants, 'runs': runs})
+    write_output(os.path.join(out, 'results.json'), json.dumps({'command': command, 'settings': dict(settings),
+                                                                'variants': variants, 'runs': runs}, indent=1),
+                 'results.json')
     reference = 'vanilla' if 'vanilla' in variants else next(iter(variants), None)
     base = variants[reference]['final_val_loss'] if reference else None
     # steps to a loss: the first evaluation where the variant's mean curve is at the target's final loss
@@ -655,8 +673,7 @@ def write_report(out, order, failed, cwd):
         lines += ['', f"Not in this report, made with another train_config or train_args: {', '.join(other)}"]
     if failed:
         lines += ['', f"Failed in the last invocation (see their train.log): {', '.join(failed)}"]
-    with open(os.path.join(out, 'results.md'), 'w', encoding='utf-8') as f:
-        f.write('\n'.join(lines) + '\n')
+    write_output(os.path.join(out, 'results.md'), '\n'.join(lines) + '\n', 'results.md')
     if variants:
         plot(variants, 0, 'iteration', os.path.join(out, 'val_loss_vs_iter.png'))
         plot(variants, 2, 'time (s)', os.path.join(out, 'val_loss_vs_time.png'))
@@ -675,6 +692,8 @@ def main():
     if not os.path.isfile(os.path.join(cwd, train_config)):
         die(f"train_config '{train_config}' not found in run_dir '{cwd}'")
     variants = build_grid(base_recipe(cwd))
+    if os.path.isdir(out):  # said before the runs, not after hours of training
+        check_report_files(out)
     slots = [d.strip() for d in devices.split(',') if d.strip()] or [None]
     jobs = deque((name, flags, 1337 + s, run_path(out, name, flags, 1337 + s))
                  for name, flags in variants.items() for s in range(seeds))

@@ -4,6 +4,7 @@ import importlib
 import json
 import os
 import runpy
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -159,6 +160,45 @@ def test_report_only_trains_nothing_and_reports_what_finished(ablated):
     assert result.returncode == 0, result.stderr
     assert 'started' not in result.stdout and not list(out.glob('runs/*/seed1339'))
     assert list(table_rows((out / 'results.md').read_text(encoding='utf-8'))) == ['vanilla', 'rope']
+
+
+def report_here(workdir, out, *args, monkeypatch, capsys):
+    """ablate.py --report_only=True in this process on the fixture's runs: (exit code, stdout, stderr)."""
+    monkeypatch.setattr(sys, 'argv', ['ablate.py', f'--run_dir={workdir}', f'--train_config={workdir / "tiny.py"}',
+                                      f'--out_dir={out}', '--extrapolation_iters=2', '--grid=custom',
+                                      f'--custom={TWO_VARIANTS}', '--seeds=2', '--report_only=True', *args])
+    code = 0
+    try:
+        runpy.run_path(str(REPO / 'ablate.py'), run_name='__main__')
+    except SystemExit as e:
+        code = e.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_the_report_is_written_aside_and_never_over_a_checkpoint(ablated, tmp_path, monkeypatch, capsys):
+    """results.md, results.json and the plots are new files switched in (a reader of the old ones keeps them);
+    one of them that is a checkpoint's second name is refused before any work, and nothing is written."""
+    workdir, fixture_out, _ = ablated
+    out = tmp_path / 'out'
+    shutil.copytree(fixture_out, out)
+    old = {name: open(out / name, 'rb') for name in ('results.md', 'results.json', 'val_loss_vs_iter.png')}
+    old_bytes = {name: (out / name).read_bytes() for name in old}
+    code, stdout, err = report_here(workdir, out, monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0 and 'report:' in stdout, err
+    assert all(f.read() == old_bytes[name] for name, f in old.items())  # the old files, whole
+    for f in old.values():
+        f.close()
+    assert list(table_rows((out / 'results.md').read_text(encoding='utf-8'))) == ['vanilla', 'rope']
+    assert not list(out.glob('.*tmp*'))
+    ckpt = out / 'runs' / 'vanilla' / 'seed1337' / 'ckpt.pt'
+    (out / 'val_loss_vs_time.png').unlink()
+    os.link(ckpt, out / 'val_loss_vs_time.png')
+    before = {p: p.read_bytes() for p in (ckpt, out / 'results.md', out / 'results.json')}
+    code, _, err = report_here(workdir, out, monkeypatch=monkeypatch, capsys=capsys)
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1 and 'val_loss_vs_time.png' in lines[0] and 'checkpoint' in lines[0], err
+    assert {p: p.read_bytes() for p in before} == before
 
 
 def test_failed_run_is_reported_and_the_others_finish(tmp_path):

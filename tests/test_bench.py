@@ -1,5 +1,6 @@
 """bench.py end to end on a tiny CPU model, as a subprocess (it is a script of module-level settings)."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -244,6 +245,41 @@ def test_json_that_cannot_be_written_is_refused_before_the_timing(tmp_path, monk
         runpy.run_path(str(REPO_ROOT / 'bench.py'), run_name='__main__')
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and err[0].startswith(f'error: cannot write --json={place}')
+
+
+@pytest.mark.parametrize('name', ['ckpt.pt', 'best.pt', 'notes.txt'])
+def test_json_never_replaces_a_checkpoint_or_a_hard_linked_file(tmp_path, monkeypatch, capsys, name):
+    """best.pt is a hard link of ckpt.pt (train.py): --json naming either, or any file with a second name, is
+    refused before the timing, and both files stay as they were."""
+    import runpy
+    import common
+    from common import new_checkpoint, save_checkpoint
+    save_checkpoint(new_checkpoint(GPT(GPTConfig(**TINY))), str(tmp_path / 'ckpt.pt'))
+    os.link(tmp_path / 'ckpt.pt', tmp_path / 'best.pt')
+    (tmp_path / 'notes.txt').write_text('mine')
+    os.link(tmp_path / 'notes.txt', tmp_path / 'notes-too.txt')
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    monkeypatch.setattr(common, 'peak_flops', lambda *a, **k: pytest.fail('measured before checking --json'))
+    monkeypatch.setattr(common, 'catch_interrupts', lambda: None)
+    args = [a for a in ARGS if not a.startswith('--peak_flops')]
+    monkeypatch.setattr(sys, 'argv', ['bench.py', *args, '--variants=vanilla', f'--json={tmp_path / name}'])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(str(REPO_ROOT / 'bench.py'), run_name='__main__')
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith(f'error: cannot write --json={tmp_path / name}')
+    assert ('a checkpoint' if name.endswith('.pt') else 'hard link') in err[0]
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_json_is_written_aside_and_switched_in(tmp_path, monkeypatch, capsys):
+    """An old bench.json is replaced whole (a new file, not rewritten in place): a reader holding the old one
+    keeps it, and no temporary file is left beside it."""
+    (tmp_path / 'b.json').write_text('old')
+    old = open(tmp_path / 'b.json')
+    _, data = measured_bench(tmp_path, monkeypatch, capsys, [1e12, 1e12])
+    assert old.read() == 'old' and data['rows'][0]['variant'] == 'vanilla'
+    old.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['b.json']
 
 
 def test_kill_is_one_line_and_exit_143(tmp_path):
