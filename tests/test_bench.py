@@ -16,7 +16,7 @@ TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=65, bias=F
 ARGS = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16', '--bias=False', '--batch_size=2',
         '--train_iters=2', '--warmup_iters=1', '--decode_tokens=10', '--device=cpu', '--peak_flops=1e9']
 HEADER = ['variant', 'params (M)', 'active (M)', 'train ms/iter', 'train tok/s', 'MFU %', 'decode tok/s cached',
-          'decode tok/s uncached', 'speedup', 'KV bytes/token', 'cache MB/sequence']
+          'decode tok/s uncached', 'cached/uncached decode', 'KV bytes/token', 'cache MB/sequence']
 
 
 def bench(*args, cwd):
@@ -96,11 +96,28 @@ def test_a_measured_peak_is_the_best_of_before_and_after(tmp_path, monkeypatch, 
     """A matmul measured slow at the start (another job ran then) does not put MFU over 100%: bench measures
     the peak again after the runs and rescales MFU by the better one."""
     out, data = measured_bench(tmp_path, monkeypatch, capsys, [1e12, 4e12])
-    assert 'peak 4 TFLOP/s (measured fake, the best of before and after the runs)' in out
+    assert 'peak 4 TFLOP/s (measured fake, the best of before and after the runs; 1 and 4 TFLOP/s: the load changed)' in out
     row = data['rows'][0]
     flops = GPT(GPTConfig(**TINY)).flops_per_token(TINY['block_size']) * 2 * TINY['block_size']  # batch 2
     assert data['peak_flops'] == 4e12
     assert row['mfu'] == pytest.approx(flops / (row['train_ms_per_iter'] / 1000) / 4e12)
+
+
+@pytest.mark.parametrize('peaks, changed', [([1e12, 4e12], True), ([2e12, 2.1e12], False)])
+def test_a_measured_peak_says_mfu_is_not_trustworthy_under_load(tmp_path, monkeypatch, capsys, peaks, changed):
+    """A measured peak is no datasheet: the output says MFU is not trustworthy under load, and shows both
+    measurements when they disagree (the load changed during the runs); a given --peak_flops says neither."""
+    out, _ = measured_bench(tmp_path, monkeypatch, capsys, peaks)
+    assert 'not a datasheet: under load' in out and 'MFU is not trustworthy then; give --peak_flops' in out
+    assert ('the load changed' in out) == changed
+    assert 'not trustworthy' not in run_peak_given(tmp_path, monkeypatch, capsys)
+
+
+def run_peak_given(tmp_path, monkeypatch, capsys):
+    import runpy
+    monkeypatch.setattr(sys, 'argv', ['bench.py', *ARGS, '--variants=vanilla', '--decode_tokens=2'])
+    runpy.run_path(str(REPO_ROOT / 'bench.py'), run_name='__main__')
+    return capsys.readouterr().out
 
 
 def test_no_mfu_against_a_matmul_slower_than_the_model(tmp_path, monkeypatch, capsys):
