@@ -26,9 +26,9 @@ half and a quarter of each head rotated), hybrid (modern, Qwen3-Next's 3 Gated D
 all Gated DeltaNet, the DeltaNet's heads narrowed to attention's parameters), optimizer (modern with AdamW at each of
 adamw_lrs and Muon at each of muon_lrs), schedule (cosine and WSD), recipe_mlp (modern with SwiGLU, GELU, ReLU²),
 zero_init (modern with and without zero-initialized projections, tied and untied head), custom (a dict). Other learning rates: --train_args='--learning_rate=...'.
-extrapolation: the methods of the length table: the val loss of each RoPE run's final checkpoint at 1x, 2x, 4x and
-8x its block_size, with plain RoPE, linear, dynamic NTK, YaRN (each stretched to the length) or a sliding window
-of block_size; learned positions give 1x only.
+extrapolation: the methods of the length table: the val loss of each RoPE run's ckpt.pt (on val.bin or the val
+shards) at 1x, 2x, 4x and 8x its block_size, with plain RoPE, linear, dynamic NTK, YaRN (each stretched to the
+length) or a sliding window of block_size; learned positions give 1x only.
 parallel: runs at once; devices: a device per slot (cuda:0,cuda:1,...); on the CPU the threads are shared out.
 Several ablate.py (one per node) can share an out_dir: each run is claimed, so no two train the same one.
 """
