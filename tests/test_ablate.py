@@ -259,14 +259,16 @@ def test_the_report_says_what_its_figures_are(ablated, tmp_path, monkeypatch, ca
         done.write_text(done.read_text().replace('"variant": "rope"', '"variant": "layers=LLLG"'))
     import matplotlib.axes
     titles, set_axes = [], matplotlib.axes.Axes.set
-    monkeypatch.setattr(matplotlib.axes.Axes, 'set', lambda ax, **kw: titles.append(kw.get('title')) or set_axes(ax, **kw))
+    monkeypatch.setattr(matplotlib.axes.Axes, 'set',
+                        lambda ax, **kw: titles.append(kw.get('title')) or set_axes(ax, **kw))
     code, _, err = report_here(ablated[0], tmp_path / 'out', monkeypatch=monkeypatch, capsys=capsys)
     md = (tmp_path / 'out' / 'results.md').read_text(encoding='utf-8')
     assert code == 0 and list(table_rows(md)) == ['vanilla', 'layers=LLLG'], err
     assert 'runs trained one after another' in md and 'bench.py times variants side by side' in md
     assert '1× is not the final val loss above' in md and 'eval_iters batches' in md
     assert "not Gemma 3's 5:1 'LLLLLG', which tiled over this 1-layer model would be 'L': LLLG stands in" in md
-    assert titles == [f"val loss vs {x}: grid custom, each variant's flags on tiny.py" for x in ('iteration', 'time (s)')]
+    assert titles == [f"val loss vs {x}: grid custom, each variant's flags on tiny.py"
+                      for x in ('iteration', 'time (s)')]
 
 
 def test_failed_run_is_reported_and_the_others_finish(tmp_path):

@@ -96,7 +96,8 @@ def test_a_measured_peak_is_the_best_of_before_and_after(tmp_path, monkeypatch, 
     """A matmul measured slow at the start (another job ran then) does not put MFU over 100%: bench measures
     the peak again after the runs and rescales MFU by the better one."""
     out, data = measured_bench(tmp_path, monkeypatch, capsys, [1e12, 4e12])
-    assert 'peak 4 TFLOP/s (measured fake, the best of before and after the runs; 1 and 4 TFLOP/s: the load changed)' in out
+    assert ('peak 4 TFLOP/s (measured fake, the best of before and after the runs; 1 and 4 TFLOP/s: the load '
+            'changed)') in out
     row = data['rows'][0]
     flops = GPT(GPTConfig(**TINY)).flops_per_token(TINY['block_size']) * 2 * TINY['block_size']  # batch 2
     assert data['peak_flops'] == 4e12

@@ -74,7 +74,7 @@ def make_bpe_dataset(root, dataset, sharded):
     d = root / 'data' / dataset
     d.mkdir(parents=True)
     rng = np.random.default_rng(0)
-    splits = {'val': rng.integers(0, 50257, 1000, dtype=np.uint16), 'train': rng.integers(0, 50257, 4000, dtype=np.uint16)}
+    splits = {split: rng.integers(0, 50257, n, dtype=np.uint16) for split, n in (('val', 1000), ('train', 4000))}
     meta = {'kind': 'tiktoken', 'encoding': 'gpt2', 'vocab_size': 50257,
             **{f'{split}_tokens': len(ids) for split, ids in splits.items()}}
     if sharded:
