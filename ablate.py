@@ -26,9 +26,9 @@ half and a quarter of each head rotated), hybrid (modern, Qwen3-Next's 3 Gated D
 all Gated DeltaNet, the DeltaNet's heads narrowed to attention's parameters), optimizer (modern with AdamW at each of
 adamw_lrs and Muon at each of muon_lrs), schedule (cosine and WSD), recipe_mlp (modern with SwiGLU, GELU, ReLU²),
 zero_init (modern with and without zero-initialized projections, tied and untied head), custom (a dict). Other learning rates: --train_args='--learning_rate=...'.
-extrapolation: the methods of the length table: the val loss of each RoPE run's final checkpoint at 1x, 2x, 4x and
-8x its block_size, with plain RoPE, linear, dynamic NTK, YaRN (each stretched to the length) or a sliding window
-of block_size; learned positions give 1x only.
+extrapolation: the methods of the length table: the val loss of each RoPE run's ckpt.pt (on val.bin or the val
+shards) at 1x, 2x, 4x and 8x its block_size, with plain RoPE, linear, dynamic NTK, YaRN (each stretched to the
+length) or a sliding window of block_size; learned positions give 1x only.
 parallel: runs at once; devices: a device per slot (cuda:0,cuda:1,...); on the CPU the threads are shared out.
 Several ablate.py (one per node) can share an out_dir: each run is claimed, so no two train the same one.
 """
@@ -94,8 +94,8 @@ check(not unknown_methods, f"unknown extrapolation method(s) {', '.join(map(repr
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from common import (build_model, die, load_checkpoint, model_from_checkpoint, pick_device,  # noqa: E402
-                    write_json)
+from common import (build_model, die, load_checkpoint, model_from_checkpoint, output_refusal,  # noqa: E402
+                    pick_device, tmp_path, write_json, write_output)
 from model import SWAPS, GPTConfig, swap_flags  # noqa: E402
 
 REPO = os.path.dirname(os.path.abspath(__file__))
@@ -104,6 +104,7 @@ EXTRAPOLATION_SEED = 4242  # one set of batches per length, the same for every v
 MULTIPLES = (1, 2, 4, 8)
 SUMMARY_VERSION = 3  # done.json figures older than this are recomputed from the run's files
 CLAIM_STALE_S = 600  # a claim whose owner stopped refreshing it this long ago is free
+REPORT_FILES = ('results.md', 'results.json', 'val_loss_vs_iter.png', 'val_loss_vs_time.png')
 
 
 # ----------------------------------------------------------------------------- the grid
@@ -343,38 +344,73 @@ def method_args(method, trained, multiple):
                 {'rope_original_length': trained} if method in ('linear', 'dynamic', 'yarn') else {})  # a scaling's
 
 
-@torch.no_grad()
-def extrapolation_losses(path, cwd, methods):
-    """{method: {'1x': loss, ...}}: mean val loss of the run's checkpoint on fixed batches of each length, each
-    method applied to the trained weights; None where it cannot run. Cached in the run's extrapolation.json."""
+def val_files(cwd, dataset):
+    """The val split's token files: val.bin, or the shards meta.json lists (data/fineweb_edu/prepare.py)."""
+    data_dir = os.path.join(cwd, 'data', dataset)
+    meta_path = os.path.join(data_dir, 'meta.json')
+    meta = read_json(meta_path) if os.path.exists(meta_path) else {}
+    shards = meta.get('shards') if isinstance(meta, dict) else None
+    names = [entry[0] for entry in shards.get('val', [])] if isinstance(shards, dict) else ['val.bin']
+    return [os.path.join(data_dir, name) for name in names]
+
+
+def lengths_missing(path, methods):
+    """The (method, multiple) losses of a run not yet in its extrapolation.json."""
     cache_path = os.path.join(path, 'extrapolation.json')
     cache = read_json(cache_path) if os.path.exists(cache_path) else {}
-    missing = [(m, k) for m in methods for k in MULTIPLES if f'{m}@{k}x@{extrapolation_iters}' not in cache]
+    return [(m, k) for m in methods for k in MULTIPLES if f'{m}@{k}x@{extrapolation_iters}' not in cache]
+
+
+@torch.no_grad()
+def extrapolation_losses(path, cwd, methods):
+    """({method: {'1x': loss, ...}}, why): mean val loss of the run's checkpoint on fixed batches of each length,
+    each method applied to the trained weights; None where it cannot run, and why when the val data is missing.
+    Cached in the run's extrapolation.json."""
+    cache_path = os.path.join(path, 'extrapolation.json')
+    cache = read_json(cache_path) if os.path.exists(cache_path) else {}
+    missing = lengths_missing(path, methods)
     ckpt_path = os.path.join(path, 'ckpt.pt')
+    why = ''
     if missing and os.path.exists(ckpt_path):
         checkpoint = load_checkpoint(ckpt_path)
-        trained = checkpoint['model_args']
-        config = checkpoint['config']
-        data = np.memmap(os.path.join(cwd, 'data', config['dataset'], 'val.bin'), dtype=np.uint16, mode='r')
-        device = pick_device('auto')  # this machine's: the run's may have been another node's cuda:3
-        for method, multiple in missing:
-            T = multiple * trained['block_size']
-            loss = None
-            rope = trained.get('pos') == 'rope'
-            if (multiple == 1 or rope) and (method == 'plain' or (rope and multiple > 1)) and len(data) > T:
-                args = {**trained, **method_args(method, trained['block_size'], multiple)}
-                if not rope:
-                    args = {k: v for k, v in args.items() if k not in ('rope_original_length',)}
-                model = build_model(args, checkpoint['model'], f"checkpoint '{ckpt_path}'").to(device).eval()
-                generator, total = torch.Generator().manual_seed(EXTRAPOLATION_SEED + multiple), 0.0
-                for _ in range(extrapolation_iters):
-                    ix = torch.randint(len(data) - T, (config['batch_size'],), generator=generator).tolist()
-                    xy = torch.stack([torch.from_numpy(data[i:i + T + 1].astype(np.int64)) for i in ix]).to(device)
-                    total += model(xy[:, :-1], xy[:, 1:].contiguous())[1].item()
-                loss = total / extrapolation_iters
-            cache[f'{method}@{multiple}x@{extrapolation_iters}'] = loss
-        write_json(cache_path, cache)
-    return {m: {f'{k}x': cache.get(f'{m}@{k}x@{extrapolation_iters}') for k in MULTIPLES} for m in methods}
+        files = val_files(cwd, checkpoint['config']['dataset'])
+        absent = [f for f in files if not os.path.isfile(f)] or ([] if files else ['(meta.json lists no val shard)'])
+        if absent:  # nothing cached: the losses are computed once the data is back
+            why = f"no val data at {absent[0]}"
+        else:
+            shards = [np.memmap(f, dtype=np.uint16, mode='r') for f in files]
+            for method, multiple in missing:
+                cache[f'{method}@{multiple}x@{extrapolation_iters}'] = length_loss(checkpoint, ckpt_path, shards,
+                                                                                   method, multiple)
+            write_json(cache_path, cache)
+    return {m: {f'{k}x': cache.get(f'{m}@{k}x@{extrapolation_iters}') for k in MULTIPLES} for m in methods}, why
+
+
+def length_loss(checkpoint, ckpt_path, shards, method, multiple):
+    """The checkpoint's mean loss at multiple x its block_size with one method, or None where it cannot run."""
+    trained, batch_size = checkpoint['model_args'], checkpoint['config']['batch_size']
+    T = multiple * trained['block_size']
+    rope = trained.get('pos') == 'rope'
+    # each shard's windows one after another, one draw over them all (as train.py's get_batch); with one
+    # val.bin, the draws it always had
+    ends = np.cumsum([max(0, len(data) - T) for data in shards])
+    if not ((multiple == 1 or rope) and (method == 'plain' or (rope and multiple > 1)) and ends[-1]):
+        return None
+    args = {**trained, **method_args(method, trained['block_size'], multiple)}
+    if not rope:
+        args = {k: v for k, v in args.items() if k not in ('rope_original_length',)}
+    device = pick_device('auto')  # this machine's: the run's may have been another node's cuda:3
+    model = build_model(args, checkpoint['model'], f"checkpoint '{ckpt_path}'").to(device).eval()
+    generator, total = torch.Generator().manual_seed(EXTRAPOLATION_SEED + multiple), 0.0
+    for _ in range(extrapolation_iters):
+        rows = []
+        for i in torch.randint(int(ends[-1]), (batch_size,), generator=generator).tolist():
+            k = int(np.searchsorted(ends, i, side='right'))
+            offset = i - (int(ends[k - 1]) if k else 0)
+            rows.append(torch.from_numpy(shards[k][offset:offset + T + 1].astype(np.int64)))
+        xy = torch.stack(rows).to(device)
+        total += model(xy[:, :-1], xy[:, 1:].contiguous())[1].item()
+    return total / extrapolation_iters
 
 
 def finished(path, cwd):
@@ -570,6 +606,11 @@ def methods_asked():
     return [m.strip() for m in extrapolation.split(',') if m.strip()]
 
 
+def plot_title(xlabel):
+    """The variants are the grid's flags on the base recipe (a vanilla one, even when every variant is modern)."""
+    return f"val loss vs {xlabel}: grid {grid}, each variant's flags on {os.path.basename(train_config)}"
+
+
 def plot(variants, x_index, xlabel, path):
     import matplotlib
     matplotlib.use('Agg')  # files only: no display needed
@@ -577,7 +618,7 @@ def plot(variants, x_index, xlabel, path):
     fig, ax = plt.subplots(figsize=(8, 5))
     for name, agg in variants.items():
         ax.plot([c[x_index] for c in agg['curve']], [c[1] for c in agg['curve']], marker='.', label=name)
-    ax.set(xlabel=xlabel, ylabel='val loss (mean over seeds)', title=f'val loss vs {xlabel}: {train_config}')
+    ax.set(xlabel=xlabel, ylabel='val loss (mean over seeds)', title=plot_title(xlabel))
     ax.grid(alpha=0.3)
     # the loss at iteration 0 (ln vocab) would squash the differences that matter: start the axis below it
     later = [c[1] for agg in variants.values() for c in agg['curve'][1:] if c[1] == c[1] and c[1] < 1e3]
@@ -585,36 +626,76 @@ def plot(variants, x_index, xlabel, path):
         ax.set_ylim(min(later) - 0.05, min(max(later), 2 * min(later)) + 0.05)
     ax.legend(fontsize='small')
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    tmp = tmp_path(path)  # written aside and switched in: a reader never sees half a picture
+    try:
+        fig.savefig(tmp, format='png', dpi=120)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+
+
+def check_report_files(out):
+    """One line and exit if a report file may not be written in out (one is a checkpoint, a hard link, a
+    directory): outputs never replace those."""
+    for name in REPORT_FILES:
+        refusal = output_refusal(os.path.join(out, name))
+        if refusal:
+            die(f"cannot write the report's {name} in out_dir '{out}': {refusal}", code=1)
 
 
 def shell_quote(arg):
     return arg if re.fullmatch(r'[\w@%+=:,./-]+', arg) else '"' + re.sub(r'(["\\$`])', r'\\\1', arg) + '"'
 
 
-def write_report(out, order, failed, cwd):
+def measure_lengths(runs, roots, cwd):
+    """Each run's length table (its cached losses, the missing ones computed now with progress and an ETA: minutes
+    on a CPU); {run: why} for the runs whose val data is gone."""
+    todo = [root for root in roots if os.path.exists(os.path.join(root, 'ckpt.pt')) and
+            lengths_missing(root, methods_asked())]
+    if todo:
+        print(f"length table: measuring {len(todo)} run(s) at {', '.join(f'{k}x' for k in MULTIPLES)} block_size "
+              f"({', '.join(methods_asked())}; {extrapolation_iters} batches each)", flush=True)
+    durations, no_data = [], {}
+    for run, root in zip(runs, roots):
+        t0 = time.time()
+        run['extrapolation'], why = extrapolation_losses(root, cwd, methods_asked())
+        if why:
+            no_data[f"{run['variant']} seed {run['seed']}"] = why
+        if root in todo:
+            durations.append(time.time() - t0)
+            left = len(todo) - len(durations)
+            eta = f", ETA {fmt_duration(statistics.mean(durations) * left)}" if left else ''
+            print(f"length table [{len(durations)}/{len(todo)}] {run['variant']} seed {run['seed']} done in "
+                  f"{fmt_duration(durations[-1])}{eta}", flush=True)
+    return no_data
+
+
+def write_report(out, order, failed, cwd, n_layer):
     """Write results.md, results.json and the plots from every finished run (its done.json, read now: runs other
     processes finished are in); the set of the runs' directories it holds."""
-    runs, other, reported = [], [], set()
+    check_report_files(out)  # before the minutes of the length table
+    runs, roots, other = [], [], []
     for root, _, files in sorted(os.walk(os.path.join(out, 'runs'))):
         if 'done.json' in files:
             done = read_json(os.path.join(root, 'done.json'))
             if not made_here(done):
                 other.append(f"{done['variant']} seed {done['seed']}")
                 continue
-            done = finished(root, cwd)
-            done['extrapolation'] = extrapolation_losses(root, cwd, methods_asked())
-            runs.append(done)
-            reported.add(os.path.abspath(root))
+            runs.append(finished(root, cwd))
+            roots.append(root)
+    no_data = measure_lengths(runs, roots, cwd)
+    reported = {os.path.abspath(root) for root in roots}
     # this grid's order first, then variants of earlier invocations
     runs.sort(key=lambda r: (order.index(r['variant']) if r['variant'] in order else len(order), r['variant'],
                              r['seed']))
     names = dict.fromkeys(r['variant'] for r in runs)
     variants = {n: aggregate([r for r in runs if r['variant'] == n]) for n in names}
     command = ' '.join(['python ablate.py'] + [shell_quote(a) for a in sys.argv[1:]])
-    write_json(os.path.join(out, 'results.json'), {'command': command, 'settings': dict(settings),
-                                                   'variants': variants, 'runs': runs})
+    write_output(os.path.join(out, 'results.json'), json.dumps({'command': command, 'settings': dict(settings),
+                                                                'variants': variants, 'runs': runs}, indent=1),
+                 'results.json')
     reference = 'vanilla' if 'vanilla' in variants else next(iter(variants), None)
     base = variants[reference]['final_val_loss'] if reference else None
     # steps to a loss: the first evaluation where the variant's mean curve is at the target's final loss
@@ -640,23 +721,36 @@ def write_report(out, order, failed, cwd):
             'not reached' if reaches[name] is None else str(reaches[name]), fmt(agg['ms_per_iter'], '.1f'),
             fmt(agg['tokens_per_s'], ',.0f'), fmt(agg['kv_bytes_per_token'], ',.0f'),
             fmt(agg['load_max_over_mean'], '.2f'), diverged] + [fmt(agg['task'].get(t)) for t in tasks]) + ' |')
+    lines += ['', "ms/iter and tokens/s come from runs trained one after another (or `parallel` at once) on this "
+                  "machine: another job's load during one run slows it alone, so compare them across variants with "
+                  "care; bench.py times variants side by side, its steps taken in turn."]
+    if 'layers=LLLG' in variants:
+        lines += ['', "layers=LLLG is 3 local layers to 1 global (OLMo 3's ratio), not Gemma 3's 5:1 'LLLLLG'" + (
+            f", which tiled over this {n_layer}-layer model would be {('LLLLLG' * n_layer)[:n_layer]!r}: LLLG stands "
+            f"in for it" if n_layer < 6 else "; add that with --grid=custom") + '.']
     if methods_asked():
-        lines += ['', f"Val loss at multiples of the trained block_size (final checkpoints, {extrapolation_iters} "
-                      f"batches per length; n/a: learned positions cannot go past 1x):", '',
+        lines += ['', f"Val loss at multiples of the trained block_size (each run's ckpt.pt, {extrapolation_iters} "
+                      f"batches per length; n/a: learned positions cannot go past 1x). 1× is not the final val loss "
+                      f"above: it is the loss of ckpt.pt (the best val loss's checkpoint unless "
+                      f"always_save_checkpoint=True) on {extrapolation_iters} batches of the length table's own seed, "
+                      f"the same for every variant, where the val loss columns are train.py's eval_iters batches; "
+                      f"the two differ by that sampling (and by which checkpoint).", '',
                   '| variant | method | ' + ' | '.join(f'{k}×' for k in MULTIPLES) + ' |',
                   '|' + ' --- |' * (2 + len(MULTIPLES))]
         for name, agg in variants.items():
             for method, losses in agg['extrapolation'].items():
                 if any(v is not None for v in losses.values()):
                     lines.append(f"| {name} | {method} | " + ' | '.join(fmt(v) for v in losses.values()) + ' |')
+        if no_data:
+            lines += ['', f"Not in the length table (rerun once the data is back): "
+                          f"{', '.join(f'{run} ({why})' for run, why in no_data.items())}"]
     if target and target not in variants:
         lines += ['', f"target {target!r} has no finished runs here: the reaches column uses {goal!r}"]
     if other:
         lines += ['', f"Not in this report, made with another train_config or train_args: {', '.join(other)}"]
     if failed:
         lines += ['', f"Failed in the last invocation (see their train.log): {', '.join(failed)}"]
-    with open(os.path.join(out, 'results.md'), 'w', encoding='utf-8') as f:
-        f.write('\n'.join(lines) + '\n')
+    write_output(os.path.join(out, 'results.md'), '\n'.join(lines) + '\n', 'results.md')
     if variants:
         plot(variants, 0, 'iteration', os.path.join(out, 'val_loss_vs_iter.png'))
         plot(variants, 2, 'time (s)', os.path.join(out, 'val_loss_vs_time.png'))
@@ -674,7 +768,10 @@ def main():
     cwd, out = os.path.abspath(run_dir or REPO), os.path.abspath(out_dir)
     if not os.path.isfile(os.path.join(cwd, train_config)):
         die(f"train_config '{train_config}' not found in run_dir '{cwd}'")
-    variants = build_grid(base_recipe(cwd))
+    base = base_recipe(cwd)
+    variants = build_grid(base)
+    if os.path.isdir(out):  # said before the runs, not after hours of training
+        check_report_files(out)
     slots = [d.strip() for d in devices.split(',') if d.strip()] or [None]
     jobs = deque((name, flags, 1337 + s, run_path(out, name, flags, 1337 + s))
                  for name, flags in variants.items() for s in range(seeds))
@@ -724,7 +821,7 @@ def main():
             proc.wait()
             log.close()
             release(job[3])
-    reported = write_report(out, list(variants), failed, cwd)
+    reported = write_report(out, list(variants), failed, cwd, base['n_layer'])
     busy = [name for name, path in busy if os.path.abspath(path) not in reported]  # unless finished meanwhile
     if busy:
         print(f"{len(busy)} run(s) were being trained elsewhere and are not in the report yet: {', '.join(busy)}")

@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from common import write_output
 from export import to_hf
 from model import GPT
 
@@ -97,7 +98,6 @@ def compare_with_hf(configs, batches, prompt_len, new_tokens, repeats, device, s
               f"{r['ours compiled']:,.0f} | {r['HF generate']:,.0f} | {r['eager_vs_hf']:.2f}x | "
               f"{r['compiled_vs_hf']:.2f}x | {'yes' if r['tokens_identical'] else 'NO'} |")
     if json_path:
-        with open(json_path, 'w') as f:
-            json.dump({'prompt': prompt_len, 'new_tokens': new_tokens, 'threads': torch.get_num_threads(),
-                       'rows': rows}, f, indent=2)
+        write_output(json_path, json.dumps({'prompt': prompt_len, 'new_tokens': new_tokens,
+                                            'threads': torch.get_num_threads(), 'rows': rows}, indent=2), '--json')
     return rows

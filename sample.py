@@ -120,9 +120,16 @@ if guessed:
 vocab_limit = min(tokenizer_vocab, model.config.vocab_size)
 model.eval()
 model.to(device)
+idx = torch.tensor([prompt] * num_samples, dtype=torch.long, device=device)
 if compile:  # generate's decoding step, one static-shape graph (the prefill stays eager)
     model.compile_decoding()
-idx = torch.tensor([prompt] * num_samples, dtype=torch.long, device=device)
+    if use_cache and max_new_tokens:  # compiled now, by a short generation of this batch (before the seed, so the
+        # samples are eager's): the tokens/s reported below is then the steady speed, not the compilation's minute
+        print("compiling the decoding step ...", end=' ', file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        with torch.no_grad(), autocast(device, dtype):
+            model.generate(idx, 3, temperature, top_k, top_p, use_cache, vocab_limit)
+        print(f"compiled in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 torch.manual_seed(seed)
 torch.cuda.manual_seed(seed)
 t0 = time.perf_counter()

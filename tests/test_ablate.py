@@ -4,10 +4,12 @@ import importlib
 import json
 import os
 import runpy
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import make_char_dataset
@@ -159,6 +161,114 @@ def test_report_only_trains_nothing_and_reports_what_finished(ablated):
     assert result.returncode == 0, result.stderr
     assert 'started' not in result.stdout and not list(out.glob('runs/*/seed1339'))
     assert list(table_rows((out / 'results.md').read_text(encoding='utf-8'))) == ['vanilla', 'rope']
+
+
+def report_here(workdir, out, *args, monkeypatch, capsys, run_dir=None):
+    """ablate.py --report_only=True in this process on the fixture's runs: (exit code, stdout, stderr)."""
+    monkeypatch.setattr(sys, 'argv', ['ablate.py', f'--run_dir={run_dir or workdir}',
+                                      f'--train_config={workdir / "tiny.py"}',
+                                      f'--out_dir={out}', '--extrapolation_iters=2', '--grid=custom',
+                                      f'--custom={TWO_VARIANTS}', '--seeds=2', '--report_only=True', *args])
+    code = 0
+    try:
+        runpy.run_path(str(REPO / 'ablate.py'), run_name='__main__')
+    except SystemExit as e:
+        code = e.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_the_report_is_written_aside_and_never_over_a_checkpoint(ablated, tmp_path, monkeypatch, capsys):
+    """results.md, results.json and the plots are new files switched in (a reader of the old ones keeps them);
+    one of them that is a checkpoint's second name is refused before any work, and nothing is written."""
+    workdir, fixture_out, _ = ablated
+    out = tmp_path / 'out'
+    shutil.copytree(fixture_out, out)
+    old = {name: open(out / name, 'rb') for name in ('results.md', 'results.json', 'val_loss_vs_iter.png')}
+    old_bytes = {name: (out / name).read_bytes() for name in old}
+    code, stdout, err = report_here(workdir, out, monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0 and 'report:' in stdout, err
+    assert all(f.read() == old_bytes[name] for name, f in old.items())  # the old files, whole
+    for f in old.values():
+        f.close()
+    assert list(table_rows((out / 'results.md').read_text(encoding='utf-8'))) == ['vanilla', 'rope']
+    assert not list(out.glob('.*tmp*'))
+    ckpt = out / 'runs' / 'vanilla' / 'seed1337' / 'ckpt.pt'
+    (out / 'val_loss_vs_time.png').unlink()
+    os.link(ckpt, out / 'val_loss_vs_time.png')
+    before = {p: p.read_bytes() for p in (ckpt, out / 'results.md', out / 'results.json')}
+    code, _, err = report_here(workdir, out, monkeypatch=monkeypatch, capsys=capsys)
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1 and 'val_loss_vs_time.png' in lines[0] and 'checkpoint' in lines[0], err
+    assert {p: p.read_bytes() for p in before} == before
+
+
+def runs_to_measure(ablated, cwd):
+    """A copy of the fixture's runs in cwd/out with no length table cached: the report computes it again."""
+    shutil.copytree(ablated[1], cwd / 'out')
+    for cached in (cwd / 'out').glob('runs/*/seed*/extrapolation.json'):
+        cached.unlink()
+    return cwd / 'out'
+
+
+def test_a_sharded_dataset_gets_its_length_table(ablated, tmp_path, monkeypatch, capsys):
+    """FineWeb-Edu's layout: meta.json lists the val shards and there is no val.bin. The length table reads the
+    shards; with one gone, the report is still written and says which run is missing from the table and why."""
+    workdir = ablated[0]
+    data = tmp_path / 'data' / 'tiny'
+    data.mkdir(parents=True)
+    meta = json.loads((workdir / 'data' / 'tiny' / 'meta.json').read_text())
+    val = np.fromfile(workdir / 'data' / 'tiny' / 'val.bin', dtype=np.uint16)
+    shards = {'val': [val[:450], val[450:]], 'train': [np.fromfile(workdir / 'data' / 'tiny' / 'train.bin', np.uint16)]}
+    meta['shards'] = {split: [] for split in shards}
+    for split, parts in shards.items():
+        for part in parts:
+            name = f"tiny_{split}_{sum(map(len, meta['shards'].values())):06d}.bin"
+            part.tofile(data / name)
+            meta['shards'][split].append([name, len(part)])
+    (data / 'meta.json').write_text(json.dumps(meta))
+    out = runs_to_measure(ablated, tmp_path)
+    code, _, err = report_here(workdir, out, monkeypatch=monkeypatch, capsys=capsys, run_dir=tmp_path)
+    assert code == 0, err
+    length = {(row[0], row[1]): row[2:] for row in tables((out / 'results.md').read_text(encoding='utf-8'))[1][1:]}
+    assert all(float(v) > 0 for v in length['rope', 'plain'][:3])  # 4x = 64 tokens fit in a 450-token shard
+    (data / 'tiny_val_000001.bin').unlink()
+    for cached in out.glob('runs/*/seed*/extrapolation.json'):
+        cached.unlink()
+    code, _, err = report_here(workdir, out, monkeypatch=monkeypatch, capsys=capsys, run_dir=tmp_path)
+    md = (out / 'results.md').read_text(encoding='utf-8')
+    assert code == 0 and 'Not in the length table' in md and 'tiny_val_000001.bin' in md, err
+    assert list(table_rows(md)) == ['vanilla', 'rope']
+
+
+def test_the_length_table_shows_progress_with_an_eta(ablated, tmp_path, monkeypatch, capsys):
+    out = runs_to_measure(ablated, tmp_path)
+    code, stdout, err = report_here(ablated[0], out, monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, err
+    assert 'length table: measuring 4 run(s) at 1x, 2x, 4x, 8x' in stdout
+    assert 'length table [1/4] rope seed 1337 done in' in stdout and ', ETA ' in stdout
+    assert 'length table [4/4]' in stdout and 'measuring' not in report_here(
+        ablated[0], out, monkeypatch=monkeypatch, capsys=capsys)[1]  # cached: nothing to measure, nothing said
+
+
+def test_the_report_says_what_its_figures_are(ablated, tmp_path, monkeypatch, capsys):
+    """Timing from runs one after another, the 1x column against the final val loss, 'LLLG' as Gemma 3's
+    stand-in, and a plot title that does not name the base recipe as if it were every variant."""
+    shutil.copytree(ablated[1], tmp_path / 'out')
+    for done in (tmp_path / 'out').glob('runs/rope/seed*/done.json'):  # as if the rope runs were the group's
+        done.write_text(done.read_text().replace('"variant": "rope"', '"variant": "layers=LLLG"'))
+    import matplotlib.axes
+    titles, set_axes = [], matplotlib.axes.Axes.set
+    monkeypatch.setattr(matplotlib.axes.Axes, 'set',
+                        lambda ax, **kw: titles.append(kw.get('title')) or set_axes(ax, **kw))
+    code, _, err = report_here(ablated[0], tmp_path / 'out', monkeypatch=monkeypatch, capsys=capsys)
+    md = (tmp_path / 'out' / 'results.md').read_text(encoding='utf-8')
+    assert code == 0 and list(table_rows(md)) == ['vanilla', 'layers=LLLG'], err
+    assert 'runs trained one after another' in md and 'bench.py times variants side by side' in md
+    assert '1× is not the final val loss above' in md and 'eval_iters batches' in md
+    assert "not Gemma 3's 5:1 'LLLLLG', which tiled over this 1-layer model would be 'L': LLLG stands in" in md
+    assert titles == [f"val loss vs {x}: grid custom, each variant's flags on tiny.py"
+                      for x in ('iteration', 'time (s)')]
 
 
 def test_failed_run_is_reported_and_the_others_finish(tmp_path):

@@ -1,5 +1,6 @@
 """bench.py end to end on a tiny CPU model, as a subprocess (it is a script of module-level settings)."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=65, bias=F
 ARGS = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16', '--bias=False', '--batch_size=2',
         '--train_iters=2', '--warmup_iters=1', '--decode_tokens=10', '--device=cpu', '--peak_flops=1e9']
 HEADER = ['variant', 'params (M)', 'active (M)', 'train ms/iter', 'train tok/s', 'MFU %', 'decode tok/s cached',
-          'decode tok/s uncached', 'speedup', 'KV bytes/token', 'cache MB/sequence']
+          'decode tok/s uncached', 'cached/uncached decode', 'KV bytes/token', 'cache MB/sequence']
 
 
 def bench(*args, cwd):
@@ -95,11 +96,29 @@ def test_a_measured_peak_is_the_best_of_before_and_after(tmp_path, monkeypatch, 
     """A matmul measured slow at the start (another job ran then) does not put MFU over 100%: bench measures
     the peak again after the runs and rescales MFU by the better one."""
     out, data = measured_bench(tmp_path, monkeypatch, capsys, [1e12, 4e12])
-    assert 'peak 4 TFLOP/s (measured fake, the best of before and after the runs)' in out
+    assert ('peak 4 TFLOP/s (measured fake, the best of before and after the runs; 1 and 4 TFLOP/s: the load '
+            'changed)') in out
     row = data['rows'][0]
     flops = GPT(GPTConfig(**TINY)).flops_per_token(TINY['block_size']) * 2 * TINY['block_size']  # batch 2
     assert data['peak_flops'] == 4e12
     assert row['mfu'] == pytest.approx(flops / (row['train_ms_per_iter'] / 1000) / 4e12)
+
+
+@pytest.mark.parametrize('peaks, changed', [([1e12, 4e12], True), ([2e12, 2.1e12], False)])
+def test_a_measured_peak_says_mfu_is_not_trustworthy_under_load(tmp_path, monkeypatch, capsys, peaks, changed):
+    """A measured peak is no datasheet: the output says MFU is not trustworthy under load, and shows both
+    measurements when they disagree (the load changed during the runs); a given --peak_flops says neither."""
+    out, _ = measured_bench(tmp_path, monkeypatch, capsys, peaks)
+    assert 'not a datasheet: under load' in out and 'MFU is not trustworthy then; give --peak_flops' in out
+    assert ('the load changed' in out) == changed
+    assert 'not trustworthy' not in run_peak_given(tmp_path, monkeypatch, capsys)
+
+
+def run_peak_given(tmp_path, monkeypatch, capsys):
+    import runpy
+    monkeypatch.setattr(sys, 'argv', ['bench.py', *ARGS, '--variants=vanilla', '--decode_tokens=2'])
+    runpy.run_path(str(REPO_ROOT / 'bench.py'), run_name='__main__')
+    return capsys.readouterr().out
 
 
 def test_no_mfu_against_a_matmul_slower_than_the_model(tmp_path, monkeypatch, capsys):
@@ -244,6 +263,41 @@ def test_json_that_cannot_be_written_is_refused_before_the_timing(tmp_path, monk
         runpy.run_path(str(REPO_ROOT / 'bench.py'), run_name='__main__')
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and err[0].startswith(f'error: cannot write --json={place}')
+
+
+@pytest.mark.parametrize('name', ['ckpt.pt', 'best.pt', 'notes.txt'])
+def test_json_never_replaces_a_checkpoint_or_a_hard_linked_file(tmp_path, monkeypatch, capsys, name):
+    """best.pt is a hard link of ckpt.pt (train.py): --json naming either, or any file with a second name, is
+    refused before the timing, and both files stay as they were."""
+    import runpy
+    import common
+    from common import new_checkpoint, save_checkpoint
+    save_checkpoint(new_checkpoint(GPT(GPTConfig(**TINY))), str(tmp_path / 'ckpt.pt'))
+    os.link(tmp_path / 'ckpt.pt', tmp_path / 'best.pt')
+    (tmp_path / 'notes.txt').write_text('mine')
+    os.link(tmp_path / 'notes.txt', tmp_path / 'notes-too.txt')
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    monkeypatch.setattr(common, 'peak_flops', lambda *a, **k: pytest.fail('measured before checking --json'))
+    monkeypatch.setattr(common, 'catch_interrupts', lambda: None)
+    args = [a for a in ARGS if not a.startswith('--peak_flops')]
+    monkeypatch.setattr(sys, 'argv', ['bench.py', *args, '--variants=vanilla', f'--json={tmp_path / name}'])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(str(REPO_ROOT / 'bench.py'), run_name='__main__')
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith(f'error: cannot write --json={tmp_path / name}')
+    assert ('a checkpoint' if name.endswith('.pt') else 'hard link') in err[0]
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_json_is_written_aside_and_switched_in(tmp_path, monkeypatch, capsys):
+    """An old bench.json is replaced whole (a new file, not rewritten in place): a reader holding the old one
+    keeps it, and no temporary file is left beside it."""
+    (tmp_path / 'b.json').write_text('old')
+    old = open(tmp_path / 'b.json')
+    _, data = measured_bench(tmp_path, monkeypatch, capsys, [1e12, 1e12])
+    assert old.read() == 'old' and data['rows'][0]['variant'] == 'vanilla'
+    old.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['b.json']
 
 
 def test_kill_is_one_line_and_exit_143(tmp_path):

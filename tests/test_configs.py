@@ -1,10 +1,15 @@
 """Every recipe in config/ loads through the configurator against the settings of the script it is for."""
 
 import ast
+import json
+import runpy
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import common
 from configurator import configure, script_defaults
 from model import SWAPS, swap_flags
 
@@ -61,3 +66,55 @@ def test_the_muon_recipes_are_the_modern_ones_with_muon(monkeypatch):
         b = configure(defaults, [f'config/{modern.replace("modern", "modern_muon")}.py'])
         differing = {k for k in a if a[k] != b[k]}
         assert differing - {'out_dir', 'wandb_run_name', 'muon_lr'} == {'optimizer'} and b['optimizer'] == 'muon'
+
+
+def make_bpe_dataset(root, dataset, sharded):
+    """root/data/<dataset> of random GPT-2 token ids with prepare.py's meta.json: train.bin and val.bin, or
+    FineWeb-Edu's shards that meta.json lists."""
+    d = root / 'data' / dataset
+    d.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    splits = {split: rng.integers(0, 50257, n, dtype=np.uint16) for split, n in (('val', 1000), ('train', 4000))}
+    meta = {'kind': 'tiktoken', 'encoding': 'gpt2', 'vocab_size': 50257,
+            **{f'{split}_tokens': len(ids) for split, ids in splits.items()}}
+    if sharded:
+        meta.update(complete=True, shards={split: [[f'{dataset}_{split}_{k:06d}.bin', len(ids), 0, 0]]
+                                           for k, (split, ids) in enumerate(splits.items())})
+    for split, ids in splits.items():
+        ids.tofile(d / (meta['shards'][split][0][0] if sharded else f'{split}.bin'))
+    (d / 'meta.json').write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize('name, dataset, sharded', [('shakespeare_bpe_cpu', 'shakespeare', False),
+                                                    ('fineweb_edu_cpu', 'fineweb_edu', True)])
+def test_the_bpe_cpu_recipes_train_the_modern_block_on_their_data(name, dataset, sharded, tmp_path, monkeypatch,
+                                                                  capsys):
+    """The CPU recipes for GPT-2 BPE data: a tiktoken dataset, the modern block, and a step of their own model on
+    data laid out as the dataset's prepare.py writes it (FineWeb-Edu: shards, no val.bin)."""
+    monkeypatch.chdir(REPO)
+    s = configure(script_defaults(REPO / 'train.py'), [f'config/{name}.py'])
+    assert s['dataset'] == dataset and 'tiktoken' in (REPO / 'data' / dataset / 'prepare.py').read_text()
+    assert (s['device'], s['compile']) == ('cpu', False)
+    assert {k: s[k] for k in swap_flags('modern', s)} == swap_flags('modern', s)
+    make_bpe_dataset(tmp_path, dataset, sharded)
+    (tmp_path / 'config').symlink_to(REPO / 'config')  # recipes exec the ones they build on by relative path
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, 'argv', ['train.py', f'config/{name}.py', '--max_iters=2', '--eval_interval=2',
+                                      '--eval_iters=1', '--warmup_iters=1', '--out_dir=out',
+                                      '--peak_flops=1e12'])  # no matmul to measure
+    monkeypatch.setattr(common, 'catch_interrupts', lambda: None)  # pytest keeps its own Ctrl-C
+    monkeypatch.setenv('WANDB_MODE', 'offline')
+    try:
+        runpy.run_path(str(REPO / 'train.py'), run_name='__main__')
+    finally:
+        common.release_out_dirs()  # as the end of its process would
+    out = capsys.readouterr().out
+    assert 'step 2: train loss' in out and (tmp_path / 'out' / 'ckpt.pt').exists(), out
+
+
+def test_every_cpu_recipe_is_in_the_readme():
+    """A newcomer finds the CPU recipes in the README's table, the BPE ones with their data's preparation."""
+    readme = (REPO / 'README.md').read_text(encoding='utf-8')
+    for name in (n for n in CONFIGS if n.endswith('_cpu.py')):
+        assert f'train.py config/{name}' in readme, name
+    assert 'python data/shakespeare/prepare.py && python train.py config/shakespeare_bpe_cpu.py' in readme

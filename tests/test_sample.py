@@ -325,19 +325,29 @@ def test_vanishing_temperature_or_top_p_samples_the_likeliest_token(tmp_path, sa
     assert out == greedy
 
 
-def test_compiled_sampling_equals_eager_and_compiles_the_decoding_step_once(tmp_path, sample):
+def test_compiled_sampling_equals_eager_compiles_once_and_times_only_the_steady_tokens(tmp_path, sample, monkeypatch):
     """--compile=True compiles the decoding step (compile_decoding): the same text as eager, past a context shift
-    (which prefills again, eagerly), and one graph, not one per layer or per decode length."""
+    (which prefills again, eagerly), and one graph, not one per layer or per decode length. It compiles before the
+    timed generation, and says so with its time: the tokens/s printed is the steady speed."""
     import torch._dynamo
     char_checkpoint(tmp_path, 'modern')
     args = ('--start=abc', '--num_samples=2', '--max_new_tokens=60', '--temperature=0')  # past block_size 32
     eager, _ = sample(*args)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    compiled, _ = sample(*args, '--compile=True')
+    graphs = torch._dynamo.utils.counters['stats']
+    compiled_at_start, generate_stream = [], GPT.generate_stream
+
+    def recording(self, *a, **k):  # the graphs already compiled when each generation starts
+        compiled_at_start.append(graphs['unique_graphs'])
+        yield from generate_stream(self, *a, **k)
+    monkeypatch.setattr(GPT, 'generate_stream', recording)
+    compiled, err = sample(*args, '--compile=True')
     assert compiled == eager
-    assert torch._dynamo.utils.counters['stats']['unique_graphs'] == 1
-    assert not torch._dynamo.utils.counters['graph_break']
+    assert graphs['unique_graphs'] == 1 and not torch._dynamo.utils.counters['graph_break']
+    assert compiled_at_start[-1] == 1  # the timed generation compiles nothing
+    assert re.search(r'^compiling the decoding step \.\.\. compiled in \d+\.\d s$', err, re.M), err
+    assert parse_report(err).group(1) == '120'  # the samples' tokens, not the warm-up's
 
 
 # ----------------------------------------------------------------------------- Hugging Face directories
