@@ -8,6 +8,7 @@ GPT.generate, generate_stream, compile_decoding and kv_cache_bytes are these fun
 """
 
 import math
+import types
 from functools import partial
 
 import torch
@@ -180,14 +181,17 @@ def decode_step(model, idx, pos, stores):
 def compile_decoding(model, backend='inductor', mode=None, keep_cache=None):
     """Prepare generate's fast path: decode_step compiled once (the prefill stays eager), used by every later
     generate with a cache. On a CPU the cache's slots are a dynamic size, so no length compiles anew, and the
-    weights are frozen into the step (compile again after changing them); on CUDA mode None is
+    weights are frozen into the step (call again after changing them: it compiles anew); on CUDA mode None is
     'reduce-overhead': the step replayed as a CUDA graph. A graph replays fixed addresses, so there (keep_cache
     None, or True) generate keeps one cache of block_size positions per batch size and reuses it. Returns the
     model."""
     cuda = model.lm_head.weight.is_cuda
     if mode is None and cuda and backend == 'inductor':
         mode = 'reduce-overhead'
-    step = decode_step
+    # dynamo keeps its graphs with the code object it compiled, and a frozen graph (below) the weights it saw:
+    # each call compiles a copy of decode_step's code of its own, so a second call after the weights change
+    # compiles anew instead of finding the old graph
+    step = types.FunctionType(decode_step.__code__.replace(), decode_step.__globals__, 'decode_step')
     # MoE's CPU path reads its experts' token counts on the host: a graph break, so not fullgraph. dynamic=False:
     # each batch size a static graph of its own (dynamo's default would make the batch symbolic at the second
     # size, a general graph, 15% slower a GPT-2 step at batch 8 here, for every size after it); the cache's

@@ -258,6 +258,47 @@ def test_compiled_decoding_specializes_each_batch_size():
         torch._dynamo.reset()
 
 
+def test_compiling_again_compiles_anew():
+    """Issue 34: on a CPU inductor freezes the weights into the step, and a second compile_decoding() after the
+    weights changed found dynamo's graph of the first (kept with decode_step's code), so after the eager
+    prefill's token the output followed the old weights. Each call now compiles a step of its own: a new graph
+    (dynamo's 'eager' backend here, which keeps the guards and the cache but generates no code; with inductor's
+    frozen weights: the test after this one)."""
+    import torch._dynamo
+    model = build(pos='rope', n_kv_head=2)
+    idx = torch.randint(0, VOCAB, (1, 3), generator=torch.Generator().manual_seed(7))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    try:
+        model.compile_decoding(backend='eager')
+        for _ in range(2):  # the same step: one graph
+            model.generate(idx, 4, temperature=0)
+            assert torch._dynamo.utils.counters['stats']['unique_graphs'] == 1
+        model.compile_decoding(backend='eager').generate(idx, 4, temperature=0)
+        assert torch._dynamo.utils.counters['stats']['unique_graphs'] == 2
+    finally:
+        torch._dynamo.reset()
+
+
+def test_compiling_again_after_the_weights_change_decodes_with_the_new_weights():
+    """The issue's case itself: inductor on a CPU (the weights frozen into the step), weights loaded in place,
+    compile_decoding() again: eager decoding's tokens with the new weights."""
+    import torch._dynamo
+    model = build(n_layer=1, n_embd=16, n_head=2)
+    idx = torch.randint(0, VOCAB, (1, 3), generator=torch.Generator().manual_seed(7))
+    torch._dynamo.reset()
+    try:
+        before = model.compile_decoding().generate(idx, 6, temperature=0)
+        with torch.no_grad():
+            for p in model.parameters():  # in place: the same tensors, new values
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+        expected = model.generate(idx, 6, temperature=0, use_cache=False)
+        assert not torch.equal(expected, before)
+        assert torch.equal(model.compile_decoding().generate(idx, 6, temperature=0), expected)
+    finally:
+        torch._dynamo.reset()
+
+
 @torch.no_grad()
 def test_dynamic_rope_is_exact_with_a_cache_within_its_original_length_only():
     """'dynamic' gives every position new angles as the sequence grows past rope_original_length: a full
