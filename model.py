@@ -376,7 +376,7 @@ class TokenMixer(nn.Module):
 
     def cache_entries(self):
         """What a cache keeps per past token: {name: (heads, dim)}; a window keeps its last `window` only, in
-        a ring. A mixer with entries attends: its forward gets a mask of the cached tokens each query sees."""
+        a ring. A mixer with entries attends: in a decoding step its mask says which of their slots are written."""
         return {}
 
     def cache_states(self):
@@ -526,6 +526,7 @@ class Block(nn.Module):
         super().__init__()
         self.norm_position = config.norm_position
         self.ln_1 = make_norm(config)  # on the attention's input (pre, sandwich) or its output (post, after)
+        # the layer kind's token mixer (named attn whatever its kind: the checkpoints' parameter names)
         self.attn = LAYER_KINDS[config.layer_kinds[layer]][1](config, layer)
         self.ln_2 = make_norm(config)  # the same for the MLP
         self.mlp = MLPS[config.mlp_of(layer)](config)
@@ -619,12 +620,11 @@ class GPT(nn.Module):
         # block gets a plain bool where the mask is plain causal attention
         contexts = {}
         for i, block in enumerate(self.transformer.h):
-            mixer = block.attn
-            if (mixer.positions, mixer.window) not in contexts:
-                mask = causal_mask(T, mixer.window, idx.device) if cache is None else \
-                    cache.mask(T, mixer.window, idx.device)
-                contexts[mixer.positions, mixer.window] = (tables[mixer.positions], T > 1 if mask is None else mask)
-            x = block(x, *contexts[mixer.positions, mixer.window], cache[i] if cache is not None else None)
+            positions, window = block.attn.positions, block.attn.window
+            if (positions, window) not in contexts:
+                mask = causal_mask(T, window, idx.device) if cache is None else cache.mask(T, window, idx.device)
+                contexts[positions, window] = (tables[positions], T > 1 if mask is None else mask)
+            x = block(x, *contexts[positions, window], cache[i] if cache is not None else None)
         if cache is not None:
             cache.advance(T)
         return self.transformer.ln_f(x)
