@@ -222,7 +222,7 @@ def group_members(group, base):
     if group == 'schedule':
         return [('modern', modern), ('modern+wsd', {**modern, 'lr_schedule': 'wsd'})]
     if group == 'recipe_mlp':  # the modern block's MLP; the plain ones 1.5x the gated width: equal parameters
-        gated = GPTConfig(**{**model_args(base), **modern}).hidden_size  # 8/3 d rounded up to multiple_of
+        gated = GPTConfig(**{**model_args(base), **modern}).mlp_width  # 8/3 d rounded up to multiple_of
         return [('modern mlp=swiglu', modern)] + [(f'modern mlp={m}', {**modern, 'mlp': m, 'ffn_hidden': 3 * gated // 2})
                                                   for m in ('gelu', 'relu2')]
     if group == 'zero_init':  # a tied head is the embedding and keeps its init: untied shows the head's part too

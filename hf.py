@@ -69,7 +69,7 @@ def _gpt2_write(cfg):
     eot = 50256  # GPT-2's <|endoftext|>, only where the vocabulary has it (not a character one)
     special = eot if cfg.vocab_size > eot else None
     return dict(vocab_size=cfg.vocab_size, n_positions=cfg.block_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
-                n_head=cfg.n_head, n_inner=cfg.hidden_size, activation_function='gelu_new',
+                n_head=cfg.n_head, n_inner=cfg.mlp_width, activation_function='gelu_new',
                 layer_norm_epsilon=cfg.norm_eps, resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout,
                 attn_pdrop=cfg.dropout, tie_word_embeddings=cfg.tie_embeddings, bos_token_id=special,
                 eos_token_id=special)
@@ -159,7 +159,7 @@ def _llama_like_read(c, partial=False):
 
 
 def _llama_like_write(cfg):
-    return dict(vocab_size=cfg.vocab_size, hidden_size=cfg.n_embd, intermediate_size=cfg.hidden_size,
+    return dict(vocab_size=cfg.vocab_size, hidden_size=cfg.n_embd, intermediate_size=cfg.mlp_width,
                 num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head, num_key_value_heads=cfg.kv_heads,
                 head_dim=cfg.head_size, rms_norm_eps=cfg.norm_eps, hidden_act='silu', attention_dropout=cfg.dropout,
                 tie_word_embeddings=cfg.tie_embeddings, **_rope_write(cfg))

@@ -2,13 +2,24 @@
 The whole model in one file: a GPT whose config switches, one flag at a time, each swap that turns a
 GPT-2 block into a LLaMA/Qwen-style block, and the next ones the field uses.
 
-    flag      vanilla        modern        classes (one dict per kind of part)
-    norm      'layernorm' -> 'rms'         NORMS: LayerNorm, RMSNorm
-    mlp       'gelu'      -> 'swiglu'      MLPS: MLP, GatedMLP (and 'moe': MoE, Experts)
-    n_kv_head None        -> n_head/2      ATTENTIONS: CausalSelfAttention (and 'mla': LatentAttention)
-    pos       'learned'   -> 'rope'        POSITIONS: LearnedPositions, Rotary (rope_scaling: rope_frequencies)
+It reads top to bottom as the lesson goes. First the GPT-2 block and the four swaps, then the model:
+
+    flag      vanilla        modern        where
+    norm      'layernorm' -> 'rms'         LayerNorm, RMSNorm (NORMS)
+    mlp       'gelu'      -> 'swiglu'      MLP, GatedMLP (MLPS)
+    n_kv_head None        -> n_head/2      attend (K/V heads shared by query heads), CausalSelfAttention
+    pos       'learned'   -> 'rope'        LearnedPositions; rope_frequencies, Rotary, apply_rope (POSITIONS)
     norm_position 'pre'   -> 'post', 'sandwich', 'after'   Block.forward (2017/BERT, Gemma, OLMo 2)
-    layers    None        -> 'LG', 'LLLLLG', 'GGGN'       each layer global, local (sliding window) or NoPE
+
+then each later chapter in a section of its own: mixture of experts (mlp='moe'), multi-head latent attention
+(attn='mla'), long context (rope_scaling), layers of several kinds (layers='LG', 'GGGN': sliding windows and
+NoPE), attention sinks (attn_sinks), linear attention (layers='DDDG': Gated DeltaNet); then the machinery (the
+swaps' table, old checkpoints' names, the config's checks as tables).
+
+Every layer's token mixer (attention, latent attention, Gated DeltaNet, ...) is a TokenMixer that declares
+what it needs (its positions, its window, what a cache keeps for it, its FLOPs) and is entered in LAYER_KINDS
+under its letter; the rest of the model asks it. The decoding engine (caches, the decoding step, compiled
+decoding, sampling) is generate.py and the Muon optimizer optim.py: both build on this file.
 
 GPTConfig is the one list of model flags: the scripts read it (each field is a setting, its comment the
 help text), SWAPS says which values make the vanilla and the modern block, BEYOND_MODERN the next swaps.
@@ -16,8 +27,6 @@ With every default the model is nanoGPT's GPT-2, parameter names included, so GP
 The Hugging Face families (HF_FAMILIES: names and configs, both ways) live in hf.py, which builds on this file.
 """
 
-import contextlib
-import inspect
 import math
 from dataclasses import dataclass, fields
 from functools import partial
@@ -110,151 +119,7 @@ class GPTConfig:
     swiglu_limit: Optional[float] = None  # experts' clamped SwiGLU (gpt-oss: 7): (clamp(up)+1) * g*sigmoid(1.702g), g = min(gate, limit); None: plain SwiGLU
 
     def __post_init__(self):
-        for name in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'multiple_of'):
-            _check_int(name, getattr(self, name))
-        for name, kinds in (('norm', NORMS), ('mlp', MLPS), ('attn', ATTENTIONS), ('pos', POSITIONS),
-                            ('rope_scaling', ROPE_SCALINGS), ('router', ROUTERS), ('norm_position', NORM_POSITIONS)):
-            if getattr(self, name) not in kinds:
-                raise ValueError(f"{name} must be one of {', '.join(map(repr, kinds))}; got {getattr(self, name)!r}")
-        for name in ('n_expert', 'n_expert_group', 'topk_group'):
-            _check_int(name, getattr(self, name))
-        _check_int('n_expert_active', self.n_expert_active, f"an int in [1, n_expert={self.n_expert}]", 1, self.n_expert)
-        for name in ('n_shared_expert', 'first_dense_layers'):
-            _check_int(name, getattr(self, name), 'an int >= 0', 0)
-        if self.n_expert % self.n_expert_group != 0 or self.topk_group > self.n_expert_group:
-            raise ValueError(f"n_expert_group ({self.n_expert_group}) must divide n_expert ({self.n_expert}) and be "
-                             f">= topk_group ({self.topk_group})")
-        if self.n_expert_active > self.topk_group * self.n_expert // self.n_expert_group:
-            raise ValueError(f"n_expert_active ({self.n_expert_active}) is more than the experts of topk_group "
-                             f"({self.topk_group}) groups hold")
-        for name in ('ffn_hidden', 'head_dim', 'sliding_window', 'rope_original_length', 'moe_hidden'):
-            if getattr(self, name) is not None:
-                _check_int(name, getattr(self, name), 'None or a positive int')
-        if self.head_dim is None and self.n_embd % self.n_head != 0:
-            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}), or set head_dim")
-        if self.n_kv_head is not None:
-            _check_int('n_kv_head', self.n_kv_head, f"None or an int in [1, n_head={self.n_head}]", 1, self.n_head)
-            if self.n_head % self.n_kv_head != 0:
-                raise ValueError(f"n_head ({self.n_head}) must be divisible by n_kv_head ({self.n_kv_head})")
-        mla = ('kv_lora_rank', 'q_lora_rank', 'qk_nope_head_dim', 'qk_rope_head_dim', 'v_head_dim')
-        if self.attn == 'mla':
-            cannot = [f"{k}={getattr(self, k)!r}" for k, default in (('n_kv_head', None), ('head_dim', None),
-                      ('qk_norm', False), ('qkv_bias', False)) if getattr(self, k) != default]
-            cannot += [f"{k}={getattr(self, k)!r}" for k, default in (('rope_fraction', 1.0), ('attn_sinks', False),
-                       ('attn_gate', False), ('attn_scale', None)) if getattr(self, k) != default]
-            if cannot:
-                fix = ' '.join(f"--{c.split('=')[0]}={GPTConfig.__dataclass_fields__[c.split('=')[0]].default}"
-                               for c in cannot)
-                raise ValueError(f"attn='mla' makes its own keys and values: {', '.join(cannot)} cannot apply "
-                                 f"(set {fix})")
-            for name in mla:
-                if getattr(self, name) is not None:
-                    _check_int(name, getattr(self, name), 'None or an int >= 0', 0 if name in (
-                        'q_lora_rank', 'qk_rope_head_dim') else 1)
-            if self.pos == 'learned' and self.qk_rope_head_dim:
-                raise ValueError(f"qk_rope_head_dim={self.qk_rope_head_dim} needs pos='rope' (learned positions "
-                                 f"rotate nothing): set --pos=rope or --qk_rope_head_dim=None")
-            if self.pos == 'rope' and self.qk_rope_head_dim == 0:
-                raise ValueError("qk_rope_head_dim=0 with pos='rope': the rotated part needs a width")
-        else:
-            set_ = [k for k in mla if getattr(self, k) is not None]
-            if set_:
-                raise ValueError(f"{', '.join(set_)} apply to attn='mla' only, got attn={self.attn!r} (set --attn=mla, "
-                                 f"or {' '.join(f'--{k}=None' for k in set_)})")
-        self._check_layers()
-        self._check_linear()
-        if not (isinstance(self.rope_fraction, (int, float)) and 0 < self.rope_fraction <= 1) \
-                or isinstance(self.rope_fraction, bool):
-            raise ValueError(f"rope_fraction must be in (0, 1], got {self.rope_fraction!r}")
-        if self.pos == 'rope' and (self.rope_dim % 2 != 0 or self.rope_dim < 2):
-            raise ValueError(f"pos='rope' needs an even number of rotated dims per head (head_dim * rope_fraction, "
-                             f"or qk_rope_head_dim with MLA), got {self.rope_dim}")
-        if self.rope_scaling is not None and self.pos != 'rope':
-            raise ValueError(f"rope_scaling={self.rope_scaling!r} needs pos='rope', got pos={self.pos!r} (set --pos=rope "
-                             f"or --rope_scaling=None)")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        for name in ('norm_eps', 'rope_theta', 'rope_factor', 'rope_low_freq_factor', 'rope_high_freq_factor',
-                     'yarn_beta_fast', 'yarn_beta_slow', 'rope_attention_factor', 'routed_scaling', 'rope_local_theta',
-                     'attn_scale', 'logit_softcap', 'swiglu_limit'):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
-                raise ValueError(f"{name} must be a positive number, got {value!r}")
-        if not self.rope_high_freq_factor > self.rope_low_freq_factor:
-            raise ValueError(f"rope_high_freq_factor ({self.rope_high_freq_factor}) must be greater than "
-                             f"rope_low_freq_factor ({self.rope_low_freq_factor})")
-        for name in ('yarn_mscale', 'yarn_mscale_all_dim', 'moe_aux_loss_coef', 'moe_z_loss_coef',
-                     'moe_bias_update_rate'):
-            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), (int, float)) \
-                    or getattr(self, name) < 0:
-                raise ValueError(f"{name} must be a number >= 0, got {getattr(self, name)!r}")
-        for name in ('bias', 'tie_embeddings', 'zero_init', 'qkv_bias', 'qk_norm', 'router_norm_topk', 'attn_sinks', 'attn_gate',
-                     'qk_norm_all_heads', 'embed_scale', 'yarn_truncate', 'moe_bias', 'shared_expert_gate'):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        # a scaling's own flags do nothing without it: refused rather than recorded as if they applied
-        for name, scalings in ROPE_SCALING_FLAGS.items():
-            value, default = getattr(self, name), self.__dataclass_fields__[name].default
-            if value != default and self.rope_scaling not in scalings:
-                raise ValueError(f"{name}={value!r} applies only with rope_scaling="
-                                 f"{' or '.join(map(repr, scalings))}, got rope_scaling={self.rope_scaling!r} (set "
-                                 f"--rope_scaling, or --{name}={default})")
-        if self.shared_expert_gate and not self.n_shared_expert:
-            raise ValueError("shared_expert_gate=True gates the shared experts: set n_shared_expert >= 1")
-        if self.qk_norm_all_heads and not self.qk_norm:
-            raise ValueError("qk_norm_all_heads=True says how qk_norm normalizes: set qk_norm=True too")
-        expert_only = [f"{k}={getattr(self, k)!r}" for k, default in (('moe_bias', False), ('swiglu_limit', None))
-                       if getattr(self, k) != default]
-        if expert_only and self.mlp != 'moe':
-            raise ValueError(f"{', '.join(expert_only)} apply to mlp='moe' only, got mlp={self.mlp!r}")
-
-    def _check_layers(self):
-        """layers (each layer's attention kind) against the flags it depends on."""
-        if self.layers is not None:
-            if not isinstance(self.layers, str) or not self.layers or set(self.layers) - set(LAYER_KINDS) \
-                    or len(self.layers) > self.n_layer:
-                raise ValueError(f"layers must be a string of {', '.join(map(repr, LAYER_KINDS))} (global, local, global "
-                                 f"without RoPE, Gated DeltaNet) at most n_layer={self.n_layer} long, tiled over the layers; got "
-                                 f"{self.layers!r}")
-            if 'L' in self.layers and self.sliding_window is None:
-                raise ValueError(f"layers={self.layers!r} has local ('L') layers: set sliding_window, their window")
-            if 'N' in self.layers and self.pos != 'rope':
-                raise ValueError(f"layers={self.layers!r} has layers without RoPE ('N'): that needs pos='rope', got "
-                                 f"pos={self.pos!r}")
-        if self.sliding_window is not None and 'L' not in self.layer_kinds:
-            raise ValueError(f"sliding_window={self.sliding_window} applies to local ('L') layers and layers="
-                             f"{self.layers!r} has none: add 'L' to layers or set --sliding_window=None")
-        if self.rope_local_theta is not None and 'L' not in self.layer_kinds:
-            raise ValueError(f"rope_local_theta={self.rope_local_theta} applies to local ('L') layers and there are "
-                             f"none: set layers (e.g. 'LLLLLG') and sliding_window, or rope_local_theta=None")
-        if self.rope_local_theta is not None and self.pos != 'rope':
-            raise ValueError(f"rope_local_theta needs pos='rope', got pos={self.pos!r}")
-
-    def _check_linear(self):
-        """The Gated DeltaNet flags: they apply to 'D' layers only."""
-        names = ('linear_n_key_head', 'linear_n_value_head', 'linear_key_dim', 'linear_value_dim')
-        for name in names:
-            if getattr(self, name) is not None:
-                _check_int(name, getattr(self, name), 'None or a positive int')
-        for name in ('linear_conv_kernel', 'linear_chunk_size'):
-            _check_int(name, getattr(self, name), 'an int >= 1')
-        dims = self.linear_dims
-        if dims['v_heads'] % dims['k_heads'] != 0:
-            raise ValueError(f"linear_n_value_head ({dims['v_heads']}) must be a multiple of linear_n_key_head "
-                             f"({dims['k_heads']}): each key head serves a group of value heads")
-        set_ = [k for k in names + ('linear_conv_kernel', 'linear_chunk_size')
-                if getattr(self, k) != self.__dataclass_fields__[k].default]
-        if set_ and 'D' not in self.layer_kinds:
-            raise ValueError(f"{', '.join(set_)} apply to Gated DeltaNet ('D') layers and layers={self.layers!r} has "
-                             f"none: add 'D' to layers or leave them at their defaults")
-
-    @property
-    def linear_dims(self):
-        """A 'D' layer's heads and widths, the defaults filled in."""
-        hs = self.head_size
-        k_heads = self.linear_n_key_head or self.n_head
-        return {'k_heads': k_heads, 'v_heads': self.linear_n_value_head or k_heads,
-                'k_dim': self.linear_key_dim or hs, 'v_dim': self.linear_value_dim or hs}
+        check_config(self)  # against the tables at the end of the file
 
     @property
     def head_size(self):
@@ -265,14 +130,24 @@ class GPTConfig:
         return self.n_head if self.n_kv_head is None else self.n_kv_head
 
     @property
+    def mlp_width(self):
+        """The MLP's hidden width (Hugging Face's intermediate_size; its hidden_size is our n_embd)."""
+        if self.ffn_hidden is not None:
+            return self.ffn_hidden
+        if MLPS[self.mlp].gated:
+            # a third matrix costs 50% more parameters; 2/3 of 4d keeps the count of the plain MLP
+            return self.multiple_of * math.ceil(int(8 * self.n_embd / 3) / self.multiple_of)
+        return 4 * self.n_embd
+
+    @property
     def rope_dim(self):
         """Width of the rotated part of each query and key head (its first dims)."""
         return self.mla_dims['rope'] if self.attn == 'mla' else int(self.head_size * self.rope_fraction)
 
     @property
     def layer_kinds(self):
-        """Each layer's attention: 'G' global, 'L' local (sliding_window), 'N' global without RoPE, 'D' Gated
-        DeltaNet."""
+        """Each layer's letter in LAYER_KINDS: 'G' global attention, 'L' local (sliding_window), 'N' global
+        without RoPE, 'D' Gated DeltaNet."""
         pattern = self.layers or ('L' if self.sliding_window is not None else 'G')
         return [pattern[i % len(pattern)] for i in range(self.n_layer)]
 
@@ -280,9 +155,19 @@ class GPTConfig:
         """The sliding window of a layer, None for full attention."""
         return self.sliding_window if self.layer_kinds[layer] == 'L' else None
 
+    def mlp_of(self, layer):
+        """The MLP kind of a layer: an MoE model's first_dense_layers keep a dense SwiGLU."""
+        return 'swiglu' if self.mlp == 'moe' and layer < self.first_dense_layers else self.mlp
+
+    # the later chapters' widths, the defaults filled in
+
+    @property
+    def expert_hidden(self):
+        return self.moe_hidden or max(1, self.mlp_width // self.n_expert_active)
+
     @property
     def mla_dims(self):
-        """MLA's widths, the defaults filled in (DeepSeek-V2's proportions to the head width)."""
+        """MLA's widths (DeepSeek-V2's proportions to the head width)."""
         hs = self.n_embd // self.n_head
         nope = self.qk_nope_head_dim or hs
         rope = self.qk_rope_head_dim if self.qk_rope_head_dim is not None else (max(2, nope // 2 // 2 * 2)
@@ -300,85 +185,18 @@ class GPTConfig:
         return self.rope_factor or self.block_size / self.rope_length
 
     @property
-    def hidden_size(self):
-        if self.ffn_hidden is not None:
-            return self.ffn_hidden
-        if MLPS[self.mlp].gated:
-            # a third matrix costs 50% more parameters; 2/3 of 4d keeps the count of the plain MLP
-            return self.multiple_of * math.ceil(int(8 * self.n_embd / 3) / self.multiple_of)
-        return 4 * self.n_embd
-
-    @property
-    def expert_hidden(self):
-        return self.moe_hidden or max(1, self.hidden_size // self.n_expert_active)
-
-    def mlp_of(self, layer):
-        """The MLP kind of a layer: an MoE model's first_dense_layers keep a dense SwiGLU."""
-        return 'swiglu' if self.mlp == 'moe' and layer < self.first_dense_layers else self.mlp
+    def linear_dims(self):
+        """A 'D' layer's heads and widths."""
+        hs = self.head_size
+        k_heads = self.linear_n_key_head or self.n_head
+        return {'k_heads': k_heads, 'v_heads': self.linear_n_value_head or k_heads,
+                'k_dim': self.linear_key_dim or hs, 'v_dim': self.linear_value_dim or hs}
 
     @classmethod
     def from_dict(cls, d):
         """Build from a dict that may hold extra keys (a training config): only our fields are used."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in upgrade_args(d).items() if k in names})
-
-
-# the flags of a RoPE scaling, and the rope_scaling values they apply to
-ROPE_SCALING_FLAGS = {'rope_factor': ('linear', 'dynamic', 'yarn', 'llama3'),
-                      'rope_original_length': ('linear', 'dynamic', 'yarn', 'llama3'),
-                      'rope_low_freq_factor': ('llama3',), 'rope_high_freq_factor': ('llama3',),
-                      'yarn_beta_fast': ('yarn',), 'yarn_beta_slow': ('yarn',), 'yarn_mscale': ('yarn',),
-                      'yarn_mscale_all_dim': ('yarn',), 'rope_attention_factor': ('yarn',), 'yarn_truncate': ('yarn',)}
-# Flags that change no weight: a trained model can be evaluated, sampled or trained on with other values of
-# these (a longer context with RoPE scaling or a window, dropout), so the scripts take them from the run.
-RUNTIME_FLAGS = ('block_size', 'dropout', 'sliding_window', 'rope_scaling', 'rope_factor', 'rope_original_length',
-                 'rope_low_freq_factor', 'rope_high_freq_factor', 'yarn_beta_fast', 'yarn_beta_slow', 'yarn_mscale',
-                 'yarn_mscale_all_dim', 'rope_attention_factor', 'yarn_truncate')
-LAYER_KINDS = ('G', 'L', 'N', 'D')  # global attention, local (a sliding window), global without RoPE (NoPE), Gated DeltaNet
-
-
-def upgrade_args(args):
-    """A saved config's flags under today's names: checkpoints from before norm_position said prenorm."""
-    args = dict(args)
-    if 'prenorm' in args:
-        prenorm = args.pop('prenorm')
-        args.setdefault('norm_position', 'pre' if prenorm else 'post')
-    return args
-
-
-def _check_int(name, value, allowed='a positive int', low=1, high=None):
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
-
-
-# Each swap: the flag it sets, GPT-2's value, and the modern (Llama/Qwen-style) value; a callable value
-# depends on the config's other flags. bench.py's variants, ablate.py's grid groups and the recipes' tests
-# are built from this table.
-SWAPS = {
-    'rms': ('norm', 'layernorm', 'rms'),
-    'swiglu': ('mlp', 'gelu', 'swiglu'),
-    'gqa': ('n_kv_head', None, lambda flags: max(1, flags['n_head'] // 2)),  # half the KV cache
-    'rope': ('pos', 'learned', 'rope'),
-}
-
-
-# The next chapter's swaps, each on top of the modern block, with the published defaults: bench.py's variants
-# (ablate.py's moe and attention groups vary them).
-BEYOND_MODERN = {
-    'moe': {'mlp': 'moe', 'n_expert': 8, 'n_expert_active': 2, 'moe_aux_loss_coef': 0.01},  # Mixtral's shape
-    'mla': {'attn': 'mla', 'n_kv_head': None},  # DeepSeek-V2's proportions to the head width
-}
-
-
-def swap_flags(names, flags, modern=True):
-    """The flags that turn on (modern=True) or off the named swaps ('modern': all of them), given the
-    config's other flags (a dict holding at least n_head)."""
-    out = {}
-    for name in SWAPS if names == 'modern' else names:
-        flag, vanilla, new = SWAPS[name]
-        value = new if modern else vanilla
-        out[flag] = value(flags) if callable(value) else value
-    return out
 
 
 # ----------------------------------------------------------------------------- norm
@@ -425,7 +243,10 @@ class LearnedPositions(nn.Embedding):
         super().__init__(config.block_size, config.n_embd)
 
     def forward(self, x, start):
-        """x plus the vectors of positions start.., and no rotary tables."""
+        """x plus the vectors of positions start.., and no rotary tables. start: an int, or in a decoding step
+        a (1,) tensor."""
+        if isinstance(start, torch.Tensor):
+            return x + self.weight[start], None
         end = start + x.size(1)
         if end > self.num_embeddings:
             raise ValueError(f"sequence of length {end} is longer than block_size {self.num_embeddings} "
@@ -433,60 +254,21 @@ class LearnedPositions(nn.Embedding):
         return x + super().forward(torch.arange(start, end, device=x.device)), None
 
 
-ROPE_SCALINGS = (None, 'linear', 'dynamic', 'yarn', 'llama3')
-
-
-def _yarn_mscale(scale, mscale=1.0):
-    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
-
 def rope_frequencies(config, dim, length, local=False):
-    """(the dim/2 rotation frequencies, the factor on cos and sin) of RoPE with config's rope_scaling, for a
-    sequence of `length` positions (only 'dynamic' depends on it); the formulas transformers uses. local: the
-    tables of 'L' layers with their own base (rope_local_theta), which are not scaled."""
-    theta, kind = config.rope_theta, config.rope_scaling
-    if local:
-        theta, kind = config.rope_local_theta, None
-    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
-    inv = 1.0 / theta ** exponents
-    factor, original = config.rope_scale, config.rope_length
-    if kind is None:
+    """(the dim/2 rotation frequencies, the factor on cos and sin): plain RoPE's theta^(-2i/dim), dim i and
+    i + dim/2 turning together; with config.rope_scaling, scaled for a sequence of `length` positions (the long
+    context chapter: scaled_frequencies). local: the tables of 'L' layers with their own base
+    (rope_local_theta), which are not scaled."""
+    theta = config.rope_local_theta if local else config.rope_theta
+    inv = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
+    if config.rope_scaling is None or local:
         return inv, 1.0
-    if kind == 'linear':  # position interpolation: positions squeezed `factor` times
-        return inv / factor, 1.0
-    if kind == 'dynamic':  # NTK-aware: a larger base once the sequence outgrows the original length
-        longest = max(length, original)
-        base = theta * ((factor * longest / original) - (factor - 1)) ** (dim / (dim - 2))
-        return 1.0 / base ** exponents, 1.0
-    if kind == 'llama3':  # long wavelengths stretched, short ones kept, a smooth band between
-        low, high = config.rope_low_freq_factor, config.rope_high_freq_factor
-        wavelength = 2 * math.pi / inv
-        stretched = torch.where(wavelength > original / low, inv / factor, inv)
-        smooth = (original / wavelength - low) / (high - low)
-        band = (wavelength >= original / high) & (wavelength <= original / low)
-        return torch.where(band, (1 - smooth) * stretched / factor + smooth * stretched, stretched), 1.0
-
-    # yarn: stretch the dims that turn fewer than beta_slow times within the original length, keep those
-    # turning more than beta_fast times, ramp between; and sharpen the attention (the factor on cos and sin)
-    def dim_turning(turns):
-        return dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(theta))
-    low, high = dim_turning(config.yarn_beta_fast), dim_turning(config.yarn_beta_slow)
-    if config.yarn_truncate:
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / ((high - low) or 0.001)).clamp(0, 1)
-    attention_factor = config.rope_attention_factor
-    if attention_factor is None:
-        if config.yarn_mscale and config.yarn_mscale_all_dim:
-            attention_factor = _yarn_mscale(factor, config.yarn_mscale) / _yarn_mscale(factor, config.yarn_mscale_all_dim)
-        else:
-            attention_factor = _yarn_mscale(factor)
-    return inv / factor * ramp + inv * (1 - ramp), attention_factor
+    return scaled_frequencies(config, inv, dim, length)
 
 
 class Rotary(nn.Module):
     """cos/sin tables for rotary embeddings, kept in fp32 and grown on demand (longer eval contexts).
-    The input passes unchanged: attention rotates its queries and keys with the tables."""
+    The input passes unchanged: attention rotates its queries and keys with the tables (apply_rope)."""
 
     def __init__(self, config, local=False):
         super().__init__()
@@ -511,15 +293,18 @@ class Rotary(nn.Module):
 
     def forward(self, x, start):
         """x unchanged, and (cos, sin) of positions start..; with 'dynamic', at the frequencies of the length
-        reached (as transformers does: with a KV cache, earlier keys keep the angles they were given)."""
+        reached (as transformers does: with a KV cache, earlier keys keep the angles they were given). start:
+        an int, or in a decoding step a (1,) tensor, read from the tables a prefill built (up to block_size)."""
+        if isinstance(start, torch.Tensor):
+            return x, (self.cos[start], self.sin[start])
         end = start + x.size(1)
         cos, sin = self._tables(end)
         return x, (cos[start:end], sin[start:end])
 
 
 def apply_rope(x, cos, sin):
-    """Rotate x (B, heads, T, dim) by the angles of its positions; with tables narrower than x (partial RoPE),
-    its first dims rotate and the others pass unchanged."""
+    """Rotate x (B, heads, T, dim) by the angles of its positions: each pair of dims (i, i + dim/2) turns as a
+    point in the plane. With tables narrower than x (partial RoPE), its first dims rotate, the others pass."""
     if cos.size(-1) < x.size(-1):
         d = cos.size(-1)
         return torch.cat((apply_rope(x[..., :d], cos, sin), x[..., d:]), dim=-1)
@@ -564,6 +349,718 @@ def attend(q, k, v, mask, dropout_p=0.0, scale=None, sinks=None):
                                           is_causal=mask is True, dropout_p=dropout_p, scale=scale, **gqa)
 
 
+def causal_mask(T, window, device):
+    """What each of T queries sees of the same T tokens: None for plain causal attention (SDPA's is_causal), or
+    with a window shorter than T a boolean (T, T) tensor (window_mask)."""
+    if window is None or window >= T:
+        return None
+    positions = torch.arange(T, device=device)
+    return window_mask(positions, positions, window)
+
+
+def window_mask(queries, keys, window):
+    """Whether each query (at the positions `queries`) sees each key (at `keys`): the past and itself, only
+    the last `window` of them with a window."""
+    allowed = keys[None, :] <= queries[:, None]
+    if window is not None:
+        allowed &= keys[None, :] > queries[:, None] - window
+    return allowed
+
+
+class TokenMixer(nn.Module):
+    """What mixes a layer's tokens, one class per kind of layer (LAYER_KINDS), declaring what the rest of the
+    model asks of it: Block builds it, GPT's forward hands it its positions and mask, a cache (generate.py)
+    keeps what it declares. The defaults are a mixer with no positions, no window and nothing cached."""
+    positions = None  # the rotary tables it rotates by: 'rope', 'local' (an 'L' layer's own base) or None
+    window = None  # a query sees at most this many tokens (itself included); None: all the past
+
+    def cache_entries(self):
+        """What a cache keeps per past token: {name: (heads, dim)}; a window keeps its last `window` only, in
+        a ring. A mixer with entries attends: in a decoding step its mask says which of their slots are written."""
+        return {}
+
+    def cache_states(self):
+        """What a cache keeps whatever the length (a recurrent state): {name: (shape without the batch, dtype,
+        or None for the cache's)}, zeros at the start of a sequence."""
+        return {}
+
+    def token_flops(self, seq_len):
+        """Forward + backward FLOPs per token of its matmuls that are not Linears (Linears are counted apart),
+        over sequences of seq_len tokens."""
+        return 0
+
+    def forward(self, x, rope=None, mask=None, cache=None):
+        """x (B, T, n_embd) -> (B, T, n_embd). rope: the (cos, sin) of its positions' kind, or None; mask:
+        which keys each query sees (attend's); cache: this layer's part of a cache (generate.py): .stores
+        {name: tensor} as declared, .update(**entries) for the entries (B, heads, T, dim), which returns every
+        cached entry the new tokens see, .fresh (nothing stored yet)."""
+        raise NotImplementedError
+
+
+class CausalSelfAttention(TokenMixer):
+    """Multi-head attention; with n_kv_head < n_head, consecutive query heads share K/V heads (GQA, MQA: attend
+    shares them). positions and window: its layer kind's ('L' slides a window, 'N' has no RoPE); qk_norm, sinks,
+    an output gate and the softmax scale are switches."""
+
+    def __init__(self, config, positions='rope', window=None):
+        super().__init__()
+        self.positions = positions
+        self.window = window
+        self.n_head, self.n_kv_head, self.head_size = config.n_head, config.kv_heads, config.head_size
+        # q, k and v in one matmul; with GQA the k and v parts are n_head/n_kv_head times narrower
+        self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * self.head_size,
+                                bias=config.bias or config.qkv_bias)
+        self.c_proj = nn.Linear(self.n_head * self.head_size, config.n_embd, bias=config.bias)
+        if config.qk_norm:  # queries and keys scaled to unit RMS, so logits cannot grow unbounded
+            # per head (Qwen3), or over each token's whole query and key (OLMo 2)
+            q_width, k_width = (self.n_head * self.head_size, self.n_kv_head * self.head_size) \
+                if config.qk_norm_all_heads else (self.head_size, self.head_size)
+            self.q_norm, self.k_norm = RMSNorm(q_width, config), RMSNorm(k_width, config)
+        self.qk_norm = config.qk_norm and ('all' if config.qk_norm_all_heads else 'head')
+        # a logit per head that any query may "attend" to instead of a key (gpt-oss: _with_sink)
+        self.sinks = nn.Parameter(torch.zeros(self.n_head)) if config.attn_sinks else None
+        # from the block input, one gate per output dim of every head (Qwen3-Next)
+        self.c_gate = nn.Linear(config.n_embd, self.n_head * self.head_size, bias=config.bias or config.qkv_bias) \
+            if config.attn_gate else None
+        self.scale = config.attn_scale
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.dropout = config.dropout
+
+    def cache_entries(self):
+        return {'k': (self.n_kv_head, self.head_size), 'v': (self.n_kv_head, self.head_size)}
+
+    def token_flops(self, seq_len):
+        """q.k and att.v over seq_len keys (at most the window)."""
+        return 3 * 2 * 2 * self.n_head * self.head_size * min(seq_len, self.window or seq_len)
+
+    def forward(self, x, rope=None, mask=None, cache=None):
+        B, T, _ = x.size()
+        hs = self.head_size
+        q, k, v = self.c_attn(x).split([self.n_head * hs, self.n_kv_head * hs, self.n_kv_head * hs], dim=2)
+        if self.qk_norm == 'all':
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_kv_head, hs).transpose(1, 2)  # (B, n_kv, T, hs)
+        v = v.view(B, T, self.n_kv_head, hs).transpose(1, 2)
+        if self.qk_norm == 'head':
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:  # rotate before K/V heads are shared, so each shared head is rotated once
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if cache is not None:
+            k, v = cache.update(k=k, v=v)
+        y = attend(q, k, v, mask, self.dropout if self.training else 0.0, self.scale, self.sinks)
+        y = y.transpose(1, 2).reshape(B, T, self.n_head * hs)
+        if self.c_gate is not None:
+            y = y * torch.sigmoid(self.c_gate(x))
+        return self.resid_dropout(self.c_proj(y))
+
+
+ATTENTIONS = {'mha': CausalSelfAttention}  # attn's values; 'mla' joins in its chapter
+
+
+def attention(config, layer, positions='rope', local=False):
+    """A softmax attention layer of config.attn's kind, with its layer kind's positions and window."""
+    return ATTENTIONS[config.attn](config, positions, config.sliding_window if local else None)
+
+
+# Every kind of layer, by its letter in config.layers: (what it is, in words; what builds its token mixer
+# from (config, layer)). The later chapters add theirs; adding a kind is a TokenMixer and an entry here.
+LAYER_KINDS = {'G': ('global', attention)}
+
+
+# ----------------------------------------------------------------------------- mlp
+
+class MLP(nn.Module):
+    """up, activation, down: GPT-2's with GELU (tanh form, as GPT-2 computes it), 2017's with ReLU, Primer's
+    with ReLU squared (sparse like ReLU, smooth at zero, no gate: the speedrun's MLP)."""
+    gated = False
+
+    def __init__(self, config, hidden=None):
+        super().__init__()
+        hidden = hidden or config.mlp_width
+        self.c_fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+        self.act = config.mlp
+
+    def forward(self, x):
+        h = self.c_fc(x)
+        if self.act == 'relu2':
+            h = F.relu(h).square()
+        elif self.act == 'relu':
+            h = F.relu(h)
+        else:
+            h = F.gelu(h, approximate='tanh')
+        return self.dropout(self.c_proj(h))
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)): SwiGLU with SiLU as the gate's activation, GEGLU with GELU."""
+    gated = True
+
+    def __init__(self, config, hidden=None):
+        super().__init__()
+        hidden = hidden or config.mlp_width
+        # gate and up in one matmul: [gate | up] along the output dimension
+        self.c_fc = nn.Linear(config.n_embd, 2 * hidden, bias=config.bias)
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+        self.silu = config.mlp != 'geglu'
+
+    def forward(self, x):
+        gate, up = self.c_fc(x).chunk(2, dim=-1)
+        gate = F.silu(gate) if self.silu else F.gelu(gate, approximate='tanh')  # GELU's form as in 'gelu' (Gemma's too)
+        return self.dropout(self.c_proj(gate * up))
+
+
+MLPS = {'gelu': MLP, 'relu': MLP, 'relu2': MLP, 'swiglu': GatedMLP, 'geglu': GatedMLP}  # 'moe' joins in its chapter
+
+
+# ----------------------------------------------------------------------------- block and model
+
+class Block(nn.Module):
+    """A token mixer (attention, or its layer kind's: LAYER_KINDS) then an MLP, each a residual branch, with
+    the norms where norm_position puts them."""
+
+    def __init__(self, config, layer=0):
+        super().__init__()
+        self.norm_position = config.norm_position
+        self.ln_1 = make_norm(config)  # on the attention's input (pre, sandwich) or its output (post, after)
+        # the layer kind's token mixer (named attn whatever its kind: the checkpoints' parameter names)
+        self.attn = LAYER_KINDS[config.layer_kinds[layer]][1](config, layer)
+        self.ln_2 = make_norm(config)  # the same for the MLP
+        self.mlp = MLPS[config.mlp_of(layer)](config)
+        if self.norm_position == 'sandwich':  # Gemma: the branches' outputs are normalized too
+            self.ln_1_out, self.ln_2_out = make_norm(config), make_norm(config)
+
+    def forward(self, x, rope=None, mask=None, cache=None):
+        if self.norm_position == 'pre':  # the residual path stays an identity from the top to the bottom
+            x = x + self.attn(self.ln_1(x), rope, mask, cache)
+            return x + self.mlp(self.ln_2(x))
+        if self.norm_position == 'post':  # 2017: the residual stream itself is normalized after each add
+            x = self.ln_1(x + self.attn(x, rope, mask, cache))
+            return self.ln_2(x + self.mlp(x))
+        if self.norm_position == 'sandwich':
+            x = x + self.ln_1_out(self.attn(self.ln_1(x), rope, mask, cache))
+            return x + self.ln_2_out(self.mlp(self.ln_2(x)))
+        x = x + self.ln_1(self.attn(x, rope, mask, cache))  # 'after': each branch's output normalized, inside
+        return x + self.ln_2(self.mlp(x))
+
+
+class GPT(nn.Module):
+    """The language model: token embeddings (plus GPT-2's learned positions), n_layer Blocks, a final norm and
+    the head. forward(idx, targets) gives the logits and the loss; generate continues a prompt (the engine is
+    generate.py); configure_optimizers gives AdamW or Muon (optim.py); from_pretrained loads a Hugging Face
+    model (hf.py). The parameter names are nanoGPT's, so its checkpoints and GPT-2's weights load."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=POSITIONS[config.pos](config),  # GPT-2's learned table keeps its name; rotary tables hold no weights
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
+            # post-norm blocks already end in a norm; every other placement leaves the stream unnormalized
+            ln_f=make_norm(config) if config.norm_position != 'post' else nn.Identity(),
+        ))
+        # local layers' own tables (Gemma 3: rope_local_theta), no weights; None: they share wpe's
+        self.rope_local = Rotary(config, local=True) if config.rope_local_theta is not None else None
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.transformer.wte.weight = self.lm_head.weight
+
+        self.apply(self._init_weights)
+        # GPT-2's scaled init of the projections that write into the residual stream; zero_init starts them at
+        # zero, so each block begins as the identity and learns what to add (a tied head is the embedding: kept)
+        for name, p in self.named_parameters():
+            if name.endswith(('c_proj.weight', 'experts.c_proj')):
+                nn.init.normal_(p, mean=0.0, std=0.0 if config.zero_init else 0.02 / math.sqrt(2 * config.n_layer))
+        if config.zero_init and not config.tie_embeddings:
+            nn.init.zeros_(self.lm_head.weight)
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx, targets=None, cache=None):
+        """Logits for every position (B, T, vocab), and the loss when targets are given (in training, with
+        the MoE balancing losses the config switches on)."""
+        logits = self.logits(self.hidden_states(idx, cache))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
+            balancing = [m.loss for m in self.moe_layers() if m.loss is not None]
+            if balancing:  # the mean over layers: a coefficient means the same at any depth
+                loss = loss + sum(balancing) / len(balancing)
+        return logits, loss
+
+    def embed(self, idx, start=0):
+        """The first block's input: the tokens' embeddings (plus GPT-2's learned positions), and the rotary
+        tables of their positions by kind, {'rope': (cos, sin), 'local': ..., None: None}. start: the first
+        token's position, an int, or in a decoding step a (1,) tensor."""
+        x = self.transformer.wte(idx)
+        if self.config.embed_scale:
+            x = x * self.config.n_embd ** 0.5
+        x, rope = self.transformer.wpe(x, start)
+        local = rope if self.rope_local is None else self.rope_local(x, start)[1]
+        return self.transformer.drop(x), {'rope': rope, 'local': local, None: None}
+
+    def hidden_states(self, idx, cache=None):
+        """The final normalized hidden states (B, T, n_embd); with a cache (generate.py), idx continues what it
+        holds."""
+        T = idx.size(1)
+        start = cache.pos if cache is not None else 0
+        x, tables = self.embed(idx, start)
+        # each layer's positions and mask, by what its mixer declares; decided here, in Python, so a compiled
+        # block gets a plain bool where the mask is plain causal attention
+        contexts = {}
+        for i, block in enumerate(self.transformer.h):
+            positions, window = block.attn.positions, block.attn.window
+            if (positions, window) not in contexts:
+                mask = causal_mask(T, window, idx.device) if cache is None else cache.mask(T, window, idx.device)
+                contexts[positions, window] = (tables[positions], T > 1 if mask is None else mask)
+            x = block(x, *contexts[positions, window], cache[i] if cache is not None else None)
+        if cache is not None:
+            cache.advance(T)
+        return self.transformer.ln_f(x)
+
+    def logits(self, h):
+        """The head's logits of hidden states, soft-capped to (-c, c) with logit_softcap=c."""
+        logits = self.lm_head(h)
+        cap = self.config.logit_softcap
+        return logits if cap is None else cap * torch.tanh(logits / cap)
+
+    # ------------------------------------------------------------------------- accounting
+
+    def get_num_params(self, non_embedding=False, active=False):
+        """Parameters (tied ones once). non_embedding=True leaves out the position table, as nanoGPT reports;
+        active=True only counts the experts a token goes to (MoE)."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding and isinstance(self.transformer.wpe, LearnedPositions):
+            n -= self.transformer.wpe.weight.numel()
+        if active:
+            n -= sum(m.inactive_params() for m in self.moe_layers())
+        return n
+
+    def flops_per_token(self, seq_len=None):
+        """Training FLOPs per token (forward + backward): 6 per weight a token multiplies, plus what each token
+        mixer and stack of experts declares (attention's scores and weighted values grow with the context)."""
+        T = self.config.block_size if seq_len is None else seq_len
+        flops = 0
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                flops += 6 * module.weight.numel()
+            elif isinstance(module, (TokenMixer, Experts)):
+                flops += module.token_flops(T)
+        return flops
+
+    def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops):
+        """Model FLOPs utilisation: achieved FLOP/s over the device's peak (pass it in: it depends on the device)."""
+        flops_per_iter = self.flops_per_token() * self.config.block_size * fwdbwd_per_iter
+        return flops_per_iter / dt / peak_flops
+
+    # ------------------------------------------------------------------------- the other files' parts
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, optimizer='adamw',
+                             muon_lr=0.02, muon_momentum=0.95, fused=True):
+        """AdamW, or optimizer='muon': Muon and AdamW (optim.configure_optimizers says which parameters go where)."""
+        import optim
+        return optim.configure_optimizers(self, weight_decay, learning_rate, betas, device_type, optimizer, muon_lr,
+                                          muon_momentum, fused)
+
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True,
+                 vocab_limit=None):
+        """Continue idx (B, T) by max_new_tokens; temperature 0 is greedy (generate.py, the decoding engine)."""
+        import generate
+        return generate.generate(self, idx, max_new_tokens, temperature, top_k, top_p, use_cache, vocab_limit)
+
+    def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True,
+                        vocab_limit=None):
+        """Yield (B, 1) new tokens one step at a time (generate.generate_stream)."""
+        import generate
+        return generate.generate_stream(self, idx, max_new_tokens, temperature, top_k, top_p, use_cache, vocab_limit)
+
+    def compile_decoding(self, backend='inductor', mode=None, keep_cache=None):
+        """Compile generate's decoding step (generate.compile_decoding); call again after changing the weights.
+        Returns the model."""
+        import generate
+        return generate.compile_decoding(self, backend, mode, keep_cache)
+
+    def kv_cache_bytes(self, batch_size, seq_len, dtype=torch.float32):
+        """Bytes of the cache generate allocates for batch_size sequences of seq_len tokens (a sliding window keeps
+        only its last positions, a recurrent layer its state)."""
+        import generate
+        return generate.cache_bytes(self, batch_size, seq_len, dtype)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path, override_args=None):
+        """Load a Hugging Face checkpoint (a hub name such as gpt2 ... gpt2-xl, or a local directory) of one
+        of the families in hf.HF_FAMILIES into the config that computes the same logits (hf.py, where a
+        family is added alone)."""
+        import hf
+        return hf.from_pretrained(name_or_path, override_args)
+
+    # ------------------------------------------------------------------------- the experts' bookkeeping (MoE)
+
+    def moe_layers(self):
+        return [block.mlp for block in self.transformer.h if isinstance(block.mlp, MoE)]
+
+    def moe_report_and_reset(self):
+        """Since the last call, the experts' load and balancing losses (moe_report); then every count restarts."""
+        return moe_report(self.moe_layers(), reset=True)
+
+    def update_expert_bias(self):
+        """After an optimizer step: move the sigmoid routers' balancing biases (config.moe_bias_update_rate)
+        by the load since the last step, then restart the counts. With DDP, all-reduce moe_counters() first."""
+        for m in self.moe_layers():
+            m.balance(self.config.moe_bias_update_rate)
+
+    def reads_expert_load(self):
+        """Whether update_expert_bias reads the load (sigmoid routers with a bias step): only then do DDP ranks
+        need to sum it every step."""
+        return bool(self.moe_layers()) and self.config.router == 'sigmoid' and self.config.moe_bias_update_rate > 0
+
+    def moe_counters(self):
+        """The MoE layers' running counts (load, losses): what DDP ranks sum before using them."""
+        return [t for m in self.moe_layers() for t in (m.load, m.losses)]
+
+
+# ============================================================================= the later chapters
+
+# ----------------------------------------------------------------------------- mixture of experts (mlp='moe')
+
+def grouped_mm_fits(widths, dtype=torch.bfloat16):
+    """F.grouped_mm reads rows that start on 16-byte boundaries: every row stride of its inputs and weights (the
+    widths n_embd and the expert's hidden width) must be a multiple of 16 bytes, 8 bf16 values; else it raises."""
+    return all(w * dtype.itemsize % 16 == 0 for w in widths)
+
+
+def _fused_grouped_mm(x, widths):
+    """PyTorch's grouped matmul is a fused kernel on CUDA in bf16 (on the CPU a slower loop of its own): for
+    bf16 inputs, or under bf16 autocast (which does not cover it), at widths it can read."""
+    return x.is_cuda and hasattr(F, 'grouped_mm') and (x.dtype == torch.bfloat16 or (
+        torch.is_autocast_enabled('cuda') and torch.get_autocast_dtype('cuda') == torch.bfloat16)) \
+        and grouped_mm_fits(widths)
+
+
+class Experts(nn.Module):
+    """n_expert SwiGLU experts as stacked weights: c_fc (E, 2*hidden, d) as [gate | up], c_proj (E, d, hidden)."""
+
+    def __init__(self, config):
+        super().__init__()
+        E, h, d = config.n_expert, config.expert_hidden, config.n_embd
+        self.k, self.limit = config.n_expert_active, config.swiglu_limit
+        self.c_fc = nn.Parameter(torch.randn(E, 2 * h, d) * 0.02)
+        self.c_proj = nn.Parameter(torch.randn(E, d, h) * 0.02)  # GPT rescales it with the other c_proj
+        self.c_fc_bias = self.c_proj_bias = None
+        if config.moe_bias:  # gpt-oss
+            self.c_fc_bias, self.c_proj_bias = nn.Parameter(torch.zeros(E, 2 * h)), nn.Parameter(torch.zeros(E, d))
+
+    def act(self, gate_up):
+        """SwiGLU of [gate | up]; with swiglu_limit, gpt-oss's clamped form (gate * sigmoid(1.702 gate), times up + 1)."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        if self.limit is None:
+            return F.silu(gate) * up
+        gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
+        return gate * torch.sigmoid(1.702 * gate) * (up + 1)
+
+    def per_expert(self):
+        """Parameters of one expert (from the shapes: a sharded stack needs no gathering)."""
+        return math.prod(self.c_fc.shape[1:]) + math.prod(self.c_proj.shape[1:])
+
+    def token_flops(self, seq_len):
+        """Forward + backward FLOPs per token: the k experts it goes to, not the others."""
+        return 6 * self.k * self.per_expert()
+
+    def forward(self, x, experts, weights):
+        """x (N, d); experts, weights (N, k): each token's sum of weight * expert(token), dropless.
+        Tokens are grouped by expert so each expert runs one matmul over all its tokens."""
+        N, k = experts.shape
+        order = experts.flatten().argsort(stable=True)  # the N*k (token, expert) pairs, grouped by expert
+        tokens = order // k
+        # tokens per expert: a fixed-size scatter, not bincount (whose data-dependent size syncs with the host
+        # and breaks a compiled graph)
+        flat = experts.flatten()
+        counts = torch.zeros(self.c_fc.size(0), dtype=flat.dtype, device=flat.device).scatter_add_(
+            0, flat, torch.ones_like(flat))
+        xs = x[tokens]
+        biased = self.c_fc_bias is not None
+        if _fused_grouped_mm(xs, (self.c_fc.size(2), self.c_proj.size(2))):  # one kernel for all experts, in bf16
+            ends = counts.cumsum(0).to(torch.int32)
+            bf16 = torch.bfloat16
+            gate_up = F.grouped_mm(xs.to(bf16), self.c_fc.to(bf16).transpose(1, 2), offs=ends)
+            if biased:
+                gate_up = gate_up + self.c_fc_bias.to(bf16)[flat[order]]
+            ys = F.grouped_mm(self.act(gate_up), self.c_proj.to(bf16).transpose(1, 2), offs=ends)
+            if biased:
+                ys = ys + self.c_proj_bias.to(bf16)[flat[order]]
+            ys = ys.to(xs.dtype)
+        else:  # a loop over experts, not tokens: the slices' sizes are read on the host (one sync per layer)
+            ys, start = torch.empty_like(xs), 0
+            for e, n in enumerate(counts.tolist()):
+                if n:
+                    gate_up = F.linear(xs[start:start + n], self.c_fc[e], self.c_fc_bias[e] if biased else None)
+                    ys[start:start + n] = F.linear(self.act(gate_up), self.c_proj[e],
+                                                   self.c_proj_bias[e] if biased else None)
+                    start += n
+        ys = ys * weights.flatten()[order, None].to(ys.dtype)
+        return torch.zeros_like(x).index_add_(0, tokens, ys)
+
+
+ROUTERS = ('softmax', 'sigmoid')
+
+
+class MoE(nn.Module):
+    """Mixture of experts: each token goes to n_expert_active of n_expert SwiGLU experts, weighted by the
+    router, plus n_shared_expert always-on experts (DeepSeekMoE). Dropless: every token is computed by the
+    experts it chose, however uneven the choice.
+
+    router='softmax' (Mixtral, Qwen3-MoE): softmax over all experts, top-k. router='sigmoid' (DeepSeek-V3):
+    sigmoid scores; a per-expert bias, added only to choose experts, is moved outside the gradient toward
+    even load (GPT.update_expert_bias). With groups, a token's experts come from its topk_group best groups (a
+    group scored by its best expert, or with sigmoid its best two, as DeepSeek-V2 and V3 do).
+    The load and the balancing losses of each forward are kept for logging (moe_report)."""
+    gated = True
+
+    def __init__(self, config):
+        super().__init__()
+        self.k, self.E, self.sigmoid = config.n_expert_active, config.n_expert, config.router == 'sigmoid'
+        self.groups, self.topk_group, self.norm_topk = config.n_expert_group, config.topk_group, config.router_norm_topk
+        self.scaling, self.aux_coef, self.z_coef = config.routed_scaling, config.moe_aux_loss_coef, config.moe_z_loss_coef
+        self.router = nn.Linear(config.n_embd, self.E, bias=config.moe_bias)
+        self.experts = Experts(config)
+        self.shared = GatedMLP(config, config.n_shared_expert * config.expert_hidden) if config.n_shared_expert else None
+        # how much of the shared experts each token takes (Qwen3-Next)
+        self.shared_gate = nn.Linear(config.n_embd, 1, bias=False) if config.shared_expert_gate else None
+        if self.sigmoid:  # saved: it is part of what the model computes
+            self.register_buffer('expert_bias', torch.zeros(self.E))
+        self.register_buffer('load', torch.zeros(self.E), persistent=False)  # assignments per expert
+        self.register_buffer('losses', torch.zeros(3), persistent=False)  # aux loss, z loss, forwards
+        self.dropout = nn.Dropout(config.dropout)
+        self.loss = None  # what this forward adds to the training loss
+
+    def forward(self, x):
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        logits = self.router(x).float()
+        scores = logits.sigmoid() if self.sigmoid else logits.softmax(dim=-1)
+        choice = scores + self.expert_bias if self.sigmoid else scores
+        if self.groups > 1:
+            grouped = choice.view(-1, self.groups, self.E // self.groups)
+            group_score = grouped.topk(min(2, grouped.size(-1)), dim=-1).values.sum(-1) if self.sigmoid \
+                else grouped.amax(dim=-1)
+            best = group_score.topk(self.topk_group, dim=-1).indices
+            keep = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, best, True)
+            choice = choice.masked_fill(~keep.repeat_interleave(self.E // self.groups, dim=1), float('-inf'))
+        experts = choice.topk(self.k, dim=-1).indices
+        weights = scores.gather(1, experts)
+        if self.norm_topk:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        y = self.experts(x, experts, weights * self.scaling)
+        if self.shared is not None:
+            y = y + (self.shared(x) * torch.sigmoid(self.shared_gate(x)) if self.shared_gate is not None
+                     else self.shared(x))
+        self._account(logits, scores, experts)
+        return self.dropout(y.view(shape))
+
+    def _account(self, logits, scores, experts):
+        """Load and balancing losses of this forward: kept for logging, and the training loss's share."""
+        counts = torch.zeros_like(self.load).scatter_add_(0, experts.flatten(), torch.ones_like(
+            experts.flatten(), dtype=self.load.dtype))
+        self.load += counts
+        # Switch Transformer: E * sum_e (share of assignments to e) * (mean router probability of e); 1 when even
+        share = counts / experts.numel()
+        probs = scores / scores.sum(dim=-1, keepdim=True) if self.sigmoid else scores
+        aux = self.E * (share * probs.mean(dim=0)).sum()
+        z = torch.logsumexp(logits, dim=-1).pow(2).mean()  # ST-MoE: keeps router logits small
+        self.losses += torch.stack((aux.detach(), z.detach(), torch.ones_like(z)))
+        self.loss = self.aux_coef * aux + self.z_coef * z if self.training and (self.aux_coef or self.z_coef) else None
+
+    def inactive_params(self):
+        """Parameters of the experts a token does not go to."""
+        return (self.E - self.k) * self.experts.per_expert()
+
+    @torch.no_grad()
+    def balance(self, rate):
+        """DeepSeek-V3's auxiliary-loss-free balancing: each expert's bias moves by `rate` toward even load
+        (up if it got less than the mean since the last call, down if more). The load then restarts."""
+        if self.sigmoid and rate:
+            self.expert_bias += rate * torch.sign(self.load.mean() - self.load)
+        self.load.zero_()
+
+
+MLPS['moe'] = MoE
+
+
+def moe_report(layers, reset=False):
+    """Since the counts last restarted: per MoE layer the share of assignments each expert got, the max/mean
+    load, and the mean balancing losses (unweighted); reset: then every count restarts."""
+    report = {'load': [], 'max_over_mean': []}
+    totals = torch.zeros(3)
+    for m in layers:
+        load = m.load.float().cpu()
+        share = load / load.sum().clamp(min=1)
+        report['load'].append([round(v, 4) for v in share.tolist()])
+        report['max_over_mean'].append(round((load.max() / load.mean().clamp(min=1e-9)).item(), 3))
+        totals += m.losses.cpu()
+        if reset:
+            m.load.zero_()
+            m.losses.zero_()
+    if totals[2]:
+        report.update(aux_loss=(totals[0] / totals[2]).item(), z_loss=(totals[1] / totals[2]).item())
+    return report
+
+
+# ----------------------------------------------------------------------------- multi-head latent attention (attn='mla')
+
+class LatentAttention(TokenMixer):
+    """DeepSeek's multi-head latent attention (MLA). Keys and values are rebuilt, per head, from one small
+    latent vector per token, and queries may pass through a bottleneck of their own. Positions live in a
+    separate rotated part: each query head has one, and one rotated key (from the token, not the latent) is
+    shared by all heads. The KV cache holds only the latent and that shared key.
+
+    Cached decoding uses the absorbed form: the key up-projection is folded into the query, the value
+    up-projection into the output, so each step attends over the cached latents directly (as MQA with one
+    wide head) instead of rebuilding every past key and value. Training and prefill rebuild them."""
+
+    def __init__(self, config, positions='rope', window=None):
+        super().__init__()
+        dims = config.mla_dims
+        self.positions, self.window = positions, window
+        # widths (the tensors of forward have the short names)
+        self.n_head, self.latent_dim, self.nope_dim, self.rope_dim, self.v_dim = (
+            config.n_head, dims['latent'], dims['nope'], dims['rope'], dims['v'])
+        H, d = self.n_head, config.n_embd
+        if dims['q_latent']:
+            self.q_a = nn.Linear(d, dims['q_latent'], bias=config.bias)
+            self.q_a_norm = RMSNorm(dims['q_latent'], config, eps=1e-6)  # DeepSeek's latents: eps 1e-6
+            self.q_b = nn.Linear(dims['q_latent'], H * (self.nope_dim + self.rope_dim), bias=False)
+            self.q_proj = None
+        else:
+            self.q_proj = nn.Linear(d, H * (self.nope_dim + self.rope_dim), bias=False)
+        self.kv_a = nn.Linear(d, self.latent_dim + self.rope_dim, bias=config.bias)  # [latent | shared rotated key]
+        self.kv_norm = RMSNorm(self.latent_dim, config, eps=1e-6)
+        self.kv_b = nn.Linear(self.latent_dim, H * (self.nope_dim + self.v_dim), bias=False)  # per head [k_nope | v]
+        self.c_proj = nn.Linear(H * self.v_dim, d, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.dropout = config.dropout
+        # the softmax scale follows the query/key width, sharpened as YaRN's DeepSeek form asks
+        self.scale = (self.nope_dim + self.rope_dim) ** -0.5
+        if config.rope_scaling and config.yarn_mscale_all_dim:
+            self.scale *= _yarn_mscale(config.rope_scale, config.yarn_mscale_all_dim) ** 2
+        self.absorb = True  # cached decoding in the absorbed form (False: rebuild keys and values; bench.py)
+
+    def cache_entries(self):
+        """The latent and the shared rotated key, for all heads."""
+        return {'latent': (1, self.latent_dim + self.rope_dim)}  # [latent | rotated key], as decoding reads them
+
+    def token_flops(self, seq_len):
+        """q.k and att.v over seq_len rebuilt keys (training's form)."""
+        width = self.nope_dim + self.rope_dim + self.v_dim
+        return 3 * 2 * self.n_head * width * min(seq_len, self.window or seq_len)
+
+    def forward(self, x, rope=None, mask=None, cache=None):
+        B, T, _ = x.size()
+        H = self.n_head
+        q = self.q_b(self.q_a_norm(self.q_a(x))) if self.q_proj is None else self.q_proj(x)
+        q = q.view(B, T, H, self.nope_dim + self.rope_dim).transpose(1, 2)
+        q_nope, q_rope = q.split([self.nope_dim, self.rope_dim], dim=-1)
+        latent, k_rope = self.kv_a(x).split([self.latent_dim, self.rope_dim], dim=-1)
+        latent = self.kv_norm(latent).unsqueeze(1)  # (B, 1, T, latent): one "head" for all
+        k_rope = k_rope.unsqueeze(1)
+        if rope is not None:
+            q_rope, k_rope = apply_rope(q_rope, *rope), apply_rope(k_rope, *rope)
+        keys = torch.cat((latent, k_rope), dim=-1)  # what the cache keeps of each token
+        if cache is not None:
+            keys, = cache.update(latent=keys)
+        if cache is not None and T == 1 and self.absorb:
+            y = self._absorbed(q_nope, q_rope, keys, mask)
+        else:
+            latent, k_rope = keys.split([self.latent_dim, self.rope_dim], dim=-1)
+            kv = self.kv_b(latent.squeeze(1)).view(B, -1, H, self.nope_dim + self.v_dim).transpose(1, 2)
+            k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)
+            k = torch.cat((k_nope, k_rope.expand(-1, H, -1, -1)), dim=-1)
+            y = attend(torch.cat((q_nope, q_rope), dim=-1), k, v, mask, self.dropout if self.training else 0.0,
+                       self.scale)
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, H * self.v_dim)))
+
+    def _absorbed(self, q_nope, q_rope, keys, mask):
+        """q.k = (q_nope W_uk) . latent + q_rope . k_rope, and att.v = (att . latent) W_uv^T; keys: the cached
+        [latent | k_rope] of every past token; mask: False (every key is the past), or the slots that are (1, S)."""
+        w = self.kv_b.weight.view(self.n_head, self.nope_dim + self.v_dim, self.latent_dim)
+        q_latent = q_nope @ w[:, :self.nope_dim]  # (B, H, 1, latent)
+        # one query per head at the same position: the heads become the queries of one shared "head", so the
+        # cache is read once, not repeated per head
+        q = torch.cat((q_latent, q_rope), dim=-1).transpose(1, 2)  # (B, 1, H, latent + rope)
+        y = attend(q, keys, keys[..., :self.latent_dim], mask, scale=self.scale).transpose(1, 2)
+        return y @ w[:, self.nope_dim:].transpose(1, 2)  # (B, H, 1, v)
+
+
+ATTENTIONS['mla'] = LatentAttention
+
+
+# ----------------------------------------------------------------------------- long context (rope_scaling)
+
+ROPE_SCALINGS = (None, 'linear', 'dynamic', 'yarn', 'llama3')
+
+
+def _yarn_mscale(scale, mscale=1.0):
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def scaled_frequencies(config, inv, dim, length):
+    """RoPE's frequencies inv (rope_frequencies) stretched past the trained length by config.rope_scaling, for
+    a sequence of `length` positions (only 'dynamic' depends on it), and the factor on cos and sin; the
+    formulas transformers uses."""
+    theta, kind = config.rope_theta, config.rope_scaling
+    factor, original = config.rope_scale, config.rope_length
+    if kind == 'linear':  # position interpolation: positions squeezed `factor` times
+        return inv / factor, 1.0
+    if kind == 'dynamic':  # NTK-aware: a larger base once the sequence outgrows the original length
+        longest = max(length, original)
+        base = theta * ((factor * longest / original) - (factor - 1)) ** (dim / (dim - 2))
+        return 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim), 1.0
+    if kind == 'llama3':  # long wavelengths stretched, short ones kept, a smooth band between
+        low, high = config.rope_low_freq_factor, config.rope_high_freq_factor
+        wavelength = 2 * math.pi / inv
+        stretched = torch.where(wavelength > original / low, inv / factor, inv)
+        smooth = (original / wavelength - low) / (high - low)
+        band = (wavelength >= original / high) & (wavelength <= original / low)
+        return torch.where(band, (1 - smooth) * stretched / factor + smooth * stretched, stretched), 1.0
+
+    # yarn: stretch the dims that turn fewer than beta_slow times within the original length, keep those
+    # turning more than beta_fast times, ramp between; and sharpen the attention (the factor on cos and sin)
+    def dim_turning(turns):
+        return dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(theta))
+    low, high = dim_turning(config.yarn_beta_fast), dim_turning(config.yarn_beta_slow)
+    if config.yarn_truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / ((high - low) or 0.001)).clamp(0, 1)
+    attention_factor = config.rope_attention_factor
+    if attention_factor is None:
+        if config.yarn_mscale and config.yarn_mscale_all_dim:
+            attention_factor = _yarn_mscale(factor, config.yarn_mscale) / _yarn_mscale(factor, config.yarn_mscale_all_dim)
+        else:
+            attention_factor = _yarn_mscale(factor)
+    return inv / factor * ramp + inv * (1 - ramp), attention_factor
+
+
+# ----------------------------------------------------------------------------- layers of several kinds (layers='LG', 'GGGN')
+
+# local attention: a sliding window of sliding_window tokens (Mistral, Gemma), with its own RoPE base with
+# rope_local_theta (Gemma 3); global attention without RoPE, NoPE (SmolLM3, Llama 4)
+LAYER_KINDS['L'] = ('local', partial(attention, positions='local', local=True))
+LAYER_KINDS['N'] = ('global without RoPE', partial(attention, positions=None))
+
+
+# ----------------------------------------------------------------------------- attention sinks (attn_sinks)
+
 def _with_sink(q, k, v, mask, sinks, scale):
     """Attention sinks as SDPA inputs: one more key that every query sees, with a zero value, whose logit is the
     head's sink. q gains dims holding sink / scale, the keys dims holding 0 (the sink key: 1), so the real
@@ -583,143 +1080,7 @@ def _with_sink(q, k, v, mask, sinks, scale):
     return q, k, v, torch.cat((mask, mask.new_ones(T, 1)), dim=-1)
 
 
-class CausalSelfAttention(nn.Module):
-    """Multi-head attention; with n_kv_head < n_head, consecutive query heads share K/V heads (GQA, MQA). A local
-    layer (config.layers) slides a window; qk_norm, sinks, an output gate and the softmax scale are switches."""
-
-    def __init__(self, config, layer=0):
-        super().__init__()
-        self.n_head, self.n_kv_head, self.head_size = config.n_head, config.kv_heads, config.head_size
-        # q, k and v in one matmul; with GQA the k and v parts are n_head/n_kv_head times narrower
-        self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * self.head_size,
-                                bias=config.bias or config.qkv_bias)
-        self.c_proj = nn.Linear(self.n_head * self.head_size, config.n_embd, bias=config.bias)
-        if config.qk_norm:  # queries and keys scaled to unit RMS, so logits cannot grow unbounded
-            # per head (Qwen3), or over each token's whole query and key (OLMo 2)
-            q_width, k_width = (self.n_head * self.head_size, self.n_kv_head * self.head_size) \
-                if config.qk_norm_all_heads else (self.head_size, self.head_size)
-            self.q_norm, self.k_norm = RMSNorm(q_width, config), RMSNorm(k_width, config)
-        self.qk_norm = config.qk_norm and ('all' if config.qk_norm_all_heads else 'head')
-        if config.attn_sinks:  # a logit per head that any query may "attend" to instead of a key
-            self.sinks = nn.Parameter(torch.zeros(self.n_head))
-        if config.attn_gate:  # from the block input, one gate per output dim of every head
-            self.c_gate = nn.Linear(config.n_embd, self.n_head * self.head_size, bias=config.bias or config.qkv_bias)
-        self.window = config.window_of(layer)
-        self.scale = config.attn_scale
-        self.resid_dropout = nn.Dropout(config.dropout)
-        self.dropout = config.dropout
-
-    def cache_entries(self):
-        """What the KV cache keeps per past token: {name: (heads, dim)}."""
-        return {'k': (self.n_kv_head, self.head_size), 'v': (self.n_kv_head, self.head_size)}
-
-    def token_flops(self, keys):
-        """Forward + backward FLOPs per token of the matmuls that are not Linears: q.k and att.v over `keys` keys
-        (at most the window)."""
-        return 3 * 2 * 2 * self.n_head * self.head_size * min(keys, self.window or keys)
-
-    def forward(self, x, rope=None, mask=None, cache=None):
-        """cache: this layer's part of a KVCache (LayerCache)."""
-        B, T, _ = x.size()
-        hs = self.head_size
-        q, k, v = self.c_attn(x).split([self.n_head * hs, self.n_kv_head * hs, self.n_kv_head * hs], dim=2)
-        if self.qk_norm == 'all':
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_kv_head, hs).transpose(1, 2)  # (B, n_kv, T, hs)
-        v = v.view(B, T, self.n_kv_head, hs).transpose(1, 2)
-        if self.qk_norm == 'head':
-            q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:  # rotate before K/V heads are shared, so each shared head is rotated once
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if cache is not None:
-            k, v = cache.update(k=k, v=v)
-        y = attend(q, k, v, mask, self.dropout if self.training else 0.0, self.scale, getattr(self, 'sinks', None))
-        y = y.transpose(1, 2).reshape(B, T, self.n_head * hs)
-        if hasattr(self, 'c_gate'):
-            y = y * torch.sigmoid(self.c_gate(x))
-        return self.resid_dropout(self.c_proj(y))
-
-
-class LatentAttention(nn.Module):
-    """DeepSeek's multi-head latent attention (MLA). Keys and values are rebuilt, per head, from one small
-    latent vector per token, and queries may pass through a bottleneck of their own. Positions live in a
-    separate rotated part: each query head has one, and one rotated key (from the token, not the latent) is
-    shared by all heads. The KV cache holds only the latent and that shared key.
-
-    Cached decoding uses the absorbed form: the key up-projection is folded into the query, the value
-    up-projection into the output, so each step attends over the cached latents directly (as MQA with one
-    wide head) instead of rebuilding every past key and value. Training and prefill rebuild them."""
-
-    def __init__(self, config, layer=0):
-        super().__init__()
-        dims = config.mla_dims
-        self.window = config.window_of(layer)
-        self.n_head, self.latent, self.nope, self.rope, self.v = (config.n_head, dims['latent'], dims['nope'],
-                                                                  dims['rope'], dims['v'])
-        H, d = self.n_head, config.n_embd
-        if dims['q_latent']:
-            self.q_a = nn.Linear(d, dims['q_latent'], bias=config.bias)
-            self.q_a_norm = RMSNorm(dims['q_latent'], config, eps=1e-6)  # DeepSeek's latents: eps 1e-6
-            self.q_b = nn.Linear(dims['q_latent'], H * (self.nope + self.rope), bias=False)
-        else:
-            self.q_proj = nn.Linear(d, H * (self.nope + self.rope), bias=False)
-        self.kv_a = nn.Linear(d, self.latent + self.rope, bias=config.bias)  # [latent | shared rotated key]
-        self.kv_norm = RMSNorm(self.latent, config, eps=1e-6)
-        self.kv_b = nn.Linear(self.latent, H * (self.nope + self.v), bias=False)  # per head [k_nope | v]
-        self.c_proj = nn.Linear(H * self.v, d, bias=config.bias)
-        self.resid_dropout = nn.Dropout(config.dropout)
-        self.dropout = config.dropout
-        # the softmax scale follows the query/key width, sharpened as YaRN's DeepSeek form asks
-        self.scale = (self.nope + self.rope) ** -0.5
-        if config.rope_scaling and config.yarn_mscale_all_dim:
-            self.scale *= _yarn_mscale(config.rope_scale, config.yarn_mscale_all_dim) ** 2
-        self.absorb = True  # cached decoding in the absorbed form (False: rebuild keys and values; bench.py)
-
-    def cache_entries(self):
-        """What the KV cache keeps per past token: the latent and the shared rotated key, for all heads."""
-        return {'latent': (1, self.latent + self.rope)}  # [latent | rotated key], as decoding reads them
-
-    def token_flops(self, keys):
-        """Forward + backward FLOPs per token of q.k and att.v over `keys` rebuilt keys (training's form)."""
-        return 3 * 2 * self.n_head * (self.nope + self.rope + self.v) * min(keys, self.window or keys)
-
-    def forward(self, x, rope=None, mask=None, cache=None):
-        """cache: this layer's part of a KVCache (LayerCache)."""
-        B, T, _ = x.size()
-        H = self.n_head
-        q = self.q_b(self.q_a_norm(self.q_a(x))) if hasattr(self, 'q_a') else self.q_proj(x)
-        q_nope, q_rope = q.view(B, T, H, self.nope + self.rope).transpose(1, 2).split([self.nope, self.rope], dim=-1)
-        latent, k_rope = self.kv_a(x).split([self.latent, self.rope], dim=-1)
-        latent = self.kv_norm(latent).unsqueeze(1)  # (B, 1, T, latent): one "head" for all
-        k_rope = k_rope.unsqueeze(1)
-        if rope is not None:
-            q_rope, k_rope = apply_rope(q_rope, *rope), apply_rope(k_rope, *rope)
-        keys = torch.cat((latent, k_rope), dim=-1)  # what the cache keeps of each token
-        if cache is not None:
-            keys, = cache.update(latent=keys)
-        if cache is not None and T == 1 and self.absorb:
-            y = self._absorbed(q_nope, q_rope, keys, mask)
-        else:
-            latent, k_rope = keys.split([self.latent, self.rope], dim=-1)
-            kv = self.kv_b(latent.squeeze(1)).view(B, -1, H, self.nope + self.v).transpose(1, 2)
-            k_nope, v = kv.split([self.nope, self.v], dim=-1)
-            k = torch.cat((k_nope, k_rope.expand(-1, H, -1, -1)), dim=-1)
-            y = attend(torch.cat((q_nope, q_rope), dim=-1), k, v, mask, self.dropout if self.training else 0.0,
-                       self.scale)
-        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, H * self.v)))
-
-    def _absorbed(self, q_nope, q_rope, keys, mask):
-        """q.k = (q_nope W_uk) . latent + q_rope . k_rope, and att.v = (att . latent) W_uv^T; keys: the cached
-        [latent | k_rope] of every past token; mask: False (every key is the past), or the slots that are (1, S)."""
-        w = self.kv_b.weight.view(self.n_head, self.nope + self.v, self.latent)
-        q_latent = q_nope @ w[:, :self.nope]  # (B, H, 1, latent)
-        # one query per head at the same position: the heads become the queries of one shared "head", so the
-        # cache is read once, not repeated per head
-        q = torch.cat((q_latent, q_rope), dim=-1).transpose(1, 2)  # (B, 1, H, latent + rope)
-        y = attend(q, keys, keys[..., :self.latent], mask, scale=self.scale).transpose(1, 2)
-        return y @ w[:, self.nope:].transpose(1, 2)  # (B, H, 1, v)
-
+# ----------------------------------------------------------------------------- linear attention: Gated DeltaNet (layers='DDDG')
 
 def l2_normalize(x, eps=1e-6):
     """x over its last dim scaled to unit length (eps inside the root, as Qwen3-Next and fla)."""
@@ -784,7 +1145,7 @@ def gated_delta_recurrent(q, k, v, g, beta, state=None):
     return torch.stack(out, dim=2), state
 
 
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(TokenMixer):
     """Gated DeltaNet (Qwen3-Next, Qwen3.5), a 'D' layer: linear attention whose state, a (key dim, value dim)
     matrix per value head, is decayed by e^g and corrected towards each new value by the delta rule, so the
     cache holds that state and the convolution's last inputs, whatever the context. q, k and v pass a short
@@ -816,16 +1177,14 @@ class GatedDeltaNet(nn.Module):
         return 2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
 
     def cache_states(self):
-        """What the cache keeps, whatever the length: {name: (shape without the batch, dtype or None for the
-        cache's)}: the convolution's last kernel-1 inputs, and the recurrent state in fp32 (it sums every
-        token's write)."""
+        """The convolution's last kernel-1 inputs, and the recurrent state in fp32 (it sums every token's
+        write)."""
         return {'conv': ((self.conv_width, self.kernel - 1), None),
                 'state': ((self.v_heads, self.k_dim, self.v_dim), torch.float32)}
 
     def token_flops(self, seq_len):
-        """Forward + backward FLOPs per token of the matmuls that are not Linears, as training (the chunked
-        form, no state carried in or out) runs them over seq_len tokens, per value head and chunk: the two score
-        matrices, the triangular solve's backward product (the solve itself is not a matmul, as the
+        """As training (the chunked form, no state carried in or out) runs them, per value head and chunk: the
+        two score matrices, the triangular solve's backward product (the solve itself is not a matmul, as the
         convolution is kernel-many products per channel: left out like the norms), the scores times the
         writes, and the state's reads and writes between chunks."""
         C = min(self.chunk, seq_len)
@@ -836,8 +1195,8 @@ class GatedDeltaNet(nn.Module):
         return self.v_heads * per_head / seq_len
 
     def forward(self, x, rope=None, mask=None, cache=None):
-        """rope and mask are attention's: a DeltaNet has no positions but its order. cache: this layer's part
-        of a KVCache (LayerCache), whose stores this layer reads and overwrites."""
+        """rope and mask are attention's: a DeltaNet has no positions but its order. cache: its stores are read
+        (unless fresh) and overwritten."""
         B, T, _ = x.size()
         Hk, Hv, dk, dv = self.k_heads, self.v_heads, self.k_dim, self.v_dim
         fresh = cache is None or cache.fresh
@@ -870,786 +1229,224 @@ class GatedDeltaNet(nn.Module):
         return self.resid_dropout(self.c_proj(y.reshape(B, T, Hv * dv).to(x.dtype)))
 
 
-ATTENTIONS = {'mha': CausalSelfAttention, 'mla': LatentAttention}
-
-
-class KVCache:
-    """What each layer's attention keeps of past tokens (its cache_entries), preallocated as (B, heads, slots,
-    dim) tensors for `length` positions. A local layer whose window is shorter than that keeps only the last
-    `window` positions, in a ring: slot = position % window; a global layer keeps every position; a Gated
-    DeltaNet layer its fixed states (cache_states), whatever the length."""
-
-    def __init__(self, model, batch_size, length, dtype, device):
-        config = model.config
-        self.length, self.window = length, config.sliding_window
-        self.ring_slots = self.slots_for(self.window, length)  # the local layers' (all share one window)
-        self.layers = [LayerCache(self, {name: torch.zeros(batch_size, *shape, dtype=dt, device=device)
-                                         for name, (shape, dt) in self.layer_stores(block.attn, slots, dtype)},
-                                  slots)
-                       for slots, block in zip(self.layer_slots(config, length), model.transformer.h)]
-        self.stores = [layer.stores for layer in self.layers]  # what GPT.decode_step reads and writes
-        self.pos = 0  # positions seen
-        # the ring slot the next single token goes to, and its position, as tensors: a compiled block or step
-        # would specialise on an int (one graph per slot or position)
-        self.slot = torch.zeros(1, dtype=torch.long, device=device)
-        self.position = torch.zeros(1, dtype=torch.long, device=device)
-
-    @staticmethod
-    def slots_for(window, length):
-        return min(length, window or length)
-
-    @staticmethod
-    def layer_slots(config, length):
-        """Positions each layer keeps: a local layer its window, a global one all, a Gated DeltaNet none (its
-        state stands for them)."""
-        return [0 if config.layer_kinds[i] == 'D' else KVCache.slots_for(config.window_of(i), length)
-                for i in range(config.n_layer)]
-
-    @staticmethod
-    def layer_stores(attn, slots, dtype):
-        """A layer's stores as [(name, (shape without the batch, dtype))]: an attention's entries per position
-        kept, a Gated DeltaNet's fixed states."""
-        if hasattr(attn, 'cache_states'):
-            return [(name, (shape, own or dtype)) for name, (shape, own) in attn.cache_states().items()]
-        return [(name, ((heads, slots, dim), dtype)) for name, (heads, dim) in attn.cache_entries().items()]
-
-    @staticmethod
-    def bytes_for(model, batch_size, length, dtype):
-        """Bytes a cache of these dimensions takes, without allocating it."""
-        return batch_size * sum(
-            math.prod(shape) * torch.empty((), dtype=dtype_).element_size()
-            for slots, block in zip(KVCache.layer_slots(model.config, length), model.transformer.h)
-            for _, (shape, dtype_) in KVCache.layer_stores(block.attn, slots, dtype))
-
-    def key_positions(self, T, slots, device):
-        """Positions of the keys update() returns for T new tokens in a layer keeping `slots`, in its order."""
-        if slots == self.length:
-            return torch.arange(self.pos + T, device=device)
-        if T == 1:  # the ring itself: slot s holds the latest position p with p % slots == s
-            filled = torch.arange(min(self.pos + 1, slots), device=device)
-            return self.pos - (self.pos - filled) % slots
-        past = min(self.pos, slots - 1)  # what the first new query can still see
-        return torch.arange(self.pos - past, self.pos + T, device=device)
-
-    def __getitem__(self, layer):
-        """One layer's part, what its attention writes to and reads from (update)."""
-        return self.layers[layer]
-
-    def update(self, layer, **new):
-        """Store the new tokens' entries (B, heads, T, dim) in a layer's stores; return, in the order given,
-        every entry the new tokens attend to (all so far, or in a ring the ones key_positions names)."""
-        T = next(iter(new.values())).size(2)
-        if self.pos + T > self.length:
-            raise ValueError(f"KV cache of length {self.length} cannot hold {self.pos + T} positions")
-        slots, out = layer.slots, []
-        for name, value in new.items():
-            store = layer.stores[name]
-            if slots == self.length:
-                store[:, :, self.pos:self.pos + T] = value
-                out.append(store[:, :, :self.pos + T])
-            elif T == 1:
-                store.index_copy_(2, self.slot, value)
-                out.append(store[:, :, :min(self.pos + 1, slots)])
-            else:  # the past the window still needs, in order, then the new tokens
-                past = torch.arange(self.pos - min(self.pos, slots - 1), self.pos, device=value.device)
-                out.append(torch.cat((store[:, :, past % slots], value), dim=2))
-                kept = torch.arange(self.pos, self.pos + T, device=value.device)[-slots:]
-                store[:, :, kept % slots] = value[:, :, -slots:]
-        return out
-
-    def advance(self, T):
-        self.pos += T
-        self.slot.fill_(self.pos % self.ring_slots)
-        self.position.fill_(self.pos)
-
-    def reset(self):
-        """Forget every position (the next call is a prefill)."""
-        self.pos = 0
-        self.slot.zero_()
-        self.position.zero_()
-
-
-class LayerCache:
-    """A layer's part of a KVCache: its stores and how many positions they keep; the same class for every
-    layer's code, so a compiled block is one graph."""
-
-    def __init__(self, cache, stores, slots):
-        self.cache, self.stores, self.slots = cache, stores, slots
-
-    def update(self, **new):
-        return self.cache.update(self, **new)
-
-    @property
-    def fresh(self):
-        """Nothing stored yet: a Gated DeltaNet starts from zeros rather than reading its stores."""
-        return self.cache.pos == 0
-
-
-class StepCache:
-    """A layer's stores as one decoding step (GPT.decode_step) sees them: the new token is written at slot
-    pos % slots, which is its position in a global layer and its ring slot in a local one, and every slot is
-    returned, the ones not yet written masked by the step. Nothing depends on the position but tensors, so the
-    step has the same shapes and code at every position."""
-    fresh = False  # a step follows a prefill
-
-    def __init__(self, stores, pos):
-        self.stores, self.pos = stores, pos
-
-    def update(self, **new):
-        out = []
-        for name, value in new.items():
-            store = self.stores[name]
-            store.index_copy_(2, self.pos % store.size(2), value.to(store.dtype))
-            out.append(store)
-        return out
-
-
-def attention_mask(start, T, key_positions, window, device):
-    """Where T queries at positions start.. may attend the keys at key_positions (None: the keys are the
-    queries themselves); None when plain causal attention (SDPA's is_causal, or a single query) is it."""
-    if key_positions is not None and T == 1:  # a cache returns a single query only keys it may see
-        return None
-    if key_positions is None or (start == 0 and key_positions.numel() == T):  # the keys are the queries
-        if window is None or window >= T:
-            return None
-        key_positions = torch.arange(start, start + T, device=device)
-    queries = torch.arange(start, start + T, device=device)[:, None]
-    allowed = key_positions[None, :] <= queries
-    if window is not None:
-        allowed &= key_positions[None, :] > queries - window
-    return allowed
-
-
-# ----------------------------------------------------------------------------- mlp
-
-class MLP(nn.Module):
-    """up, activation, down: GPT-2's with GELU (tanh form, as GPT-2 computes it), 2017's with ReLU, Primer's
-    with ReLU squared (sparse like ReLU, smooth at zero, no gate: the speedrun's MLP)."""
-    gated = False
-
-    def __init__(self, config, hidden=None):
-        super().__init__()
-        hidden = hidden or config.hidden_size
-        self.c_fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
-        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
-        self.act = config.mlp
-
-    def forward(self, x):
-        h = self.c_fc(x)
-        if self.act == 'relu2':
-            h = F.relu(h).square()
-        elif self.act == 'relu':
-            h = F.relu(h)
-        else:
-            h = F.gelu(h, approximate='tanh')
-        return self.dropout(self.c_proj(h))
-
-
-class GatedMLP(nn.Module):
-    """down(act(gate(x)) * up(x)): SwiGLU with SiLU as the gate's activation, GEGLU with GELU."""
-    gated = True
-
-    def __init__(self, config, hidden=None):
-        super().__init__()
-        hidden = hidden or config.hidden_size
-        # gate and up in one matmul: [gate | up] along the output dimension
-        self.c_fc = nn.Linear(config.n_embd, 2 * hidden, bias=config.bias)
-        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
-        self.silu = config.mlp != 'geglu'
-
-    def forward(self, x):
-        gate, up = self.c_fc(x).chunk(2, dim=-1)
-        gate = F.silu(gate) if self.silu else F.gelu(gate, approximate='tanh')  # GELU's form as in 'gelu' (Gemma's too)
-        return self.dropout(self.c_proj(gate * up))
-
-
-def grouped_mm_fits(widths, dtype=torch.bfloat16):
-    """F.grouped_mm reads rows that start on 16-byte boundaries: every row stride of its inputs and weights (the
-    widths n_embd and the expert's hidden width) must be a multiple of 16 bytes, 8 bf16 values; else it raises."""
-    return all(w * dtype.itemsize % 16 == 0 for w in widths)
-
-
-def _fused_grouped_mm(x, widths):
-    """PyTorch's grouped matmul is a fused kernel on CUDA in bf16 (on the CPU a slower loop of its own): for
-    bf16 inputs, or under bf16 autocast (which does not cover it), at widths it can read."""
-    return x.is_cuda and hasattr(F, 'grouped_mm') and (x.dtype == torch.bfloat16 or (
-        torch.is_autocast_enabled('cuda') and torch.get_autocast_dtype('cuda') == torch.bfloat16)) \
-        and grouped_mm_fits(widths)
-
-
-class Experts(nn.Module):
-    """n_expert SwiGLU experts as stacked weights: c_fc (E, 2*hidden, d) as [gate | up], c_proj (E, d, hidden)."""
-
-    def __init__(self, config):
-        super().__init__()
-        E, h, d = config.n_expert, config.expert_hidden, config.n_embd
-        self.k, self.limit = config.n_expert_active, config.swiglu_limit
-        self.c_fc = nn.Parameter(torch.randn(E, 2 * h, d) * 0.02)
-        self.c_proj = nn.Parameter(torch.randn(E, d, h) * 0.02)  # GPT rescales it with the other c_proj
-        if config.moe_bias:  # gpt-oss
-            self.c_fc_bias, self.c_proj_bias = nn.Parameter(torch.zeros(E, 2 * h)), nn.Parameter(torch.zeros(E, d))
-
-    def act(self, gate_up):
-        """SwiGLU of [gate | up]; with swiglu_limit, gpt-oss's clamped form (gate * sigmoid(1.702 gate), times up + 1)."""
-        gate, up = gate_up.chunk(2, dim=-1)
-        if self.limit is None:
-            return F.silu(gate) * up
-        gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
-        return gate * torch.sigmoid(1.702 * gate) * (up + 1)
-
-    def per_expert(self):
-        """Parameters of one expert (from the shapes: a sharded stack needs no gathering)."""
-        return math.prod(self.c_fc.shape[1:]) + math.prod(self.c_proj.shape[1:])
-
-    def token_flops(self, seq_len):
-        """Forward + backward FLOPs per token: the k experts it goes to, not the others."""
-        return 6 * self.k * self.per_expert()
-
-    def forward(self, x, experts, weights):
-        """x (N, d); experts, weights (N, k): each token's sum of weight * expert(token), dropless.
-        Tokens are grouped by expert so each expert runs one matmul over all its tokens."""
-        N, k = experts.shape
-        order = experts.flatten().argsort(stable=True)  # the N*k (token, expert) pairs, grouped by expert
-        tokens = order // k
-        # tokens per expert: a fixed-size scatter, not bincount (whose data-dependent size syncs with the host
-        # and breaks a compiled graph)
-        flat = experts.flatten()
-        counts = torch.zeros(self.c_fc.size(0), dtype=flat.dtype, device=flat.device).scatter_add_(
-            0, flat, torch.ones_like(flat))
-        xs = x[tokens]
-        biased = hasattr(self, 'c_fc_bias')
-        if _fused_grouped_mm(xs, (self.c_fc.size(2), self.c_proj.size(2))):  # one kernel for all experts, in bf16
-            ends = counts.cumsum(0).to(torch.int32)
-            bf16 = torch.bfloat16
-            gate_up = F.grouped_mm(xs.to(bf16), self.c_fc.to(bf16).transpose(1, 2), offs=ends)
-            if biased:
-                gate_up = gate_up + self.c_fc_bias.to(bf16)[flat[order]]
-            ys = F.grouped_mm(self.act(gate_up), self.c_proj.to(bf16).transpose(1, 2), offs=ends)
-            if biased:
-                ys = ys + self.c_proj_bias.to(bf16)[flat[order]]
-            ys = ys.to(xs.dtype)
-        else:  # a loop over experts, not tokens: the slices' sizes are read on the host (one sync per layer)
-            ys, start = torch.empty_like(xs), 0
-            for e, n in enumerate(counts.tolist()):
-                if n:
-                    gate_up = F.linear(xs[start:start + n], self.c_fc[e], self.c_fc_bias[e] if biased else None)
-                    ys[start:start + n] = F.linear(self.act(gate_up), self.c_proj[e],
-                                                   self.c_proj_bias[e] if biased else None)
-                    start += n
-        ys = ys * weights.flatten()[order, None].to(ys.dtype)
-        return torch.zeros_like(x).index_add_(0, tokens, ys)
-
-
-ROUTERS = ('softmax', 'sigmoid')
-
-
-class MoE(nn.Module):
-    """Mixture of experts: each token goes to n_expert_active of n_expert SwiGLU experts, weighted by the
-    router, plus n_shared_expert always-on experts (DeepSeekMoE). Dropless: every token is computed by the
-    experts it chose, however uneven the choice.
-
-    router='softmax' (Mixtral, Qwen3-MoE): softmax over all experts, top-k. router='sigmoid' (DeepSeek-V3):
-    sigmoid scores; a per-expert bias, added only to choose experts, is moved outside the gradient toward
-    even load (balance_experts). With groups, a token's experts come from its topk_group best groups (a
-    group scored by its best expert, or with sigmoid its best two, as DeepSeek-V2 and V3 do).
-    The load and the balancing losses of each forward are kept for logging (report_and_reset)."""
-    gated = True
-
-    def __init__(self, config):
-        super().__init__()
-        self.k, self.E, self.sigmoid = config.n_expert_active, config.n_expert, config.router == 'sigmoid'
-        self.groups, self.topk_group, self.norm_topk = config.n_expert_group, config.topk_group, config.router_norm_topk
-        self.scaling, self.aux_coef, self.z_coef = config.routed_scaling, config.moe_aux_loss_coef, config.moe_z_loss_coef
-        self.router = nn.Linear(config.n_embd, self.E, bias=config.moe_bias)
-        self.experts = Experts(config)
-        self.shared = GatedMLP(config, config.n_shared_expert * config.expert_hidden) if config.n_shared_expert else None
-        if config.shared_expert_gate:  # how much of the shared experts each token takes (Qwen3-Next)
-            self.shared_gate = nn.Linear(config.n_embd, 1, bias=False)
-        if self.sigmoid:  # saved: it is part of what the model computes
-            self.register_buffer('expert_bias', torch.zeros(self.E))
-        self.register_buffer('load', torch.zeros(self.E), persistent=False)  # assignments per expert
-        self.register_buffer('losses', torch.zeros(3), persistent=False)  # aux loss, z loss, forwards
-        self.dropout = nn.Dropout(config.dropout)
-        self.loss = None  # what this forward adds to the training loss
-
-    def forward(self, x):
-        shape = x.shape
-        x = x.reshape(-1, shape[-1])
-        logits = self.router(x).float()
-        scores = logits.sigmoid() if self.sigmoid else logits.softmax(dim=-1)
-        choice = scores + self.expert_bias if self.sigmoid else scores
-        if self.groups > 1:
-            grouped = choice.view(-1, self.groups, self.E // self.groups)
-            group_score = grouped.topk(min(2, grouped.size(-1)), dim=-1).values.sum(-1) if self.sigmoid \
-                else grouped.amax(dim=-1)
-            best = group_score.topk(self.topk_group, dim=-1).indices
-            keep = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, best, True)
-            choice = choice.masked_fill(~keep.repeat_interleave(self.E // self.groups, dim=1), float('-inf'))
-        experts = choice.topk(self.k, dim=-1).indices
-        weights = scores.gather(1, experts)
-        if self.norm_topk:
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-        y = self.experts(x, experts, weights * self.scaling)
-        if self.shared is not None:
-            y = y + (self.shared(x) * torch.sigmoid(self.shared_gate(x)) if hasattr(self, 'shared_gate')
-                     else self.shared(x))
-        self._account(logits, scores, experts)
-        return self.dropout(y.view(shape))
-
-    def _account(self, logits, scores, experts):
-        """Load and balancing losses of this forward: kept for logging, and the training loss's share."""
-        counts = torch.zeros_like(self.load).scatter_add_(0, experts.flatten(), torch.ones_like(
-            experts.flatten(), dtype=self.load.dtype))
-        self.load += counts
-        # Switch Transformer: E * sum_e (share of assignments to e) * (mean router probability of e); 1 when even
-        share = counts / experts.numel()
-        probs = scores / scores.sum(dim=-1, keepdim=True) if self.sigmoid else scores
-        aux = self.E * (share * probs.mean(dim=0)).sum()
-        z = torch.logsumexp(logits, dim=-1).pow(2).mean()  # ST-MoE: keeps router logits small
-        self.losses += torch.stack((aux.detach(), z.detach(), torch.ones_like(z)))
-        self.loss = self.aux_coef * aux + self.z_coef * z if self.training and (self.aux_coef or self.z_coef) else None
-
-    def inactive_params(self):
-        """Parameters of the experts a token does not go to."""
-        return (self.E - self.k) * self.experts.per_expert()
-
-    @torch.no_grad()
-    def balance(self, rate):
-        """DeepSeek-V3's auxiliary-loss-free balancing: each expert's bias moves by `rate` toward even load
-        (up if it got less than the mean since the last call, down if more). The load then restarts."""
-        if self.sigmoid and rate:
-            self.expert_bias += rate * torch.sign(self.load.mean() - self.load)
-        self.load.zero_()
-
-
-MLPS = {'gelu': MLP, 'relu': MLP, 'relu2': MLP, 'swiglu': GatedMLP, 'geglu': GatedMLP, 'moe': MoE}
-
-
-# ----------------------------------------------------------------------------- block and model
-
-class Block(nn.Module):
-    """Attention then MLP, each a residual branch, with the norms where norm_position puts them."""
-
-    def __init__(self, config, layer=0):
-        super().__init__()
-        self.position = config.norm_position
-        self.ln_1 = make_norm(config)  # on the attention's input (pre, sandwich) or its output (post, after)
-        self.attn = GatedDeltaNet(config, layer) if config.layer_kinds[layer] == 'D' else \
-            ATTENTIONS[config.attn](config, layer)
-        self.ln_2 = make_norm(config)  # the same for the MLP
-        self.mlp = MLPS[config.mlp_of(layer)](config)
-        if self.position == 'sandwich':  # Gemma: the branches' outputs are normalized too
-            self.ln_1_out, self.ln_2_out = make_norm(config), make_norm(config)
-
-    def forward(self, x, rope=None, mask=None, cache=None):
-        if self.position == 'pre':  # the residual path stays an identity from the top to the bottom
-            x = x + self.attn(self.ln_1(x), rope, mask, cache)
-            return x + self.mlp(self.ln_2(x))
-        if self.position == 'post':  # 2017: the residual stream itself is normalized after each add
-            x = self.ln_1(x + self.attn(x, rope, mask, cache))
-            return self.ln_2(x + self.mlp(x))
-        if self.position == 'sandwich':
-            x = x + self.ln_1_out(self.attn(self.ln_1(x), rope, mask, cache))
-            return x + self.ln_2_out(self.mlp(self.ln_2(x)))
-        x = x + self.ln_1(self.attn(x, rope, mask, cache))  # 'after': each branch's output normalized, inside
-        return x + self.ln_2(self.mlp(x))
-
-
-def _link_grads(views, stack):
-    for view, grad in zip(views, stack.grad.unbind(0)):
-        view.grad = grad
-
-
-class MuonAdamW:
-    """torch.optim.Muon on the hidden matrices beside an AdamW on the rest, stepped, zeroed, saved and loaded
-    as one optimizer; param_groups lists both (Muon's groups are the ones with 'ns_steps').
-
-    Muon orthogonalizes 2-D updates; a stack of experts (E, A, B) goes to it as E matrices, views of the stack
-    whose gradients are linked to the stack's each time it accumulates one."""
-
-    def __init__(self, hidden, adamw, **muon_settings):
-        matrices, self.stacks = [], []
-        for p in hidden:
-            if p.dim() == 2:
-                matrices.append(p)
-                continue
-            views = list(p.detach().unbind(0))  # leaves sharing the stack's memory: Muon's updates land in it
-            p.register_post_accumulate_grad_hook(partial(_link_grads, views))
-            matrices += views
-            self.stacks.append(p)
-        self.adamw, self.muon = adamw, torch.optim.Muon(matrices, **muon_settings)
-
-    @property
-    def param_groups(self):
-        return self.adamw.param_groups + self.muon.param_groups
-
-    def step(self):
-        self.adamw.step()
-        self.muon.step()
-
-    def zero_grad(self, set_to_none=True):
-        self.adamw.zero_grad(set_to_none)
-        self.muon.zero_grad(set_to_none)
-        for p in self.stacks:
-            if set_to_none or p.grad is None:
-                p.grad = None
-            else:
-                p.grad.zero_()
-
-    def state_dict(self):
-        return {'adamw': self.adamw.state_dict(), 'muon': self.muon.state_dict()}
-
-    def load_state_dict(self, state):
-        if set(state) != {'adamw', 'muon'}:
-            raise ValueError("the optimizer state is not Muon's and AdamW's (the run was trained with another optimizer)")
-        self.adamw.load_state_dict(state['adamw'])
-        self.muon.load_state_dict(state['muon'])
-
-
-class GPT(nn.Module):
-
-    def __init__(self, config):
-        super().__init__()
-        self.config = config
-        self.layer_kinds = config.layer_kinds  # read by every forward (the decode loop): derived once
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
-            wpe=POSITIONS[config.pos](config),  # GPT-2's learned table keeps its name; rotary tables hold no weights
-            drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
-            # post-norm blocks already end in a norm; every other placement leaves the stream unnormalized
-            ln_f=make_norm(config) if config.norm_position != 'post' else nn.Identity(),
-        ))
-        if config.rope_local_theta is not None:  # local layers' own tables (Gemma 3), no weights
-            self.rope_local = Rotary(config, local=True)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        if config.tie_embeddings:
-            self.transformer.wte.weight = self.lm_head.weight
-
-        self.apply(self._init_weights)
-        # GPT-2's scaled init of the projections that write into the residual stream; zero_init starts them at
-        # zero, so each block begins as the identity and learns what to add (a tied head is the embedding: kept)
-        for name, p in self.named_parameters():
-            if name.endswith(('c_proj.weight', 'experts.c_proj')):
-                nn.init.normal_(p, mean=0.0, std=0.0 if config.zero_init else 0.02 / math.sqrt(2 * config.n_layer))
-        if config.zero_init and not config.tie_embeddings:
-            nn.init.zeros_(self.lm_head.weight)
-
-    def _init_weights(self, module):
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-
-    def get_num_params(self, non_embedding=False, active=False):
-        """Parameters (tied ones once). non_embedding=True leaves out the position table, as nanoGPT reports;
-        active=True only counts the experts a token goes to (MoE)."""
-        n = sum(p.numel() for p in self.parameters())
-        if non_embedding and isinstance(self.transformer.wpe, LearnedPositions):
-            n -= self.transformer.wpe.weight.numel()
-        if active:
-            n -= sum(m.inactive_params() for m in self.modules() if isinstance(m, MoE))
-        return n
-
-    def forward(self, idx, targets=None, cache=None):
-        """Logits for every position (B, T, vocab), and the loss when targets are given (in training, with
-        the MoE balancing losses the config switches on)."""
-        logits = self.logits(self.hidden_states(idx, cache))
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
-            balancing = [m.loss for m in self.moe_layers() if m.loss is not None]
-            if balancing:  # the mean over layers: a coefficient means the same at any depth
-                loss = loss + sum(balancing) / len(balancing)
-        return logits, loss
-
-    def logits(self, h):
-        """The head's logits of hidden states, soft-capped to (-c, c) with logit_softcap=c."""
-        logits = self.lm_head(h)
-        cap = self.config.logit_softcap
-        return logits if cap is None else cap * torch.tanh(logits / cap)
-
-    # ------------------------------------------------------------------------- mixture of experts
-
-    def moe_layers(self):
-        return [block.mlp for block in self.transformer.h if isinstance(block.mlp, MoE)]
-
-    def moe_report(self):
-        """Since the last call: per MoE layer the share of assignments each expert got, the max/mean load,
-        and the mean balancing losses (unweighted). Then every count restarts."""
-        report = {'load': [], 'max_over_mean': []}
-        totals = torch.zeros(3)
-        for m in self.moe_layers():
-            load = m.load.float().cpu()
-            share = load / load.sum().clamp(min=1)
-            report['load'].append([round(v, 4) for v in share.tolist()])
-            report['max_over_mean'].append(round((load.max() / load.mean().clamp(min=1e-9)).item(), 3))
-            totals += m.losses.cpu()
-            m.load.zero_()
-            m.losses.zero_()
-        if totals[2]:
-            report.update(aux_loss=(totals[0] / totals[2]).item(), z_loss=(totals[1] / totals[2]).item())
-        return report
-
-    def balance_experts(self):
-        """After an optimizer step: move the sigmoid routers' balancing biases (config.moe_bias_update_rate)
-        by the load since the last step, then restart the counts. With DDP, all-reduce moe_counters() first."""
-        for m in self.moe_layers():
-            m.balance(self.config.moe_bias_update_rate)
-
-    def balances_experts(self):
-        """Whether balance_experts reads the load (sigmoid routers with a bias step): only then do DDP ranks
-        need to sum it every step."""
-        return bool(self.moe_layers()) and self.config.router == 'sigmoid' and self.config.moe_bias_update_rate > 0
-
-    def moe_counters(self):
-        """The MoE layers' running counts (load, losses): what DDP ranks sum before using them."""
-        return [t for m in self.moe_layers() for t in (m.load, m.losses)]
-
-    def hidden_states(self, idx, cache=None):
-        """The final normalized hidden states (B, T, n_embd); with a cache, idx continues what it holds."""
-        T = idx.size(1)
-        start = cache.pos if cache is not None else 0
-        x = self.transformer.wte(idx)
-        if self.config.embed_scale:
-            x = x * self.config.n_embd ** 0.5
-        x, rope = self.transformer.wpe(x, start)
-        # what each kind of layer attends with: its rotary tables and its mask (decided here, in Python, so a
-        # compiled block gets a plain bool where the mask is plain causal attention)
-        contexts = {}
-        for kind in set(self.layer_kinds) - {'D'}:
-            window = self.config.sliding_window if kind == 'L' else None
-            keys = None
-            if cache is not None:
-                keys = cache.key_positions(T, KVCache.slots_for(window, cache.length), idx.device)
-            mask = attention_mask(start, T, keys, window, idx.device)
-            kind_rope = None if kind == 'N' else rope
-            if kind == 'L' and hasattr(self, 'rope_local'):
-                kind_rope = self.rope_local(x, start)[1]
-            contexts[kind] = (kind_rope, T > 1 if mask is None else mask)
-        contexts['D'] = (None, None)  # a Gated DeltaNet knows positions only by their order
-        x = self.transformer.drop(x)
-        for i, (block, kind) in enumerate(zip(self.transformer.h, self.layer_kinds)):
-            x = block(x, *contexts[kind], cache[i] if cache is not None else None)
-        if cache is not None:
-            cache.advance(T)
-        return self.transformer.ln_f(x)
-
-    def decode_step(self, idx, pos, stores):
-        """One decoding step: the logits (B, vocab), in fp32, after the tokens idx (B, 1) at position pos (a (1,)
-        tensor), whose entries go into stores (a KVCache's, filled by a prefill) in place. Every shape is the
-        cache's and every position a tensor, so the step is one static graph whatever the position: what
-        compile_decoding compiles. The caller advances the cache (the step reads no Python int that changes)."""
-        x = self.transformer.wte(idx)
-        if self.config.embed_scale:
-            x = x * self.config.n_embd ** 0.5
-        wpe, rope = self.transformer.wpe, None
-        if isinstance(wpe, LearnedPositions):
-            x = x + wpe.weight[pos]
-        else:  # the tables a prefill built (they reach block_size, the longest cache)
-            rope = (wpe.cos[pos], wpe.sin[pos])
-        contexts = {'D': (None, None)}
-        for kind, layer_stores in zip(self.layer_kinds, stores):
-            if kind not in contexts:  # a kind's slots (its window, or the cache's length) are its stores'
-                slots = next(iter(layer_stores.values())).size(2)
-                kind_rope = None if kind == 'N' else rope
-                if kind == 'L' and hasattr(self, 'rope_local'):
-                    kind_rope = (self.rope_local.cos[pos], self.rope_local.sin[pos])
-                # slot s holds a position <= pos once written (a ring's slots hold the last `window` positions)
-                contexts[kind] = (kind_rope, torch.arange(slots, device=idx.device)[None, :] <= pos)
-        for block, kind, layer_stores in zip(self.transformer.h, self.layer_kinds, stores):
-            x = block(x, *contexts[kind], StepCache(layer_stores, pos))
-        return self.logits(self.transformer.ln_f(x))[:, -1].float()
-
-    def compile_decoding(self, backend='inductor', mode=None, keep_cache=None):
-        """Prepare generate's fast path: decode_step compiled once (the prefill stays eager), used by every later
-        generate with a cache. On a CPU the cache's slots are a dynamic size, so no length compiles anew, and the
-        weights are frozen into the step (compile again after changing them); on CUDA mode None is
-        'reduce-overhead': the step replayed as a CUDA graph. A graph replays fixed addresses, so
-        there (keep_cache None, or True) generate keeps one cache of block_size positions per batch size and
-        reuses it. Returns the model."""
-        cuda = self.lm_head.weight.is_cuda
-        if mode is None and cuda and backend == 'inductor':
-            mode = 'reduce-overhead'
-        # MoE's CPU path reads its experts' token counts on the host: a graph break, so not fullgraph. dynamic=False:
-        # each batch size a static graph of its own (dynamo's default would make the batch symbolic at the second
-        # size, a general graph, 15% slower a GPT-2 step at batch 8 here, for every size after it); the cache's
-        # slots stay dynamic, as generate marks them
-        compiled = torch.compile(self.decode_step, backend=backend, mode=mode, fullgraph=not self.moe_layers(),
-                                 dynamic=False)
-        # on a CPU the weights are folded into the step (inductor's freezing), its Linears then MKL's matmuls on
-        # prepacked weights: 7.4 -> 4.6 ms a Llama step at batch 8 here. Weights changed afterwards are not seen:
-        # compile again. Inductor reads the flag when it compiles, which is at a call (torch.compile's
-        # options={'freezing': True} did not reach it in torch 2.13)
-        freezing = mode is None and backend == 'inductor'
-
-        def step(*args):
-            with torch._inductor.config.patch(freezing=True) if freezing else contextlib.nullcontext():
-                return compiled(*args)
-        self._compiled_step = step
-        self._kept_caches = {} if (keep_cache if keep_cache is not None else mode == 'reduce-overhead') else None
-        return self
-
-    def _decoding_cache(self, batch_size, seq_len, device):
-        """generate's cache: a new one for seq_len positions (its slots marked dynamic for a compiled step), or
-        with compile_decoding's kept caches the one of this batch size, dtype and device, emptied."""
-        dtype, kept = self._cache_dtype(), getattr(self, '_kept_caches', None)
-        if kept is None:
-            cache = KVCache(self, batch_size, self._cache_length(seq_len), dtype, device)
-            for layer in cache.layers:  # a compiled step serves every length: the slots are a dynamic size
-                for store in layer.stores.values() if layer.slots else ():
-                    torch._dynamo.maybe_mark_dynamic(store, 2)
-            return cache
-        key = (batch_size, dtype, str(device))
-        if key not in kept:
-            kept[key] = KVCache(self, batch_size, self.config.block_size, dtype, device)
-            for stores in kept[key].stores:  # written in place at the same addresses by every replay
-                for store in stores.values():
-                    torch._dynamo.mark_static_address(store)
-        kept[key].reset()
-        return kept[key]
-
-    # ------------------------------------------------------------------------- accounting
-
-    def flops_per_token(self, seq_len=None):
-        """Training FLOPs per token (forward + backward): 6 per weight a token multiplies, plus attention's
-        scores and weighted values, which grow with the context (up to the window)."""
-        T = self.config.block_size if seq_len is None else seq_len
-        flops = 0
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                flops += 6 * module.weight.numel()
-            elif hasattr(module, 'token_flops'):  # attention counts its keys up to its window
-                flops += module.token_flops(T)
-        return flops
-
-    def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops):
-        """Model FLOPs utilisation: achieved FLOP/s over the device's peak (pass it in: it depends on the device)."""
-        flops_per_iter = self.flops_per_token() * self.config.block_size * fwdbwd_per_iter
-        return flops_per_iter / dt / peak_flops
-
-    def kv_cache_bytes(self, batch_size, seq_len, dtype=torch.float32):
-        """Bytes of the KV cache generate allocates for batch_size sequences of seq_len tokens (a sliding window
-        keeps only its last positions)."""
-        return KVCache.bytes_for(self, batch_size, self._cache_length(seq_len), dtype)
-
-    def _cache_length(self, seq_len):
-        return min(seq_len, self.config.block_size)
-
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, optimizer='adamw',
-                             muon_lr=0.02, muon_momentum=0.95, fused=True):
-        """AdamW on every parameter; optimizer='muon': Muon on the blocks' hidden matrices (each expert of a
-        stack a matrix of its own) and AdamW on the rest: embeddings, the head, norms, biases, scalars and
-        convolution kernels, which are not matrices a layer multiplies its input by (the speedrun, Moonlight).
-        fused: AdamW's fused kernel on CUDA; False for FSDP's sharded fp16 scaler, whose found-inf flag (shape
-        [1]) the fused step cannot take (pytorch#140514; seen on an H200 with torch 2.11)."""
-        params = [p for p in self.parameters() if p.requires_grad]
-        hidden = set()
-        if optimizer == 'muon':
-            stacks = {id(p) for m in self.modules() if isinstance(m, Experts) for p in (m.c_fc, m.c_proj)}
-            hidden = {id(p) for p in self.transformer.h.parameters() if p.requires_grad and
-                      (p.dim() == 2 or id(p) in stacks)}
-        rest = [p for p in params if id(p) not in hidden]
-        # matrices and embeddings decay; biases and norm gains do not
-        groups = [{'params': [p for p in rest if p.dim() >= 2], 'weight_decay': weight_decay},
-                  {'params': [p for p in rest if p.dim() < 2], 'weight_decay': 0.0}]
-        fused = fused and device_type == 'cuda' and 'fused' in inspect.signature(torch.optim.AdamW).parameters
-        adamw = torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **({'fused': True} if fused else {}))
-        if optimizer == 'adamw':
-            return adamw
-        return MuonAdamW([p for p in params if id(p) in hidden], adamw, lr=muon_lr, momentum=muon_momentum,
-                         weight_decay=weight_decay)
-
-    # ------------------------------------------------------------------------- generation
-
-    @torch.no_grad()
-    def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True,
-                        vocab_limit=None):
-        """Yield (B, 1) new tokens one step at a time; vocab_limit: sample only ids below it (a vocabulary
-        padded past the tokenizer's, e.g. 50304 for GPT-2's 50257, has ids that decode to nothing).
-
-        The context is a window of at most block_size tokens. When a new token would overflow it,
-        the oldest half is dropped (as llama.cpp does) and, with the cache, the cache is rebuilt from
-        the newest half in one prefill. Without the cache the same window is recomputed every step, so
-        both paths see the same tokens at the same positions.
-        """
-        if max_new_tokens <= 0:
-            return
-        block_size = self.config.block_size
-        keep = max(1, block_size // 2)
-        window = idx if idx.size(1) <= block_size else idx[:, -keep:]
-        cache = None
-        if use_cache:
-            cache = self._decoding_cache(idx.size(0), idx.size(1) + max_new_tokens, idx.device)
-        # the steps after the prefill (decode_step, compiled by compile_decoding); 'dynamic' RoPE changes every
-        # position's angles with the length reached, so it keeps the general path
-        step = getattr(self, '_compiled_step', None) or self.decode_step
-        static = self.config.rope_scaling != 'dynamic'
-        nxt = None  # the last token sampled: a step's input (a prefill always comes first)
-        for _ in range(max_new_tokens):
-            if cache is not None and cache.pos > 0 and static:
-                logits = step(nxt, cache.position, cache.stores)  # nxt: the last token, a fresh (B, 1) tensor
-                cache.advance(1)
-            else:  # no cache, a prefill, or a step of the general path
-                h = self.hidden_states(window if cache is None or cache.pos == 0 else window[:, -1:], cache)
-                logits = self.logits(h[:, -1, :])  # only the last position is sampled from
-            logits = logits[:, :vocab_limit]
-            nxt = sample_next(logits.float(), temperature, top_k, top_p)
-            yield nxt
-            window = torch.cat((window, nxt), dim=1)
-            if window.size(1) > block_size:
-                window = window[:, -keep:]
-                if cache is not None:
-                    cache.reset()
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True,
-                 vocab_limit=None):
-        """Continue idx (B, T) by max_new_tokens; temperature 0 is greedy."""
-        new = list(self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p, use_cache, vocab_limit))
-        return torch.cat([idx] + new, dim=1)
-
-    def _cache_dtype(self):
-        device_type = self.lm_head.weight.device.type
-        if torch.is_autocast_enabled(device_type):
-            return torch.get_autocast_dtype(device_type)
-        return self.lm_head.weight.dtype
-
-    # ------------------------------------------------------------------------- Hugging Face
-
-    @classmethod
-    def from_pretrained(cls, name_or_path, override_args=None):
-        """Load a Hugging Face checkpoint (a hub name such as gpt2 ... gpt2-xl, or a local directory) of one
-        of the families in hf.HF_FAMILIES into the config that computes the same logits."""
-        # the one place this file reaches past itself: hf.py builds on model.py, so it is imported here, when
-        # it is used, and a family is added in hf.py alone
-        import hf
-        return hf.from_pretrained(name_or_path, override_args)
-
-
-def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
-    """Pick the next token of each row of logits (B, vocab)."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    # in float64, shifted so the largest is 0: a tiny temperature sends the others to -inf, never one to +inf
-    # (and does not round to 0 as in float32)
-    logits = logits.double()
-    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
-    if top_k is not None and top_k < logits.size(-1):
-        kth = torch.topk(logits, top_k).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float('-inf'))
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = sorted_logits.softmax(dim=-1)
-        # drop a token once the ones before it already cover top_p; the likeliest always stays (a top_p
-        # below float precision would drop it too)
-        drop = probs.cumsum(dim=-1) - probs >= top_p
-        drop[:, 0] = False
-        sorted_logits = sorted_logits.masked_fill(drop, float('-inf'))
-        logits = torch.full_like(logits, float('-inf')).scatter(-1, order, sorted_logits)
-    probs = F.softmax(logits, dim=-1)
-    return torch.multinomial(probs, num_samples=1)
+LAYER_KINDS['D'] = ('Gated DeltaNet', GatedDeltaNet)
+
+
+# ============================================================================= machinery
+
+# Each swap: the flag it sets, GPT-2's value, and the modern (Llama/Qwen-style) value; a callable value
+# depends on the config's other flags. bench.py's variants, ablate.py's grid groups and the recipes' tests
+# are built from this table.
+SWAPS = {
+    'rms': ('norm', 'layernorm', 'rms'),
+    'swiglu': ('mlp', 'gelu', 'swiglu'),
+    'gqa': ('n_kv_head', None, lambda flags: max(1, flags['n_head'] // 2)),  # half the KV cache
+    'rope': ('pos', 'learned', 'rope'),
+}
+
+
+# The next chapter's swaps, each on top of the modern block, with the published defaults: bench.py's variants
+# (ablate.py's moe and attention groups vary them).
+BEYOND_MODERN = {
+    'moe': {'mlp': 'moe', 'n_expert': 8, 'n_expert_active': 2, 'moe_aux_loss_coef': 0.01},  # Mixtral's shape
+    'mla': {'attn': 'mla', 'n_kv_head': None},  # DeepSeek-V2's proportions to the head width
+}
+
+
+def swap_flags(names, flags, modern=True):
+    """The flags that turn on (modern=True) or off the named swaps ('modern': all of them), given the
+    config's other flags (a dict holding at least n_head)."""
+    out = {}
+    for name in SWAPS if names == 'modern' else names:
+        flag, vanilla, new = SWAPS[name]
+        value = new if modern else vanilla
+        out[flag] = value(flags) if callable(value) else value
+    return out
+
+
+# Flags that change no weight: a trained model can be evaluated, sampled or trained on with other values of
+# these (a longer context with RoPE scaling or a window, dropout), so the scripts take them from the run.
+RUNTIME_FLAGS = ('block_size', 'dropout', 'sliding_window', 'rope_scaling', 'rope_factor', 'rope_original_length',
+                 'rope_low_freq_factor', 'rope_high_freq_factor', 'yarn_beta_fast', 'yarn_beta_slow', 'yarn_mscale',
+                 'yarn_mscale_all_dim', 'rope_attention_factor', 'yarn_truncate')
+
+
+def upgrade_args(args):
+    """A saved config's flags under today's names: checkpoints from before norm_position said prenorm."""
+    args = dict(args)
+    if 'prenorm' in args:
+        prenorm = args.pop('prenorm')
+        args.setdefault('norm_position', 'pre' if prenorm else 'post')
+    return args
+
+
+# ----------------------------------------------------------------------------- the config's checks, as tables
+
+def _int(value, low=1, high=None):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low and (high is None or value <= high)
+
+
+def _number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _kinds(names, kind):
+    return dict.fromkeys(names.split(), kind)
+
+
+# What each field holds: {field: (whether a value is allowed, given the config; what is allowed, in words)}, in
+# the order checked (a field's range may depend on one checked before it). Message: "{field} must be {allowed}".
+POSITIVE_INT = (lambda v, c: _int(v), 'a positive int')
+OPTIONAL_POSITIVE_INT = (lambda v, c: v is None or _int(v), 'None or a positive int')
+POSITIVE_NUMBER = (lambda v, c: v is None or (_number(v) and v > 0), 'a positive number')  # or None
+NON_NEGATIVE_NUMBER = (lambda v, c: _number(v) and v >= 0, 'a number >= 0')
+BOOL = (lambda v, c: isinstance(v, bool), 'True or False')
+FIELD_TYPES = {
+    **_kinds('block_size vocab_size n_layer n_head n_embd multiple_of n_expert n_expert_group topk_group', POSITIVE_INT),
+    'n_expert_active': (lambda v, c: _int(v, 1, c.n_expert), lambda c: f"an int in [1, n_expert={c.n_expert}]"),
+    **_kinds('n_shared_expert first_dense_layers', (lambda v, c: _int(v, 0), 'an int >= 0')),
+    **_kinds('ffn_hidden head_dim sliding_window rope_original_length moe_hidden', OPTIONAL_POSITIVE_INT),
+    'n_kv_head': (lambda v, c: v is None or _int(v, 1, c.n_head), lambda c: f"None or an int in [1, n_head={c.n_head}]"),
+    # MLA's widths: a query bottleneck and a rotated part may be absent (0)
+    **_kinds('kv_lora_rank qk_nope_head_dim v_head_dim', (lambda v, c: v is None or _int(v), 'None or an int >= 0')),
+    **_kinds('q_lora_rank qk_rope_head_dim', (lambda v, c: v is None or _int(v, 0), 'None or an int >= 0')),
+    **_kinds('linear_n_key_head linear_n_value_head linear_key_dim linear_value_dim', OPTIONAL_POSITIVE_INT),
+    **_kinds('linear_conv_kernel linear_chunk_size', (lambda v, c: _int(v), 'an int >= 1')),
+    'rope_fraction': (lambda v, c: _number(v) and 0 < v <= 1, 'in (0, 1]'),
+    'dropout': (lambda v, c: _number(v) and 0 <= v < 1, 'in [0, 1)'),
+    **_kinds('norm_eps rope_theta rope_factor rope_low_freq_factor rope_high_freq_factor yarn_beta_fast '
+             'yarn_beta_slow rope_attention_factor routed_scaling rope_local_theta attn_scale logit_softcap '
+             'swiglu_limit', POSITIVE_NUMBER),
+    **_kinds('yarn_mscale yarn_mscale_all_dim moe_aux_loss_coef moe_z_loss_coef moe_bias_update_rate',
+             NON_NEGATIVE_NUMBER),
+    **_kinds('bias tie_embeddings zero_init qkv_bias qk_norm router_norm_topk attn_sinks attn_gate qk_norm_all_heads '
+             'embed_scale yarn_truncate moe_bias shared_expert_gate', BOOL),
+}
+
+
+def _choices():
+    """The fields that name a kind of part, and the kinds (the registries, as the later chapters filled them)."""
+    return {'norm': NORMS, 'mlp': MLPS, 'attn': ATTENTIONS, 'pos': POSITIONS, 'rope_scaling': ROPE_SCALINGS,
+            'router': ROUTERS, 'norm_position': NORM_POSITIONS}
+
+
+def _changed(config, names):
+    """The named fields set away from their defaults."""
+    return [k for k in names if getattr(config, k) != GPTConfig.__dataclass_fields__[k].default]
+
+
+def _flag_list(config, names):
+    return ', '.join(f"{k}={getattr(config, k)!r}" for k in names)
+
+
+def _mla_cannot(c):
+    """The flags of attention that MLA, which makes its own keys and values, cannot apply."""
+    return _changed(c, ('n_kv_head', 'head_dim', 'qk_norm', 'qkv_bias', 'rope_fraction', 'attn_sinks', 'attn_gate',
+                        'attn_scale'))
+
+
+MLA_FIELDS = ('kv_lora_rank', 'q_lora_rank', 'qk_nope_head_dim', 'qk_rope_head_dim', 'v_head_dim')
+LINEAR_FIELDS = ('linear_n_key_head', 'linear_n_value_head', 'linear_key_dim', 'linear_value_dim',
+                 'linear_conv_kernel', 'linear_chunk_size')
+EXPERT_ONLY_FIELDS = ('moe_bias', 'swiglu_limit')  # the experts' own: MoE only, even with dense layers first
+
+# the flags of a RoPE scaling, and the rope_scaling values they apply to
+ROPE_SCALING_FLAGS = {'rope_factor': ('linear', 'dynamic', 'yarn', 'llama3'),
+                      'rope_original_length': ('linear', 'dynamic', 'yarn', 'llama3'),
+                      'rope_low_freq_factor': ('llama3',), 'rope_high_freq_factor': ('llama3',),
+                      'yarn_beta_fast': ('yarn',), 'yarn_beta_slow': ('yarn',), 'yarn_mscale': ('yarn',),
+                      'yarn_mscale_all_dim': ('yarn',), 'rope_attention_factor': ('yarn',), 'yarn_truncate': ('yarn',)}
+
+
+def _layers_ok(c):
+    return c.layers is None or (isinstance(c.layers, str) and c.layers and not set(c.layers) - set(LAYER_KINDS)
+                                and len(c.layers) <= c.n_layer)
+
+
+# How fields depend on each other, in the order checked: [(whether config breaks the rule, the message)]. The
+# messages say how to fix the mistake. Sizes that must fit together:
+SHAPES = [
+    (lambda c: c.n_expert % c.n_expert_group != 0 or c.topk_group > c.n_expert_group,
+     lambda c: f"n_expert_group ({c.n_expert_group}) must divide n_expert ({c.n_expert}) and be >= topk_group "
+               f"({c.topk_group})"),
+    (lambda c: c.n_expert_active > c.topk_group * c.n_expert // c.n_expert_group,
+     lambda c: f"n_expert_active ({c.n_expert_active}) is more than the experts of topk_group ({c.topk_group}) groups "
+               f"hold"),
+    (lambda c: c.head_dim is None and c.n_embd % c.n_head != 0,
+     lambda c: f"n_embd ({c.n_embd}) must be divisible by n_head ({c.n_head}), or set head_dim"),
+    (lambda c: c.n_kv_head is not None and c.n_head % c.n_kv_head != 0,
+     lambda c: f"n_head ({c.n_head}) must be divisible by n_kv_head ({c.n_kv_head})"),
+]
+# "X needs Y" and "X applies only with Z":
+DEPENDS = [
+    (lambda c: c.attn == 'mla' and _mla_cannot(c),
+     lambda c: f"attn='mla' makes its own keys and values: {_flag_list(c, _mla_cannot(c))} cannot apply (set "
+               f"{' '.join(f'--{k}={GPTConfig.__dataclass_fields__[k].default}' for k in _mla_cannot(c))})"),
+    (lambda c: c.attn == 'mla' and c.pos == 'learned' and c.qk_rope_head_dim,
+     lambda c: f"qk_rope_head_dim={c.qk_rope_head_dim} needs pos='rope' (learned positions rotate nothing): set "
+               f"--pos=rope or --qk_rope_head_dim=None"),
+    (lambda c: c.attn == 'mla' and c.pos == 'rope' and c.qk_rope_head_dim == 0,
+     lambda c: "qk_rope_head_dim=0 with pos='rope': the rotated part needs a width"),
+    (lambda c: c.attn != 'mla' and [k for k in MLA_FIELDS if getattr(c, k) is not None],
+     lambda c: f"{', '.join(k for k in MLA_FIELDS if getattr(c, k) is not None)} apply to attn='mla' only, got "
+               f"attn={c.attn!r} (set --attn=mla, or "
+               f"{' '.join(f'--{k}=None' for k in MLA_FIELDS if getattr(c, k) is not None)})"),
+    (lambda c: not _layers_ok(c),
+     lambda c: f"layers must be a string of {', '.join(map(repr, LAYER_KINDS))} "
+               f"({', '.join(about for about, _ in LAYER_KINDS.values())}) at most n_layer={c.n_layer} long, tiled "
+               f"over the layers; got {c.layers!r}"),
+    (lambda c: c.layers is not None and 'L' in c.layers and c.sliding_window is None,
+     lambda c: f"layers={c.layers!r} has local ('L') layers: set sliding_window, their window"),
+    (lambda c: c.layers is not None and 'N' in c.layers and c.pos != 'rope',
+     lambda c: f"layers={c.layers!r} has layers without RoPE ('N'): that needs pos='rope', got pos={c.pos!r}"),
+    (lambda c: c.sliding_window is not None and 'L' not in c.layer_kinds,
+     lambda c: f"sliding_window={c.sliding_window} applies to local ('L') layers and layers={c.layers!r} has none: "
+               f"add 'L' to layers or set --sliding_window=None"),
+    (lambda c: c.rope_local_theta is not None and 'L' not in c.layer_kinds,
+     lambda c: f"rope_local_theta={c.rope_local_theta} applies to local ('L') layers and there are none: set layers "
+               f"(e.g. 'LLLLLG') and sliding_window, or rope_local_theta=None"),
+    (lambda c: c.rope_local_theta is not None and c.pos != 'rope',
+     lambda c: f"rope_local_theta needs pos='rope', got pos={c.pos!r}"),
+    (lambda c: c.linear_dims['v_heads'] % c.linear_dims['k_heads'] != 0,
+     lambda c: f"linear_n_value_head ({c.linear_dims['v_heads']}) must be a multiple of linear_n_key_head "
+               f"({c.linear_dims['k_heads']}): each key head serves a group of value heads"),
+    (lambda c: _changed(c, LINEAR_FIELDS) and 'D' not in c.layer_kinds,
+     lambda c: f"{', '.join(_changed(c, LINEAR_FIELDS))} apply to Gated DeltaNet ('D') layers and layers={c.layers!r} "
+               f"has none: add 'D' to layers or leave them at their defaults"),
+    (lambda c: c.pos == 'rope' and (c.rope_dim % 2 != 0 or c.rope_dim < 2),
+     lambda c: f"pos='rope' needs an even number of rotated dims per head (head_dim * rope_fraction, or "
+               f"qk_rope_head_dim with MLA), got {c.rope_dim}"),
+    (lambda c: c.rope_scaling is not None and c.pos != 'rope',
+     lambda c: f"rope_scaling={c.rope_scaling!r} needs pos='rope', got pos={c.pos!r} (set --pos=rope or "
+               f"--rope_scaling=None)"),
+    (lambda c: not c.rope_high_freq_factor > c.rope_low_freq_factor,
+     lambda c: f"rope_high_freq_factor ({c.rope_high_freq_factor}) must be greater than rope_low_freq_factor "
+               f"({c.rope_low_freq_factor})"),
+    # a scaling's own flags do nothing without it: refused rather than recorded as if they applied
+    *[(lambda c, name=name: name in _changed(c, (name,)) and c.rope_scaling not in ROPE_SCALING_FLAGS[name],
+       lambda c, name=name: f"{name}={getattr(c, name)!r} applies only with rope_scaling="
+                            f"{' or '.join(map(repr, ROPE_SCALING_FLAGS[name]))}, got rope_scaling={c.rope_scaling!r} "
+                            f"(set --rope_scaling, or --{name}={GPTConfig.__dataclass_fields__[name].default})")
+      for name in ROPE_SCALING_FLAGS],
+    (lambda c: c.shared_expert_gate and not c.n_shared_expert,
+     lambda c: "shared_expert_gate=True gates the shared experts: set n_shared_expert >= 1"),
+    (lambda c: c.qk_norm_all_heads and not c.qk_norm,
+     lambda c: "qk_norm_all_heads=True says how qk_norm normalizes: set qk_norm=True too"),
+    (lambda c: _changed(c, EXPERT_ONLY_FIELDS) and c.mlp != 'moe',
+     lambda c: f"{_flag_list(c, _changed(c, EXPERT_ONLY_FIELDS))} apply to mlp='moe' only, got mlp={c.mlp!r}"),
+]
+
+
+def check_config(config):
+    """GPTConfig's checks, one ValueError naming the field and what is allowed: each field's type and range
+    (FIELD_TYPES), the kind each naming field names (a key of its registry), then SHAPES and DEPENDS."""
+    for name, (ok, allowed) in FIELD_TYPES.items():
+        value = getattr(config, name)
+        if not ok(value, config):
+            raise ValueError(f"{name} must be {allowed(config) if callable(allowed) else allowed}, got {value!r}")
+    for name, kinds in _choices().items():
+        if getattr(config, name) not in kinds:
+            raise ValueError(f"{name} must be one of {', '.join(map(repr, kinds))}; got {getattr(config, name)!r}")
+    for broken, message in SHAPES + DEPENDS:
+        if broken(config):
+            raise ValueError(message(config))

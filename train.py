@@ -427,7 +427,7 @@ def estimate_loss():
     bar = progress(2 * len(range(rank, eval_iters, world_size)), 'evaluating', slow=eval_seconds > 10)
     for split in ('train', 'val'):
         generator = torch.Generator().manual_seed(EVAL_SEED + (split == 'val'))
-        raw_model.moe_report()  # restart the experts' counts
+        raw_model.moe_report_and_reset()  # restart the experts' counts
         total, batch = torch.zeros((), device=device), None
         for k in range(eval_iters):  # every process draws every batch (the same ones, in order), reads its own
             own = k % world_size == rank
@@ -446,7 +446,7 @@ def estimate_loss():
     if raw_model.moe_layers():
         if distributed:
             all_reduce_sum(raw_model.moe_counters())
-        out['moe'] = raw_model.moe_report()
+        out['moe'] = raw_model.moe_report_and_reset()
     eval_model.train()
     return out
 
@@ -741,9 +741,9 @@ def balance_experts():
     """Sigmoid routers' balancing bias follows this step's load, alike on every rank."""
     if not raw_model.moe_layers():
         return
-    if distributed and raw_model.balances_experts():  # a softmax router never reads the load
+    if distributed and raw_model.reads_expert_load():  # a softmax router never reads the load
         all_reduce_sum([m.load for m in raw_model.moe_layers()])
-    raw_model.balance_experts()
+    raw_model.update_expert_bias()
 
 
 def mean_loss(loss_sum):

@@ -12,7 +12,7 @@ for hidden in (512, 341):
     def step():
         with torch.autocast('cuda', dtype=torch.bfloat16):
             loss = model(x, x)[1]
-        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True); model.balance_experts()
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True); model.update_expert_bias()
     step(); torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(5):

@@ -56,7 +56,7 @@ def test_export_logits_match_and_round_trip(tmp_path, flags, family):
         torch.testing.assert_close(back(idx)[0], ours, atol=1e-4, rtol=0)
     assert back.config.kv_heads == model.config.kv_heads
     assert back.config.tie_embeddings == model.config.tie_embeddings
-    assert back.config.hidden_size == model.config.hidden_size
+    assert back.config.mlp_width == model.config.mlp_width
     assert back.config.rope_theta == model.config.rope_theta
 
 

@@ -85,7 +85,7 @@ def test_the_backend_torch_picks_matches_math_in_values_and_gradients(window, n_
     T = 192
     q = torch.randn(2, 8, T, 64, device='cuda')
     k, v = torch.randn(2, 2, n_kv_head, T, 64, device='cuda').unbind(0)
-    mask = M.attention_mask(0, T, None, window, 'cuda')
+    mask = M.causal_mask(T, window, 'cuda')
     mask = True if mask is None else mask
     r = torch.randn(2, 8, T, 64, device='cuda')
 

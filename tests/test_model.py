@@ -1,5 +1,6 @@
-"""Tests for model.py: every flag combination, attention/RoPE/norm references, init, accounting,
-KV-cache generation, config validation and Hugging Face interop (tiny random models, no network)."""
+"""Tests for model.py: every flag combination (with its KV cache), attention/RoPE/norm references, init,
+accounting, config validation, the README's layer kind and Hugging Face interop (tiny random models, no network).
+The decoding engine's own tests are tests/test_generate.py."""
 import itertools
 import math
 import os
@@ -13,6 +14,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+import generate as G  # noqa: E402
 import model as M  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
@@ -173,7 +175,7 @@ def check_cache_logits(model):
     torch.manual_seed(3)
     B = 2
     seq = torch.randint(0, VOCAB, (B, BLOCK))
-    cache = M.KVCache(model, B, BLOCK, torch.float32, torch.device('cpu'))
+    cache = G.KVCache(model, B, BLOCK, torch.float32, torch.device('cpu'))
     logits, _ = model(seq[:, :5], cache=cache)
     assert cache.pos == 5
     assert_close(logits, model(seq[:, :5])[0], atol=1e-5)
@@ -189,16 +191,16 @@ def check_cache_logits(model):
 
 def generate_recording_logits(model, prompt, new, use_cache):
     """Greedy generate, plus the logits every step sampled from (B, steps, vocab)."""
-    seen, original = [], M.sample_next
+    seen, original = [], G.sample_next
 
     def recording(logits, *args):
         seen.append(logits.clone())
         return original(logits, *args)
-    M.sample_next = recording
+    G.sample_next = recording
     try:
         tokens = model.generate(prompt, new, temperature=0.0, use_cache=use_cache)
     finally:
-        M.sample_next = original
+        G.sample_next = original
     return tokens, torch.stack(seen, dim=1)
 
 
@@ -693,13 +695,13 @@ def test_gated_mlp_hidden_sizes_and_param_counts():
     with torch.device('meta'):
         gelu = M.MLP(GPTConfig(n_embd=768, bias=False))
         swiglu = M.GatedMLP(GPTConfig(n_embd=768, mlp='swiglu', bias=False))
-    assert GPTConfig(n_embd=768, mlp='swiglu').hidden_size == 2048
-    assert GPTConfig(n_embd=768).hidden_size == 3072
+    assert GPTConfig(n_embd=768, mlp='swiglu').mlp_width == 2048
+    assert GPTConfig(n_embd=768).mlp_width == 3072
     assert count(gelu) == count(swiglu) == 2 * 768 * 3072
-    assert GPTConfig(n_embd=128, n_head=4, mlp='swiglu').hidden_size == 384
-    assert GPTConfig(n_embd=128, n_head=4, mlp='geglu').hidden_size == 384
-    assert GPTConfig(n_embd=128, n_head=4, mlp='relu').hidden_size == 512
-    assert GPTConfig(n_embd=128, n_head=4, mlp='swiglu', ffn_hidden=100).hidden_size == 100
+    assert GPTConfig(n_embd=128, n_head=4, mlp='swiglu').mlp_width == 384
+    assert GPTConfig(n_embd=128, n_head=4, mlp='geglu').mlp_width == 384
+    assert GPTConfig(n_embd=128, n_head=4, mlp='relu').mlp_width == 512
+    assert GPTConfig(n_embd=128, n_head=4, mlp='swiglu', ffn_hidden=100).mlp_width == 100
     small = M.GatedMLP(GPTConfig(n_embd=128, n_head=4, mlp='swiglu', bias=False))
     assert count(small) == 3 * 128 * 384
 
@@ -734,7 +736,7 @@ def test_attention_sinks_are_a_logit_column_in_each_softmax(mask, n_kv, scale):
     k, v = torch.randn(2, n_kv, 7, 8, generator=g), torch.randn(2, n_kv, 7, 8, generator=g)
     sinks = torch.randn(4, generator=g).requires_grad_()
     if mask == 'window':
-        mask = M.attention_mask(0, 7, None, 3, 'cpu')
+        mask = M.causal_mask(7, 3, "cpu")
     out = M.attend(q, k, v, mask, scale=scale, sinks=sinks)
     expected = explicit_attend(q, k, v, mask, scale=scale, sinks=sinks)
     assert_close(out, expected, atol=1e-5)
@@ -782,151 +784,6 @@ def test_gqa_saves_the_flops_of_the_removed_kv_heads(monkeypatch):
     assert mha.flops_per_token() - gqa.flops_per_token() == 6 * removed_weights
 
 
-# ----------------------------------------------------------------------------- 9: generation
-
-@pytest.mark.parametrize('overrides', [dict(), dict(norm='rms', mlp='swiglu', pos='rope', n_kv_head=2)],
-                         ids=['vanilla', 'llama'])
-def test_greedy_generation_matches_reference_and_batches(overrides):
-    model = build(**overrides)
-    torch.manual_seed(17)
-    prompt = torch.randint(0, VOCAB, (3, 5))
-    for new in (8, 40):
-        expected = reference_greedy(model, prompt, new)
-        for use_cache in (True, False):
-            got = model.generate(prompt, new, temperature=0.0, use_cache=use_cache)
-            assert torch.equal(got, expected), f"use_cache={use_cache}, {new} new tokens"
-        # every row of the batch is what it would be alone
-        got = model.generate(prompt, new, temperature=0.0)
-        for b in range(3):
-            assert torch.equal(model.generate(prompt[b:b + 1], new, temperature=0.0), got[b:b + 1])
-    # a prompt longer than block_size
-    long_prompt = torch.randint(0, VOCAB, (3, BLOCK + 4))
-    expected = reference_greedy(model, long_prompt, 20)
-    assert torch.equal(model.generate(long_prompt, 20, temperature=0.0, use_cache=True), expected)
-    assert torch.equal(model.generate(long_prompt, 20, temperature=0.0, use_cache=False), expected)
-
-
-def test_generate_stream_yields_tokens_one_step_at_a_time():
-    model = build()
-    torch.manual_seed(18)
-    prompt = torch.randint(0, VOCAB, (2, 4))
-    steps = list(model.generate_stream(prompt, 6, temperature=0.0))
-    assert len(steps) == 6 and all(s.shape == (2, 1) for s in steps)
-    assert torch.equal(torch.cat([prompt] + steps, dim=1), model.generate(prompt, 6, temperature=0.0))
-    assert list(model.generate_stream(prompt, 0)) == []
-    assert torch.equal(model.generate(prompt, 0), prompt)
-
-
-@pytest.mark.parametrize('overrides', [dict(), dict(norm='rms', mlp='geglu', pos='rope', n_kv_head=1)],
-                         ids=['vanilla', 'rope-mqa'])
-def test_top_k_1_and_tiny_top_p_are_greedy(overrides):
-    model = build(**overrides)
-    torch.manual_seed(19)
-    prompt = torch.randint(0, VOCAB, (3, 5))
-    greedy = model.generate(prompt, 30, temperature=0.0, use_cache=False)
-    for use_cache in (True, False):
-        torch.manual_seed(20)
-        assert torch.equal(model.generate(prompt, 30, temperature=1.0, top_k=1, use_cache=use_cache), greedy)
-        torch.manual_seed(21)
-        assert torch.equal(model.generate(prompt, 30, temperature=1.0, top_p=1e-6, use_cache=use_cache), greedy)
-
-
-@pytest.mark.parametrize('overrides', [dict(), dict(norm='rms', mlp='swiglu', pos='rope', n_kv_head=2)],
-                         ids=['vanilla', 'llama'])
-def test_sampling_same_seed_same_tokens_with_and_without_cache(overrides):
-    model = build(**overrides)
-    torch.manual_seed(22)
-    prompt = torch.randint(0, VOCAB, (3, 5))
-    runs = {}
-    for use_cache in (True, False):
-        torch.manual_seed(123)
-        runs[use_cache] = model.generate(prompt, 40, temperature=1.0, use_cache=use_cache)
-    assert torch.equal(runs[True], runs[False])
-    assert runs[True].min() >= 0 and runs[True].max() < VOCAB
-    torch.manual_seed(124)
-    other = model.generate(prompt, 40, temperature=1.0)
-    assert not torch.equal(other, runs[True]), "sampling ignores the seed"
-    greedy = model.generate(prompt, 40, temperature=0.0)
-    assert not torch.equal(runs[True], greedy), "temperature 1.0 behaves greedily"
-
-
-def test_sample_next_filters():
-    torch.manual_seed(23)
-    logits = torch.randn(4, VOCAB) * 3
-    assert torch.equal(M.sample_next(logits, temperature=0.0), logits.argmax(dim=-1, keepdim=True))
-    top5 = logits.topk(5, dim=-1).indices
-    probs = logits.softmax(dim=-1)
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    # the smallest prefix of the sorted tokens whose mass reaches 0.5
-    n_nucleus = (sorted_probs.cumsum(dim=-1) < 0.5).sum(dim=-1) + 1
-    seen_k = torch.zeros(4, VOCAB, dtype=torch.bool)
-    for _ in range(300):
-        tok = M.sample_next(logits, temperature=1.0, top_k=5)
-        assert tok.shape == (4, 1)
-        assert (top5 == tok).any(dim=-1).all(), "top_k sampled outside the top k"
-        seen_k.scatter_(1, tok, True)
-        tok = M.sample_next(logits, temperature=0.7, top_p=0.5)
-        for b in range(4):
-            assert tok[b, 0] in order[b, :n_nucleus[b]], "top_p sampled outside the nucleus"
-    assert seen_k.sum(dim=-1).min() >= 2  # it samples, it does not just take the argmax
-
-
-# ----------------------------------------------------------------------------- 10: KV-cache size
-
-def cache_nbytes(cache):
-    return sum(t.nbytes for layer in cache.layers for t in layer.stores.values())
-
-
-class RecordingCache(M.KVCache):
-    made = []
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        RecordingCache.made.append(self)
-
-
-@pytest.mark.parametrize('n_kv', [None, 1])
-def test_kv_cache_bytes_matches_the_cache_generate_builds(n_kv, monkeypatch):
-    model = build(n_kv_head=n_kv, pos='rope')
-    monkeypatch.setattr(M, 'KVCache', RecordingCache)
-    RecordingCache.made = []
-    torch.manual_seed(24)
-    prompt = torch.randint(0, VOCAB, (3, 5))
-    for new in (7, 40):
-        RecordingCache.made.clear()
-        model.generate(prompt, new, temperature=0.0, use_cache=True)
-        assert len(RecordingCache.made) == 1
-        cache = RecordingCache.made[0]
-        total = 5 + new
-        assert cache.length == min(total, BLOCK)
-        assert model.kv_cache_bytes(3, total) == cache_nbytes(cache)
-        kv = n_kv or N_HEAD
-        assert cache_nbytes(cache) == 2 * 2 * 3 * kv * min(total, BLOCK) * (N_EMBD // N_HEAD) * 4
-    direct = M.KVCache(model, 2, 9, torch.float32, torch.device('cpu'))
-    assert model.kv_cache_bytes(2, 9) == cache_nbytes(direct)
-
-
-def test_kv_cache_bytes_gqa_and_dtype_ratios():
-    cfg = dict(n_head=8, n_embd=64)
-    mha = build(**cfg)
-    gqa = build(n_kv_head=2, **cfg)
-    for seq_len in (10, BLOCK, 100):
-        assert gqa.kv_cache_bytes(4, seq_len) * 4 == mha.kv_cache_bytes(4, seq_len)
-        assert mha.kv_cache_bytes(4, seq_len, torch.bfloat16) * 2 == mha.kv_cache_bytes(4, seq_len, torch.float32)
-    assert mha.kv_cache_bytes(4, 100) == mha.kv_cache_bytes(4, BLOCK)  # capped at block_size
-    bf16 = M.KVCache(mha, 4, 10, torch.bfloat16, torch.device('cpu'))
-    assert mha.kv_cache_bytes(4, 10, torch.bfloat16) == cache_nbytes(bf16)
-
-
-def test_forward_rejects_overfilling_a_cache():
-    model = build(pos='rope')
-    cache = M.KVCache(model, 1, 6, torch.float32, torch.device('cpu'))
-    with torch.no_grad():
-        model(torch.zeros(1, 5, dtype=torch.long), cache=cache)
-        with pytest.raises(ValueError, match='cache'):
-            model(torch.zeros(1, 2, dtype=torch.long), cache=cache)
-
-
 # ----------------------------------------------------------------------------- sliding window, rope scaling
 
 @torch.no_grad()
@@ -941,28 +798,6 @@ def test_a_window_of_w_sees_w_keys_itself_included():
         changed[0, T - 1 - back] = (changed[0, T - 1 - back] + 1) % VOCAB
         moved = (model(changed)[0][0, -1] - base).abs().max().item()
         assert (moved > 1e-6) == seen, (back, moved)
-
-
-def test_a_window_caps_the_cache_and_the_attention_flops():
-    wide, windowed = build(pos='rope'), build(pos='rope', sliding_window=5)
-    for seq_len in (3, 5, BLOCK):
-        assert windowed.kv_cache_bytes(2, seq_len) == wide.kv_cache_bytes(2, min(seq_len, 5))
-        assert windowed.flops_per_token(seq_len) == wide.flops_per_token(min(seq_len, 5))
-    cache = M.KVCache(windowed, 2, BLOCK, torch.float32, torch.device('cpu'))
-    assert cache_nbytes(cache) == windowed.kv_cache_bytes(2, BLOCK) and [layer.slots for layer in cache.layers] == [5, 5]
-
-
-def test_local_layers_keep_a_ring_and_global_layers_every_position():
-    """layers='LG': the local layer's cache and attention FLOPs stop at the window, the global layer's grow."""
-    wide, mixed = build(pos='rope'), build(pos='rope', layers='LG', sliding_window=5)
-    for seq_len in (3, 5, BLOCK):
-        half = wide.kv_cache_bytes(2, seq_len) // 2  # one layer's
-        assert mixed.kv_cache_bytes(2, seq_len) == wide.kv_cache_bytes(2, min(seq_len, 5)) // 2 + half
-        assert mixed.flops_per_token(seq_len) == (wide.flops_per_token(min(seq_len, 5))
-                                                  + wide.flops_per_token(seq_len)) // 2
-    cache = M.KVCache(mixed, 2, BLOCK, torch.float32, torch.device('cpu'))
-    assert cache_nbytes(cache) == mixed.kv_cache_bytes(2, BLOCK)
-    assert [layer.slots for layer in cache.layers] == [5, BLOCK]
 
 
 @pytest.mark.parametrize('B, H, T, dk, dv, chunk', [(2, 3, 13, 8, 6, 4), (1, 2, 7, 4, 5, 64), (2, 2, 16, 6, 8, 8),
@@ -995,21 +830,6 @@ def test_gated_delta_matches_the_rule_written_out():
     for out, state in (M.gated_delta_chunked(q, k, v, g, beta, 2, final=True), M.gated_delta_recurrent(q, k, v, g, beta)):
         assert_close(out[0, 0], expected, atol=1e-6)
         assert_close(state[0, 0], S2, atol=1e-6)
-
-
-def test_deltanet_layers_keep_a_cache_that_does_not_grow():
-    """'DG': the DeltaNet layer's cache (conv inputs and state) is the same at any length, the global layer's
-    grows; the bytes counted are the bytes a cache allocates."""
-    mixed, wide = build(pos='rope', layers='DG'), build(pos='rope')
-    kernel, width = mixed.config.linear_conv_kernel, 3 * N_EMBD  # q, k and v at n_embd each by default
-    fixed = 2 * 4 * ((kernel - 1) * width + N_HEAD * (N_EMBD // N_HEAD) ** 2)  # batch 2, fp32
-    for seq_len in (3, 9, BLOCK):
-        assert mixed.kv_cache_bytes(2, seq_len) == wide.kv_cache_bytes(2, seq_len) // 2 + fixed
-        cache = M.KVCache(mixed, 2, seq_len, torch.float32, torch.device('cpu'))
-        assert cache_nbytes(cache) == mixed.kv_cache_bytes(2, seq_len)
-    # the recurrent state stays fp32 under a bf16 cache; the conv inputs take the cache's dtype
-    assert mixed.kv_cache_bytes(2, BLOCK, torch.bfloat16) == wide.kv_cache_bytes(2, BLOCK, torch.bfloat16) // 2 \
-        + 2 * (2 * (kernel - 1) * width + 4 * N_HEAD * (N_EMBD // N_HEAD) ** 2)
 
 
 @torch.no_grad()
@@ -1111,135 +931,16 @@ def test_embedding_scale_softcap_and_query_scale():
     assert (build(pos='rope', norm='rms', attn_scale=1.0)(idx)[0] - plain(idx)[0]).abs().max() > 1e-4
 
 
-@pytest.mark.parametrize('window, layers', [(None, None), (5, None), (5, 'LG')])
-def test_compiled_decoding_makes_one_graph_per_kind_of_call_not_per_ring_slot(window, layers):
-    """Each block compiled with dynamic shapes (as sample.py did before compile_decoding; dynamo's own 'eager'
-    backend, which keeps the guards and skips code generation): the same tokens as eager, past a context shift,
-    and a few graphs (prefill, decoding steps, a windowed prefill), never one per position or ring slot; with
-    local and global layers (four, with sinks) a few per kind of layer, not per layer."""
-    import torch._dynamo
-    model = build(n_layer=1, pos='rope', sliding_window=window) if layers is None else \
-        build(n_layer=4, pos='rope', sliding_window=window, layers=layers, attn_sinks=True)
-    idx = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(53))
-    eager = model.generate(idx, 3 * BLOCK, temperature=0)
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    try:
-        for block in model.transformer.h:
-            block.compile(dynamic=True, backend='eager')
-        assert torch.equal(model.generate(idx, 3 * BLOCK, temperature=0), eager)
-        assert torch._dynamo.utils.counters['stats']['unique_graphs'] <= (4 if layers is None else 8)
-        assert not torch._dynamo.utils.counters['graph_break']
-    finally:
-        torch._dynamo.reset()
-
-
-# every kind of cache a decoding step writes: K/V heads shared, MLA's latents, a window's ring next to a global
-# layer (with their own RoPE base and sinks), a Gated DeltaNet's states, learned positions
-STEP_KINDS = {'gqa': dict(norm='rms', mlp='swiglu', pos='rope', n_kv_head=2), 'mqa': dict(pos='rope', n_kv_head=1),
-              'mla': dict(pos='rope', attn='mla', q_lora_rank=8),
-              'local+global': dict(pos='rope', layers='LG', sliding_window=5, attn_sinks=True, rope_local_theta=100.0),
-              'deltanet+global': dict(pos='rope', layers='DG', linear_key_dim=4, linear_value_dim=4),
-              'learned': dict()}
-
-
-@torch.no_grad()
-@pytest.mark.parametrize('kind', STEP_KINDS)
-def test_a_decoding_step_gives_the_logits_of_a_full_forward(kind):
-    """decode_step (generate's step after the prefill) writes each token in place into the preallocated cache
-    and attends over all its slots, the unwritten ones masked: at every position, past the ring's wrap, its
-    logits are those of a full forward over the sequence."""
-    model = build(**STEP_KINDS[kind])
-    seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(60))
-    cache = M.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
-    model(seq[:, :3], cache=cache)  # the prefill
-    for i in range(3, BLOCK):
-        logits = model.decode_step(seq[:, i:i + 1], cache.position, cache.stores)
-        cache.advance(1)
-        assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
-
-
-@pytest.mark.parametrize('kind', ['local+global+deltanet', 'mla, kept cache'])
-def test_compiled_decoding_is_one_graph_for_every_step_and_length(kind):
-    """compile_decoding (here with AOT autograd, which functionalizes the in-place cache writes, and no code
-    generation: the sampling test compiles with inductor): the tokens of eager decoding at three lengths, past a
-    context shift, from one graph, never recompiled for a step, a position or a cache length; also with the
-    one cache of block_size positions that CUDA graphs keep and reuse."""
-    import torch._dynamo
-    model = build(n_layer=3, pos='rope', layers='LGD', sliding_window=5, n_kv_head=2, attn_sinks=True,
-                  linear_key_dim=4, linear_value_dim=4) if kind != 'mla' else build(pos='rope', attn='mla')
-    idx = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(61))
-    eager = {n: model.generate(idx, n, temperature=0) for n in (6, 9, 3 * BLOCK)}  # caches of 9, 12 and 16
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    try:
-        model.compile_decoding(backend='aot_eager', keep_cache=kind == 'mla, kept cache')
-        for n, expected in eager.items():
-            assert torch.equal(model.generate(idx, n, temperature=0), expected)
-        assert torch._dynamo.utils.counters['stats']['unique_graphs'] == 1
-        assert not torch._dynamo.utils.counters['graph_break']
-    finally:
-        torch._dynamo.reset()
-
-
-@torch.no_grad()
-def test_compiled_decoding_of_a_moe_model_gives_eager_tokens():
-    """MoE's CPU path reads its experts' token counts on the host, so compile_decoding compiles it with graph
-    breaks (not fullgraph): the same tokens as eager, past a context shift."""
-    import torch._dynamo
-    model = build(mlp='moe', n_expert=4, n_expert_active=2, moe_hidden=16, pos='rope', n_kv_head=2)
-    idx = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(62))
-    eager = model.generate(idx, 2 * BLOCK, temperature=0)
-    torch._dynamo.reset()
-    try:
-        assert torch.equal(model.compile_decoding(backend='aot_eager').generate(idx, 2 * BLOCK, temperature=0), eager)
-    finally:
-        torch._dynamo.reset()
-
-
-@torch.no_grad()
-def test_compiled_decoding_specializes_each_batch_size():
-    """Each batch size gets a graph of its own (a static batch: dynamo would otherwise generalize the batch at
-    the second size, a slower graph for every size after it): three sizes, three graphs, and a size seen before
-    compiles nothing."""
-    import torch._dynamo
-    model = build(pos='rope', n_kv_head=2)
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    try:
-        model.compile_decoding(backend='aot_eager')
-        for batch in (1, 3, 2, 3):
-            idx = torch.randint(0, VOCAB, (batch, 2), generator=torch.Generator().manual_seed(batch))
-            model.generate(idx, 4, temperature=0)
-        assert torch._dynamo.utils.counters['stats']['unique_graphs'] == 3
-    finally:
-        torch._dynamo.reset()
-
-
-@torch.no_grad()
-def test_dynamic_rope_is_exact_with_a_cache_within_its_original_length_only():
-    """'dynamic' gives every position new angles as the sequence grows past rope_original_length: a full
-    forward recomputes all of them, a KV cache keeps the earlier keys' (as transformers does)."""
-    model = build(pos='rope', rope_scaling='dynamic', rope_factor=4.0, rope_original_length=8)
-    seq = torch.randint(0, VOCAB, (1, BLOCK), generator=torch.Generator().manual_seed(51))
-    cache = M.KVCache(model, 1, BLOCK, torch.float32, torch.device('cpu'))
-    model(seq[:, :4], cache=cache)
-    for i in range(4, BLOCK):
-        step = model(seq[:, i:i + 1], cache=cache)[0][0, -1]
-        full = model(seq[:, :i + 1])[0][0, -1]
-        assert ((step - full).abs().max() < 1e-5) == (i < 8), i
-
-
 # ----------------------------------------------------------------------------- multi-head latent attention
 
 def mla_reference(attn, x, tables):
     """MLA written out per head in float64: queries (through the bottleneck when there is one), keys and
     values rebuilt from the normalized latent, the rotated parts, causal softmax at scale 1/sqrt(dn + dr)."""
     x = x.double()
-    H, dn, dr, dv, r = attn.n_head, attn.nope, attn.rope, attn.v, attn.latent
+    H, dn, dr, dv, r = attn.n_head, attn.nope_dim, attn.rope_dim, attn.v_dim, attn.latent_dim
     rms = lambda t, w: t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
     lin = lambda t, layer: t @ layer.weight.double().T + (layer.bias.double() if layer.bias is not None else 0)
-    q = lin(rms(lin(x, attn.q_a), attn.q_a_norm.weight), attn.q_b) if hasattr(attn, 'q_a') else lin(x, attn.q_proj)
+    q = lin(rms(lin(x, attn.q_a), attn.q_a_norm.weight), attn.q_b) if attn.q_proj is None else lin(x, attn.q_proj)
     kv_a = lin(x, attn.kv_a)
     latent, k_rope = rms(kv_a[..., :r], attn.kv_norm.weight), kv_a[..., r:]
     kv = lin(latent, attn.kv_b)
@@ -1310,7 +1011,7 @@ def expert_reference(layer, x, e):
     gpt-oss's clamped form."""
     experts = layer.experts
     W1, W2 = experts.c_fc[e], experts.c_proj[e]
-    b1, b2 = (experts.c_fc_bias[e], experts.c_proj_bias[e]) if hasattr(experts, 'c_fc_bias') else (0, 0)
+    b1, b2 = (experts.c_fc_bias[e], experts.c_proj_bias[e]) if experts.c_fc_bias is not None else (0, 0)
     h = W1.size(0) // 2
     bias = torch.is_tensor(b1)
     gate, up = x @ W1[:h].T + (b1[:h] if bias else 0), x @ W1[h:].T + (b1[h:] if bias else 0)
@@ -1449,9 +1150,9 @@ def test_balancing_losses_join_the_training_loss_only():
     idx = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(63))
     plain = build(mlp='moe', n_expert=4)  # same seed: same weights
     model.train(), plain.train()
-    model.moe_report(), plain.moe_report()
+    model.moe_report_and_reset(), plain.moe_report_and_reset()
     loss, base = model(idx, idx)[1], plain(idx, idx)[1]
-    report = model.moe_report()
+    report = model.moe_report_and_reset()
     assert loss.item() == pytest.approx(base.item() + 0.01 * report['aux_loss'] + 0.001 * report['z_loss'], rel=1e-5)
     model.eval()
     assert model(idx, idx)[1].item() == pytest.approx(base.item(), rel=1e-5)  # evaluation: the plain loss
@@ -1499,12 +1200,12 @@ def test_sigmoid_router_bias_evens_the_load():
     assert layer.expert_bias[0] == layer.expert_bias.min() < 0
 
 
-def test_balance_experts_moves_every_sigmoid_layer_and_restarts_the_counts():
+def test_update_expert_bias_moves_every_sigmoid_layer_and_restarts_the_counts():
     model = build(mlp='moe', router='sigmoid', n_expert=4, moe_bias_update_rate=0.1)
     with torch.no_grad():
         model(torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(66)))
     loads = [m.load.clone() for m in model.moe_layers()]
-    model.balance_experts()
+    model.update_expert_bias()
     for m, load in zip(model.moe_layers(), loads):
         assert torch.equal(m.expert_bias, 0.1 * torch.sign(load.mean() - load)) and m.load.sum() == 0
 
@@ -1516,7 +1217,7 @@ def test_balance_experts_moves_every_sigmoid_layer_and_restarts_the_counts():
     (dict(mlp='swiglu'), False),
 ])
 def test_only_balancing_sigmoid_routers_need_the_load_summed_across_ranks(flags, balances):
-    assert build(n_expert=4, **flags).balances_experts() is balances
+    assert build(n_expert=4, **flags).reads_expert_load() is balances
 
 
 # ----------------------------------------------------------------------------- 11: config validation
@@ -1638,6 +1339,15 @@ def test_layer_kinds_tile_the_pattern_and_default_to_the_window():
     assert GPTConfig.from_dict({**old, 'prenorm': False}).norm_position == 'post'
 
 
+def test_every_field_is_checked_by_a_table():
+    """GPTConfig's checks are tables: each field has its type and range (FIELD_TYPES) or names a kind of part
+    (a registry's key); layers, a string of LAYER_KINDS' letters, has its rule in DEPENDS."""
+    from dataclasses import fields
+    checked = set(M.FIELD_TYPES) | set(M._choices()) | {'layers'}
+    assert {f.name for f in fields(GPTConfig)} == checked
+    assert not set(M.FIELD_TYPES) & set(M._choices())
+
+
 def test_valid_edge_configs():
     assert tiny_config(n_kv_head=N_HEAD).kv_heads == N_HEAD
     assert tiny_config(n_kv_head=None).kv_heads == N_HEAD
@@ -1741,3 +1451,58 @@ def test_rope_tables_stay_fp32_when_the_model_is_cast():
     assert cos.dtype == torch.float32 and sin.dtype == torch.float32
     torch.testing.assert_close(cos, fresh_cos, atol=1e-6, rtol=0)
     torch.testing.assert_close(sin, fresh_sin, atol=1e-6, rtol=0)
+
+
+# ----------------------------------------------------------------------------- the README's layer kind
+
+def readme_layer_kind():
+    """The code block of README.md's "Adding a layer kind", as written there."""
+    readme = open(os.path.join(os.path.dirname(__file__), '..', 'README.md')).read()
+    section = readme.split('### Adding a layer kind', 1)[1]
+    return section.split('```python\n', 1)[1].split('```', 1)[0]
+
+
+def test_the_readmes_layer_kind_trains_decodes_counts_and_is_refused_by_export(monkeypatch):
+    """README's example pasted into model.py (executed in its namespace, the registry a copy): a model with the
+    new kind below global attention trains, decodes through the cache as without it (past block_size, where
+    the cache restarts), counts its state and FLOPs, and export refuses it in one line naming it."""
+    monkeypatch.setattr(M, 'LAYER_KINDS', dict(M.LAYER_KINDS))
+    namespace = dict(vars(M))
+    exec(compile(readme_layer_kind(), 'README.md', 'exec'), namespace)
+    assert set(M.LAYER_KINDS) - set('GLND') == {'M'}
+    model = build(layers='MG', pos='rope', n_kv_head=2, norm='rms', mlp='swiglu')
+    mean = model.transformer.h[0].attn
+    assert type(mean) is namespace['RunningMean'] and type(model.transformer.h[1].attn) is M.CausalSelfAttention
+
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    data = torch.randint(0, VOCAB, (4, BLOCK + 1), generator=torch.Generator().manual_seed(3))
+    losses = []
+    for _ in range(8):
+        _, loss = model(data[:, :-1], data[:, 1:])
+        losses.append(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert losses[-1] < losses[0] - 0.5
+    assert mean.c_attn.weight.grad.abs().sum() > 0  # the mean is on the gradient's path
+    model.eval()
+
+    check_causal(model)
+    check_cache_logits(model)
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(4))
+    cached = model.generate(prompt, 2 * BLOCK, temperature=0.0)
+    assert torch.equal(cached, model.generate(prompt, 2 * BLOCK, temperature=0.0, use_cache=False))
+    assert torch.equal(cached, reference_greedy(model, prompt, 2 * BLOCK))
+
+    attention_only = build(layers='GG', pos='rope', n_kv_head=2, norm='rms', mlp='swiglu')
+    state = 2 * (N_EMBD + 1) * 4  # two sequences' sum and count, fp32
+    assert model.kv_cache_bytes(2, 10) == attention_only.kv_cache_bytes(2, 10) // 2 + state
+    linears = sum(6 * m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    assert model.flops_per_token() == linears + model.transformer.h[1].attn.token_flops(BLOCK) + 6 * N_EMBD
+
+    pytest.importorskip('transformers')
+    from export import to_hf
+    with pytest.raises(ValueError) as refused:
+        to_hf(model)
+    assert "layers='MG'" in str(refused.value) and '\n' not in str(refused.value)
