@@ -392,10 +392,13 @@ def load_checkpoint(path, hint="train one with: python train.py config/shakespea
     try:
         checkpoint = torch.load(path, map_location='cpu', weights_only=True)
     except Exception as e:  # truncated, not a torch file, or holding objects weights_only refuses
-        if 'Weights only load failed' in str(e):  # torch's own text advises weights_only=False: we never do
+        if 'Weights only load failed' in str(e) and 'GLOBAL' in str(e):  # torch advises weights_only=False: never
             die(f"checkpoint '{path}' holds Python objects beyond tensors and plain values, so it was not loaded: "
                 f"loading them could run arbitrary code; it is not a nanoswap checkpoint (do not load it anywhere "
                 f"unless you trust where it came from)")
+        if 'Weights only load failed' in str(e):  # bytes the safe unpickler cannot read: garbage or a raw pickle
+            die(f"cannot read checkpoint '{path}': corrupt, or a pickle the safe loader cannot read, so it was not "
+                f"loaded (loading it otherwise could run arbitrary code: do not, unless you trust where it came from)")
         die(f"cannot read checkpoint '{path}': corrupt or not a nanoswap checkpoint "
             f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})")
     if not isinstance(checkpoint, dict) or checkpoint.get('format') != CKPT_FORMAT:

@@ -3,6 +3,7 @@
 import json
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -223,3 +224,11 @@ def test_an_unsafe_checkpoint_is_refused_saying_it_would_run_code(tmp_path, caps
     for fragment in ('ckpt.pt', 'not loaded', 'arbitrary code', 'unless you trust'):
         assert fragment in lines[0], lines[0]
     assert 'weights_only set to False' not in lines[0] and lines[0].endswith(')')
+
+
+def test_a_corrupt_checkpoint_is_called_corrupt_not_unsafe(tmp_path, capsys):
+    (tmp_path / 'ckpt.pt').write_bytes(np.random.default_rng(0).bytes(4096))  # the safe unpickler's 'operand' error
+    with pytest.raises(SystemExit):
+        common.load_checkpoint(str(tmp_path / 'ckpt.pt'))
+    line = capsys.readouterr().err.strip()
+    assert len(line.splitlines()) == 1 and 'corrupt' in line and 'unless you trust' in line, line

@@ -336,12 +336,12 @@ def test_compiled_sampling_equals_eager_compiles_once_and_times_only_the_steady_
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     graphs = torch._dynamo.utils.counters['stats']
-    compiled_at_start, generate_stream = [], GPT.generate_stream
+    compiled_at_start, generate = [], GPT.generate
 
     def recording(self, *a, **k):  # the graphs already compiled when each generation starts
         compiled_at_start.append(graphs['unique_graphs'])
-        yield from generate_stream(self, *a, **k)
-    monkeypatch.setattr(GPT, 'generate_stream', recording)
+        return generate(self, *a, **k)
+    monkeypatch.setattr(GPT, 'generate', recording)  # two samples: one batch, through generate
     compiled, err = sample(*args, '--compile=True')
     assert compiled == eager
     assert graphs['unique_graphs'] == 1 and not torch._dynamo.utils.counters['graph_break']
