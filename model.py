@@ -117,6 +117,9 @@ class GPTConfig:
     moe_bias_update_rate: float = 0.001  # sigmoid router: step of the balancing bias per iteration; 0: frozen
     moe_bias: bool = False  # biases on the router and in the experts (gpt-oss)
     swiglu_limit: Optional[float] = None  # experts' clamped SwiGLU (gpt-oss: 7): (clamp(up)+1) * g*sigmoid(1.702g), g = min(gate, limit); None: plain SwiGLU
+    # nanochat: weightless norms, and a norm on the embeddings
+    norm_gain: bool = True  # norms multiply by a learned gain (and LayerNorm adds a bias); False: weightless, every norm module (nanochat)
+    embed_norm: bool = False  # a norm on the first block's input, the token embeddings (nanochat)
 
     def __post_init__(self):
         check_config(self)  # against the tables at the end of the file
@@ -206,12 +209,13 @@ class LayerNorm(nn.Module):
 
     def __init__(self, ndim, config):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if config.bias else None
+        self.shape = (ndim,)
+        self.weight = nn.Parameter(torch.ones(ndim)) if config.norm_gain else None  # weightless: nanochat's chapter
+        self.bias = nn.Parameter(torch.zeros(ndim)) if config.bias and config.norm_gain else None
         self.eps = config.norm_eps
 
     def forward(self, x):
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+        return F.layer_norm(x, self.shape, self.weight, self.bias, self.eps)
 
 
 class RMSNorm(nn.Module):
@@ -219,11 +223,12 @@ class RMSNorm(nn.Module):
 
     def __init__(self, ndim, config, eps=None):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
+        self.shape = (ndim,)
+        self.weight = nn.Parameter(torch.ones(ndim)) if config.norm_gain else None  # weightless: nanochat's chapter
         self.eps = config.norm_eps if eps is None else eps
 
     def forward(self, x):
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return F.rms_norm(x, self.shape, self.weight, self.eps)
 
 
 NORMS = {'layernorm': LayerNorm, 'rms': RMSNorm}
@@ -564,6 +569,8 @@ class GPT(nn.Module):
             # post-norm blocks already end in a norm; every other placement leaves the stream unnormalized
             ln_f=make_norm(config) if config.norm_position != 'post' else nn.Identity(),
         ))
+        if config.embed_norm:  # nanochat's chapter
+            self.transformer.ln_emb = make_norm(config)
         # local layers' own tables (Gemma 3: rope_local_theta), no weights; None: they share wpe's
         self.rope_local = Rotary(config, local=True) if config.rope_local_theta is not None else None
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -607,6 +614,8 @@ class GPT(nn.Module):
         if self.config.embed_scale:
             x = x * self.config.n_embd ** 0.5
         x, rope = self.transformer.wpe(x, start)
+        if self.config.embed_norm:
+            x = self.transformer.ln_emb(x)
         local = rope if self.rope_local is None else self.rope_local(x, start)[1]
         return self.transformer.drop(x), {'rope': rope, 'local': local, None: None}
 
@@ -1232,6 +1241,18 @@ class GatedDeltaNet(TokenMixer):
 LAYER_KINDS['D'] = ('Gated DeltaNet', GatedDeltaNet)
 
 
+# ----------------------------------------------------------------------------- nanochat (norm_gain=False, embed_norm)
+
+# nanochat's block (Karpathy's small chat model): the modern block without any norm weight, on top of the
+# speedrun's parts. Every norm module (the blocks', the final one, the QK-norms, MLA's latents; not Gated
+# DeltaNet's per-head output norm) is a plain x / RMS(x) with norm_gain=False (LayerNorm then also drops its
+# bias), and embed_norm normalizes the first block's input. Its QK-norm comes after RoPE in nanochat's code, but a
+# rotation keeps each head's RMS, so a weightless QK-norm before it is the same; its RoPE turns the other way,
+# which hf.py converts in the weights (the sign of each head's second half of q and k).
+NANOCHAT_BLOCK = {'norm': 'rms', 'norm_gain': False, 'embed_norm': True, 'qk_norm': True, 'mlp': 'relu2',
+                  'pos': 'rope', 'bias': False, 'tie_embeddings': False, 'logit_softcap': 15.0}
+
+
 # ============================================================================= machinery
 
 # Each swap: the flag it sets, GPT-2's value, and the modern (Llama/Qwen-style) value; a callable value
@@ -1321,6 +1342,7 @@ FIELD_TYPES = {
              NON_NEGATIVE_NUMBER),
     **_kinds('bias tie_embeddings zero_init qkv_bias qk_norm router_norm_topk attn_sinks attn_gate qk_norm_all_heads '
              'embed_scale yarn_truncate moe_bias shared_expert_gate', BOOL),
+    **_kinds('norm_gain embed_norm', BOOL),
 }
 
 

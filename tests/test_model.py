@@ -1506,3 +1506,65 @@ def test_the_readmes_layer_kind_trains_decodes_counts_and_is_refused_by_export(m
     with pytest.raises(ValueError) as refused:
         to_hf(model)
     assert "layers='MG'" in str(refused.value) and '\n' not in str(refused.value)
+
+
+# ----------------------------------------------------------------------------- nanochat: weightless norms, embed_norm
+
+def train_a_few_steps(model, steps=8):
+    """Losses of a few AdamW steps on a fixed random batch (a tiny model memorizes it)."""
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    data = torch.randint(0, VOCAB, (4, BLOCK + 1), generator=torch.Generator().manual_seed(3))
+    losses = []
+    for _ in range(steps):
+        _, loss = model(data[:, :-1], data[:, 1:])
+        losses.append(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    return losses
+
+
+@pytest.mark.parametrize('overrides', [M.NANOCHAT_BLOCK, dict(norm_gain=False, embed_norm=True, layers='LG',
+                                                              sliding_window=5, pos='rope', norm_position='sandwich')],
+                         ids=['nanochat', 'layernorm-local-sandwich'])
+def test_the_nanochat_block_trains_and_decodes_past_block_size(overrides):
+    model = build(**overrides)
+    norms = [m for m in model.modules() if isinstance(m, (M.RMSNorm, M.LayerNorm))]
+    assert len(norms) >= 2 * 2 + 2 and all(m.weight is None and getattr(m, 'bias', None) is None for m in norms)
+    assert losses_fall(train_a_few_steps(model))
+    check_backward(model)
+    check_causal(model)
+    check_cache_logits(model)
+    check_generate_cache(model)  # past block_size, through the context shift
+
+
+def losses_fall(losses):
+    return losses[-1] < losses[0] - 0.5
+
+
+@torch.no_grad()
+@pytest.mark.parametrize('norm', ['rms', 'layernorm'])
+def test_weightless_norms_are_the_plain_formula(norm):
+    x = torch.randn(3, 5, 8) * 4 + 1
+    layer = M.NORMS[norm](8, tiny_config(norm=norm, norm_gain=False, norm_eps=1e-5))
+    assert list(layer.parameters()) == []
+    centered = x - x.mean(-1, keepdim=True) if norm == 'layernorm' else x
+    assert_close(layer(x), centered / (centered.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt(), atol=1e-5)
+
+
+@torch.no_grad()
+def test_embed_norm_gives_the_first_block_unit_rms_tokens():
+    model = build(norm='rms', pos='rope', embed_norm=True)
+    model.transformer.wte.weight.mul_(50.0)  # far from unit RMS, and eps negligible
+    x, _ = model.embed(torch.randint(0, VOCAB, (2, 6)))
+    assert_close(x.pow(2).mean(-1), torch.ones(2, 6), atol=1e-4)
+    assert 'transformer.ln_emb.weight' in model.state_dict()  # with gains, its own (norm_gain=True)
+    assert 'transformer.ln_emb.weight' not in build(**M.NANOCHAT_BLOCK).state_dict()
+
+
+@pytest.mark.parametrize('field', ['norm_gain', 'embed_norm'])
+def test_nanochat_flags_must_be_bools(field):
+    with pytest.raises(ValueError, match=f"^{field} must be True or False, got 'no'$"):
+        tiny_config(**{field: 'no'})
