@@ -585,6 +585,7 @@ def test_llama4_text_chunked_and_nope_layers_and_its_experts(overrides, tmp_path
         assert cfg.rope_qk_norm and cfg.moe_every == 2 and cfg.moe_scale_input and cfg.n_expert_active == 1
         assert [type(b.mlp).__name__ for b in ours.transformer.h] == ['GatedMLP', 'MoE', 'GatedMLP', 'MoE']
         assert ours.kv_cache_bytes(1, 64) == (3 * 8 + 64) * 2 * 2 * 8 * 4  # chunked layers keep one chunk
+        assert type(to_hf(GPT(cfg))) is transformers.Llama4ForCausalLM  # built here: the only family carrying it
 
 
 @pytest.mark.parametrize('change, match', [
