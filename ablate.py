@@ -188,6 +188,11 @@ def group_members(group, base):
         width = max(1, round(0.6 * cfg.head_size))
         linear = {'linear_key_dim': width, 'linear_value_dim': width}
         return [('modern', modern)] + [(f'layers={p}', {**modern, 'layers': p, **linear}) for p in ('DDDG', 'D')]
+    if group == 'chunked':  # Llama 4's three chunked layers and a NoPE one, against windows of the chunk's size
+        sizes = sorted({max(1, base['block_size'] // 4), max(1, base['block_size'] // 2)})
+        return [('modern', modern), ('layers=GGGN', {**modern, 'layers': 'GGGN'})] + [
+            (f'layers={p}+{kind}={c}', {**modern, 'layers': p, kind: c}) for c in sizes
+            for p, kind in (('CCCN', 'attention_chunk_size'), ('LLLN', 'sliding_window'))]
     if group == 'mlp':
         return [(f'mlp={m}', {'mlp': m}) for m in ('relu', 'gelu', 'swiglu', 'geglu')]
     if group == 'kv':
@@ -232,7 +237,7 @@ def group_members(group, base):
     if group == 'custom':
         return list(parse_custom(custom, base).items())
     die(f"unknown grid group {group!r}; groups are default, leave_one_out, norm_position, mlp, kv, moe, attention, "
-        f"long_context, stability, local_global, sinks, gate, nope, hybrid, optimizer, schedule, recipe_mlp, zero_init, custom")
+        f"long_context, stability, local_global, sinks, gate, nope, hybrid, chunked, optimizer, schedule, recipe_mlp, zero_init, custom")
 
 
 def model_args(base):

@@ -70,15 +70,16 @@ class KVCache:
         past = min(self.pos, slots - 1)  # what the first new query can still see
         return torch.arange(self.pos - past, self.pos + T, device=device)
 
-    def mask(self, T, window, device):
-        """Where T new queries may attend the keys a layer with this window gets from the cache (update); None
-        when plain causal attention (SDPA's is_causal, or a single query: the cache returns only keys it sees)."""
-        if T == 1:
+    def mask(self, T, window, device, chunked=False):
+        """Where T new queries may attend the keys a layer with this window (or chunk) gets from the cache
+        (update); None when plain causal attention (SDPA's is_causal, or a single query: the cache returns only
+        keys it sees, except the earlier chunks' still in a chunked layer's ring)."""
+        if T == 1 and not chunked:
             return None
         keys = self.key_positions(T, self.slots_for(window, self.length), device)
         if self.pos == 0 and keys.numel() == T:  # the keys are the queries
-            return causal_mask(T, window, device)
-        return window_mask(torch.arange(self.pos, self.pos + T, device=device), keys, window)
+            return causal_mask(T, window, device, chunked)
+        return window_mask(torch.arange(self.pos, self.pos + T, device=device), keys, window, chunked)
 
     def __getitem__(self, layer):
         """One layer's part, what its mixer writes to and reads from."""
@@ -97,7 +98,7 @@ class KVCache:
                 store[:, :, self.pos:self.pos + T] = value
                 out.append(store[:, :, :self.pos + T])
             elif T == 1:
-                store.index_copy_(2, self.slot, value)
+                store.index_copy_(2, self.position % slots, value)  # a ring of this layer's size
                 out.append(store[:, :, :min(self.pos + 1, slots)])
             else:  # the past the window still needs, in order, then the new tokens
                 past = torch.arange(self.pos - min(self.pos, slots - 1), self.pos, device=value.device)
@@ -166,13 +167,14 @@ def decode_step(model, idx, pos, stores):
     contexts = {}
     for block, layer_stores in zip(model.transformer.h, stores):
         mixer = block.attn
-        key = (mixer.positions, mixer.window)
+        key = (mixer.positions, mixer.window, mixer.chunked)
         if key not in contexts:
             entries = mixer.cache_entries()
             mask = None
             if entries:  # slot s holds a position <= pos once written (a ring's hold the last `window` positions)
                 slots = layer_stores[next(iter(entries))].size(2)
-                mask = torch.arange(slots, device=idx.device)[None, :] <= pos
+                # a chunked layer's ring starts with each chunk: its slots 0..pos % chunk hold the current one
+                mask = torch.arange(slots, device=idx.device)[None, :] <= (pos % mixer.window if mixer.chunked else pos)
             contexts[key] = (tables[mixer.positions], mask)
         x = block(x, *contexts[key], StepCache(layer_stores, pos))
     return model.logits(model.transformer.ln_f(x))[:, -1].float()

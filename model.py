@@ -117,6 +117,16 @@ class GPTConfig:
     moe_bias_update_rate: float = 0.001  # sigmoid router: step of the balancing bias per iteration; 0: frozen
     moe_bias: bool = False  # biases on the router and in the experts (gpt-oss)
     swiglu_limit: Optional[float] = None  # experts' clamped SwiGLU (gpt-oss: 7): (clamp(up)+1) * g*sigmoid(1.702g), g = min(gate, limit); None: plain SwiGLU
+    # nanochat: weightless norms, and a norm on the embeddings
+    norm_gain: bool = True  # norms multiply by a learned gain (and LayerNorm adds a bias); False: weightless, every norm module (nanochat)
+    embed_norm: bool = False  # a norm on the first block's input, the token embeddings (nanochat)
+    # Llama 4: chunked attention, NoPE layers' temperature, L2 QK-norm, its MoE
+    attention_chunk_size: Optional[int] = None  # 'C' layers: a query sees only the tokens of its own chunk of this many, chunks starting at multiples of it (Llama 4: 8192)
+    nope_temperature: Optional[float] = None  # 'N' layers: queries times 1 + this * ln(1 + floor((pos + 1) / nope_temperature_floor)) (Llama 4: 0.1); None: off
+    nope_temperature_floor: int = 8192  # the positions per step of nope_temperature's growth (Llama 4: 8192)
+    rope_qk_norm: bool = False  # layers with RoPE: each query and key head scaled to unit RMS after it, no weights (Llama 4's "L2 norm")
+    moe_every: int = 1  # with mlp='moe': MoE on every k-th layer (layers k-1, 2k-1, ...), a dense SwiGLU between (Llama 4 Maverick: 2)
+    moe_scale_input: bool = False  # the router's weight multiplies each chosen expert's input, not its output (Llama 4)
 
     def __post_init__(self):
         check_config(self)  # against the tables at the end of the file
@@ -157,7 +167,8 @@ class GPTConfig:
 
     def mlp_of(self, layer):
         """The MLP kind of a layer: an MoE model's first_dense_layers keep a dense SwiGLU."""
-        return 'swiglu' if self.mlp == 'moe' and layer < self.first_dense_layers else self.mlp
+        dense = layer < self.first_dense_layers or (layer + 1) % self.moe_every != 0  # moe_every: Llama 4's chapter
+        return 'swiglu' if self.mlp == 'moe' and dense else self.mlp
 
     # the later chapters' widths, the defaults filled in
 
@@ -206,12 +217,13 @@ class LayerNorm(nn.Module):
 
     def __init__(self, ndim, config):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if config.bias else None
+        self.shape = (ndim,)
+        self.weight = nn.Parameter(torch.ones(ndim)) if config.norm_gain else None  # weightless: nanochat's chapter
+        self.bias = nn.Parameter(torch.zeros(ndim)) if config.bias and config.norm_gain else None
         self.eps = config.norm_eps
 
     def forward(self, x):
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+        return F.layer_norm(x, self.shape, self.weight, self.bias, self.eps)
 
 
 class RMSNorm(nn.Module):
@@ -219,11 +231,12 @@ class RMSNorm(nn.Module):
 
     def __init__(self, ndim, config, eps=None):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
+        self.shape = (ndim,)
+        self.weight = nn.Parameter(torch.ones(ndim)) if config.norm_gain else None  # weightless: nanochat's chapter
         self.eps = config.norm_eps if eps is None else eps
 
     def forward(self, x):
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return F.rms_norm(x, self.shape, self.weight, self.eps)
 
 
 NORMS = {'layernorm': LayerNorm, 'rms': RMSNorm}
@@ -349,20 +362,23 @@ def attend(q, k, v, mask, dropout_p=0.0, scale=None, sinks=None):
                                           is_causal=mask is True, dropout_p=dropout_p, scale=scale, **gqa)
 
 
-def causal_mask(T, window, device):
+def causal_mask(T, window, device, chunked=False):
     """What each of T queries sees of the same T tokens: None for plain causal attention (SDPA's is_causal), or
-    with a window shorter than T a boolean (T, T) tensor (window_mask)."""
+    with a window (or chunk) shorter than T a boolean (T, T) tensor (window_mask)."""
     if window is None or window >= T:
         return None
     positions = torch.arange(T, device=device)
-    return window_mask(positions, positions, window)
+    return window_mask(positions, positions, window, chunked)
 
 
-def window_mask(queries, keys, window):
+def window_mask(queries, keys, window, chunked=False):
     """Whether each query (at the positions `queries`) sees each key (at `keys`): the past and itself, only
-    the last `window` of them with a window."""
+    the last `window` of them with a window; chunked: only those of its own chunk of `window` positions, chunks
+    starting at multiples of it (Llama 4's chunked attention)."""
     allowed = keys[None, :] <= queries[:, None]
-    if window is not None:
+    if chunked:
+        allowed &= keys[None, :] // window == queries[:, None] // window
+    elif window is not None:
         allowed &= keys[None, :] > queries[:, None] - window
     return allowed
 
@@ -371,8 +387,9 @@ class TokenMixer(nn.Module):
     """What mixes a layer's tokens, one class per kind of layer (LAYER_KINDS), declaring what the rest of the
     model asks of it: Block builds it, GPT's forward hands it its positions and mask, a cache (generate.py)
     keeps what it declares. The defaults are a mixer with no positions, no window and nothing cached."""
-    positions = None  # the rotary tables it rotates by: 'rope', 'local' (an 'L' layer's own base) or None
+    positions = None  # the rotary tables it rotates by: 'rope', 'local' (an 'L' layer's own base) or None; 'temperature': its queries' scales (Llama 4's chapter)
     window = None  # a query sees at most this many tokens (itself included); None: all the past
+    chunked = False  # the window is a chunk: a query sees the tokens of its own chunk only (Llama 4's chapter)
 
     def cache_entries(self):
         """What a cache keeps per past token: {name: (heads, dim)}; a window keeps its last `window` only, in
@@ -417,6 +434,7 @@ class CausalSelfAttention(TokenMixer):
                 if config.qk_norm_all_heads else (self.head_size, self.head_size)
             self.q_norm, self.k_norm = RMSNorm(q_width, config), RMSNorm(k_width, config)
         self.qk_norm = config.qk_norm and ('all' if config.qk_norm_all_heads else 'head')
+        self.rope_qk_norm, self.eps = config.rope_qk_norm and positions in ('rope', 'local'), config.norm_eps  # Llama 4
         # a logit per head that any query may "attend" to instead of a key (gpt-oss: _with_sink)
         self.sinks = nn.Parameter(torch.zeros(self.n_head)) if config.attn_sinks else None
         # from the block input, one gate per output dim of every head (Qwen3-Next)
@@ -444,8 +462,12 @@ class CausalSelfAttention(TokenMixer):
         v = v.view(B, T, self.n_kv_head, hs).transpose(1, 2)
         if self.qk_norm == 'head':
             q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:  # rotate before K/V heads are shared, so each shared head is rotated once
+        if self.positions == 'temperature':  # Llama 4's NoPE layers: `rope` holds each query's scale
+            q = q * rope[:, None].to(q.dtype)
+        elif rope is not None:  # rotate before K/V heads are shared, so each shared head is rotated once
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if self.rope_qk_norm:
+            q, k = F.rms_norm(q, (hs,), eps=self.eps), F.rms_norm(k, (hs,), eps=self.eps)
         if cache is not None:
             k, v = cache.update(k=k, v=v)
         y = attend(q, k, v, mask, self.dropout if self.training else 0.0, self.scale, self.sinks)
@@ -460,6 +482,8 @@ ATTENTIONS = {'mha': CausalSelfAttention}  # attn's values; 'mla' joins in its c
 
 def attention(config, layer, positions='rope', local=False):
     """A softmax attention layer of config.attn's kind, with its layer kind's positions and window."""
+    if positions is None and config.nope_temperature is not None:  # Llama 4's chapter
+        positions = 'temperature'
     return ATTENTIONS[config.attn](config, positions, config.sliding_window if local else None)
 
 
@@ -564,6 +588,8 @@ class GPT(nn.Module):
             # post-norm blocks already end in a norm; every other placement leaves the stream unnormalized
             ln_f=make_norm(config) if config.norm_position != 'post' else nn.Identity(),
         ))
+        if config.embed_norm:  # nanochat's chapter
+            self.transformer.ln_emb = make_norm(config)
         # local layers' own tables (Gemma 3: rope_local_theta), no weights; None: they share wpe's
         self.rope_local = Rotary(config, local=True) if config.rope_local_theta is not None else None
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -607,8 +633,13 @@ class GPT(nn.Module):
         if self.config.embed_scale:
             x = x * self.config.n_embd ** 0.5
         x, rope = self.transformer.wpe(x, start)
+        if self.config.embed_norm:
+            x = self.transformer.ln_emb(x)
         local = rope if self.rope_local is None else self.rope_local(x, start)[1]
-        return self.transformer.drop(x), {'rope': rope, 'local': local, None: None}
+        tables = {'rope': rope, 'local': local, None: None}
+        if self.config.nope_temperature is not None:  # Llama 4's chapter
+            tables['temperature'] = nope_temperature_scales(self.config, start, idx.size(1), idx.device)
+        return self.transformer.drop(x), tables
 
     def hidden_states(self, idx, cache=None):
         """The final normalized hidden states (B, T, n_embd); with a cache (generate.py), idx continues what it
@@ -620,11 +651,12 @@ class GPT(nn.Module):
         # block gets a plain bool where the mask is plain causal attention
         contexts = {}
         for i, block in enumerate(self.transformer.h):
-            positions, window = block.attn.positions, block.attn.window
-            if (positions, window) not in contexts:
-                mask = causal_mask(T, window, idx.device) if cache is None else cache.mask(T, window, idx.device)
-                contexts[positions, window] = (tables[positions], T > 1 if mask is None else mask)
-            x = block(x, *contexts[positions, window], cache[i] if cache is not None else None)
+            positions, window, chunked = block.attn.positions, block.attn.window, block.attn.chunked
+            if (positions, window, chunked) not in contexts:
+                mask = causal_mask(T, window, idx.device, chunked) if cache is None else \
+                    cache.mask(T, window, idx.device, chunked)
+                contexts[positions, window, chunked] = (tables[positions], T > 1 if mask is None else mask)
+            x = block(x, *contexts[positions, window, chunked], cache[i] if cache is not None else None)
         if cache is not None:
             cache.advance(T)
         return self.transformer.ln_f(x)
@@ -755,6 +787,7 @@ class Experts(nn.Module):
         super().__init__()
         E, h, d = config.n_expert, config.expert_hidden, config.n_embd
         self.k, self.limit = config.n_expert_active, config.swiglu_limit
+        self.scale_input = config.moe_scale_input  # Llama 4's chapter
         self.c_fc = nn.Parameter(torch.randn(E, 2 * h, d) * 0.02)
         self.c_proj = nn.Parameter(torch.randn(E, d, h) * 0.02)  # GPT rescales it with the other c_proj
         self.c_fc_bias = self.c_proj_bias = None
@@ -788,7 +821,9 @@ class Experts(nn.Module):
         flat = experts.flatten()
         counts = torch.zeros(self.c_fc.size(0), dtype=flat.dtype, device=flat.device).scatter_add_(
             0, flat, torch.ones_like(flat))
-        xs = x[tokens]
+        xs, routed = x[tokens], weights.flatten()[order, None]
+        if self.scale_input:
+            xs = xs * routed.to(xs.dtype)
         biased = self.c_fc_bias is not None
         if _fused_grouped_mm(xs, (self.c_fc.size(2), self.c_proj.size(2))):  # one kernel for all experts, in bf16
             ends = counts.cumsum(0).to(torch.int32)
@@ -808,7 +843,8 @@ class Experts(nn.Module):
                     ys[start:start + n] = F.linear(self.act(gate_up), self.c_proj[e],
                                                    self.c_proj_bias[e] if biased else None)
                     start += n
-        ys = ys * weights.flatten()[order, None].to(ys.dtype)
+        if not self.scale_input:
+            ys = ys * routed.to(ys.dtype)
         return torch.zeros_like(x).index_add_(0, tokens, ys)
 
 
@@ -1232,6 +1268,46 @@ class GatedDeltaNet(TokenMixer):
 LAYER_KINDS['D'] = ('Gated DeltaNet', GatedDeltaNet)
 
 
+# ----------------------------------------------------------------------------- nanochat (norm_gain=False, embed_norm)
+
+# nanochat's block (Karpathy's small chat model): the modern block without any norm weight, on top of the
+# speedrun's parts. Every norm module (the blocks', the final one, the QK-norms, MLA's latents; not Gated
+# DeltaNet's per-head output norm) is a plain x / RMS(x) with norm_gain=False (LayerNorm then also drops its
+# bias), and embed_norm normalizes the first block's input. Its QK-norm comes after RoPE in nanochat's code, but a
+# rotation keeps each head's RMS, so a weightless QK-norm before it is the same; its RoPE turns the other way,
+# which hf.py converts in the weights (the sign of each head's second half of q and k).
+NANOCHAT_BLOCK = {'norm': 'rms', 'norm_gain': False, 'embed_norm': True, 'qk_norm': True, 'mlp': 'relu2',
+                  'pos': 'rope', 'bias': False, 'tie_embeddings': False, 'logit_softcap': 15.0}
+
+
+# ----------------------------------------------------------------------------- Llama 4 (layers='CCCN', nope_temperature, rope_qk_norm, moe_every)
+
+# Llama 4's block: three RoPE layers in four attend in chunks ('C': a query sees only the tokens of its own
+# chunk of attention_chunk_size, so the cache keeps one chunk, a ring aligned with the chunks), the fourth is
+# global without RoPE ('N'), its queries sharpened with the position (nope_temperature, below) so that attention
+# over very long contexts does not flatten; the RoPE layers' queries and keys are scaled to unit RMS after RoPE
+# (rope_qk_norm, no weights). Its MoE: a sigmoid router whose weight scales the chosen expert's input
+# (moe_scale_input), one shared expert, MoE on every moe_every-th layer, dense SwiGLUs between.
+
+def nope_temperature_scales(config, start, T, device):
+    """The factor on the queries of 'N' layers at positions start.. (start: an int, or a (1,) tensor in a
+    decoding step): 1 + beta * ln(1 + floor((pos + 1) / F)), 1 for the first F - 1 positions, growing slowly
+    after them (Llama 4's attention temperature tuning)."""
+    positions = start + torch.arange(T, device=device)
+    steps = torch.floor((positions.float() + 1.0) / config.nope_temperature_floor)
+    return 1.0 + config.nope_temperature * torch.log1p(steps)
+
+
+def chunked_attention(config, layer):
+    """A RoPE attention layer that sees the tokens of its own chunk only: its window is the chunk."""
+    mixer = attention(config, layer)
+    mixer.window, mixer.chunked = config.attention_chunk_size, True
+    return mixer
+
+
+LAYER_KINDS['C'] = ('chunked', chunked_attention)
+
+
 # ============================================================================= machinery
 
 # Each swap: the flag it sets, GPT-2's value, and the modern (Llama/Qwen-style) value; a callable value
@@ -1321,6 +1397,12 @@ FIELD_TYPES = {
              NON_NEGATIVE_NUMBER),
     **_kinds('bias tie_embeddings zero_init qkv_bias qk_norm router_norm_topk attn_sinks attn_gate qk_norm_all_heads '
              'embed_scale yarn_truncate moe_bias shared_expert_gate', BOOL),
+    **_kinds('norm_gain embed_norm', BOOL),
+    # Llama 4's
+    **_kinds('nope_temperature_floor moe_every', POSITIVE_INT),
+    'attention_chunk_size': OPTIONAL_POSITIVE_INT,
+    'nope_temperature': POSITIVE_NUMBER,
+    **_kinds('rope_qk_norm moe_scale_input', BOOL),
 }
 
 
@@ -1434,6 +1516,24 @@ DEPENDS = [
      lambda c: "qk_norm_all_heads=True says how qk_norm normalizes: set qk_norm=True too"),
     (lambda c: _changed(c, EXPERT_ONLY_FIELDS) and c.mlp != 'moe',
      lambda c: f"{_flag_list(c, _changed(c, EXPERT_ONLY_FIELDS))} apply to mlp='moe' only, got mlp={c.mlp!r}"),
+    # Llama 4's
+    (lambda c: 'C' in c.layer_kinds and c.attention_chunk_size is None,
+     lambda c: f"layers={c.layers!r} has chunked ('C') layers: set attention_chunk_size, their chunk"),
+    (lambda c: c.attention_chunk_size is not None and 'C' not in c.layer_kinds,
+     lambda c: f"attention_chunk_size={c.attention_chunk_size} applies to chunked ('C') layers and layers={c.layers!r} "
+               f"has none: add 'C' to layers or set --attention_chunk_size=None"),
+    (lambda c: c.nope_temperature is not None and 'N' not in c.layer_kinds,
+     lambda c: f"nope_temperature={c.nope_temperature} applies to layers without RoPE ('N') and layers={c.layers!r} "
+               f"has none: add 'N' to layers or set --nope_temperature=None"),
+    (lambda c: c.rope_qk_norm and c.pos != 'rope',
+     lambda c: f"rope_qk_norm=True normalizes queries and keys after RoPE: that needs pos='rope', got pos={c.pos!r}"),
+    (lambda c: c.attn == 'mla' and (c.rope_qk_norm or c.nope_temperature is not None),
+     lambda c: "rope_qk_norm and nope_temperature apply to attn='mha' only (MLA makes its own queries and keys)"),
+    (lambda c: _changed(c, ('moe_every', 'moe_scale_input')) and c.mlp != 'moe',
+     lambda c: f"{_flag_list(c, _changed(c, ('moe_every', 'moe_scale_input')))} apply to mlp='moe' only, "
+               f"got mlp={c.mlp!r}"),
+    (lambda c: c.moe_every > c.n_layer,
+     lambda c: f"moe_every={c.moe_every} is more than n_layer={c.n_layer}: no layer would have experts"),
 ]
 
 

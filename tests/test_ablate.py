@@ -589,3 +589,23 @@ def test_a_downstream_task_metric_is_a_column(ablated, monkeypatch, capsys):
     column = table[0].index('tiny_swag acc_norm')
     rows = {cells[0]: cells for cells in table[1:]}
     assert rows['vanilla'][column] == '0.5000' and rows['rope'][column] == 'n/a'
+
+
+def test_the_chunked_group_sets_chunks_against_windows_of_the_same_size(monkeypatch):
+    monkeypatch.setattr(sys, 'argv', ['ablate.py', '--grid=chunked'])
+    monkeypatch.syspath_prepend(str(REPO))
+    sys.modules.pop('ablate', None)
+    ablate_module = importlib.import_module('ablate')
+    base = ablate_module.base_recipe(str(REPO))  # the CPU recipe: block_size 64
+    variants = ablate_module.build_grid(base)
+    sys.modules.pop('ablate', None)
+    modern = variants['modern']
+    assert list(variants) == ['modern', 'layers=GGGN', 'layers=CCCN+attention_chunk_size=16',
+                              'layers=LLLN+sliding_window=16', 'layers=CCCN+attention_chunk_size=32',
+                              'layers=LLLN+sliding_window=32']
+    assert variants['layers=CCCN+attention_chunk_size=16'] == {**modern, 'layers': 'CCCN', 'attention_chunk_size': 16}
+    assert variants['layers=LLLN+sliding_window=32'] == {**modern, 'layers': 'LLLN', 'sliding_window': 32}
+    from model import GPT, GPTConfig
+    sizes = {GPT(GPTConfig(**{**ablate_module.model_args(base), 'vocab_size': 65, **flags})).get_num_params()
+             for flags in variants.values()}
+    assert len(sizes) == 1  # chunks and windows change no weight

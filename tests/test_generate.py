@@ -350,3 +350,41 @@ def test_deltanet_layers_keep_a_cache_that_does_not_grow():
     # the recurrent state stays fp32 under a bf16 cache; the conv inputs take the cache's dtype
     assert mixed.kv_cache_bytes(2, BLOCK, torch.bfloat16) == wide.kv_cache_bytes(2, BLOCK, torch.bfloat16) // 2 \
         + 2 * (2 * (kernel - 1) * width + 4 * N_HEAD * (N_EMBD // N_HEAD) ** 2)
+
+
+# ----------------------------------------------------------------------------- Llama 4's layers
+
+# chunks of 6 (the cache's ring restarts with each chunk) beside a window's ring of 4, and a layer without RoPE whose
+# queries' temperature grows every 3 positions
+LLAMA4_LAYERS = dict(n_layer=3, pos='rope', layers='CLN', attention_chunk_size=6, sliding_window=4,
+                     nope_temperature=0.5, nope_temperature_floor=3, rope_qk_norm=True, n_kv_head=2)
+
+
+@torch.no_grad()
+def test_a_decoding_step_of_chunked_and_tempered_layers_gives_the_logits_of_a_full_forward():
+    model = build(**LLAMA4_LAYERS)
+    seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(63))
+    cache = G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
+    model(seq[:, :3], cache=cache)
+    for i in range(3, BLOCK):
+        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
+        cache.advance(1)
+        assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
+
+
+def test_compiled_decoding_of_chunked_and_tempered_layers_is_one_graph():
+    import torch._dynamo
+    model = build(**LLAMA4_LAYERS)
+    idx = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(64))
+    eager = {n: model.generate(idx, n, temperature=0) for n in (9, 3 * BLOCK)}
+    assert torch.equal(eager[3 * BLOCK], reference_greedy(model, idx, 3 * BLOCK))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    try:
+        model.compile_decoding(backend='aot_eager')
+        for n, expected in eager.items():
+            assert torch.equal(model.generate(idx, n, temperature=0), expected)
+        assert torch._dynamo.utils.counters['stats']['unique_graphs'] == 1
+        assert not torch._dynamo.utils.counters['graph_break']
+    finally:
+        torch._dynamo.reset()

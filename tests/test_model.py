@@ -1469,7 +1469,7 @@ def test_the_readmes_layer_kind_trains_decodes_counts_and_is_refused_by_export(m
     monkeypatch.setattr(M, 'LAYER_KINDS', dict(M.LAYER_KINDS))
     namespace = dict(vars(M))
     exec(compile(readme_layer_kind(), 'README.md', 'exec'), namespace)
-    assert set(M.LAYER_KINDS) - set('GLND') == {'M'}
+    assert set(M.LAYER_KINDS) - set('GLNDC') == {'M'}
     model = build(layers='MG', pos='rope', n_kv_head=2, norm='rms', mlp='swiglu')
     mean = model.transformer.h[0].attn
     assert type(mean) is namespace['RunningMean'] and type(model.transformer.h[1].attn) is M.CausalSelfAttention
@@ -1506,3 +1506,198 @@ def test_the_readmes_layer_kind_trains_decodes_counts_and_is_refused_by_export(m
     with pytest.raises(ValueError) as refused:
         to_hf(model)
     assert "layers='MG'" in str(refused.value) and '\n' not in str(refused.value)
+
+
+# ----------------------------------------------------------------------------- nanochat: weightless norms, embed_norm
+
+def train_a_few_steps(model, steps=8):
+    """Losses of a few AdamW steps on a fixed random batch (a tiny model memorizes it)."""
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    data = torch.randint(0, VOCAB, (4, BLOCK + 1), generator=torch.Generator().manual_seed(3))
+    losses = []
+    for _ in range(steps):
+        _, loss = model(data[:, :-1], data[:, 1:])
+        losses.append(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    return losses
+
+
+@pytest.mark.parametrize('overrides', [M.NANOCHAT_BLOCK, dict(norm_gain=False, embed_norm=True, layers='LG',
+                                                              sliding_window=5, pos='rope', norm_position='sandwich')],
+                         ids=['nanochat', 'layernorm-local-sandwich'])
+def test_the_nanochat_block_trains_and_decodes_past_block_size(overrides):
+    model = build(**overrides)
+    norms = [m for m in model.modules() if isinstance(m, (M.RMSNorm, M.LayerNorm))]
+    assert len(norms) >= 2 * 2 + 2 and all(m.weight is None and getattr(m, 'bias', None) is None for m in norms)
+    assert losses_fall(train_a_few_steps(model))
+    check_backward(model)
+    check_causal(model)
+    check_cache_logits(model)
+    check_generate_cache(model)  # past block_size, through the context shift
+
+
+def losses_fall(losses):
+    return losses[-1] < losses[0] - 0.5
+
+
+@torch.no_grad()
+@pytest.mark.parametrize('norm', ['rms', 'layernorm'])
+def test_weightless_norms_are_the_plain_formula(norm):
+    x = torch.randn(3, 5, 8) * 4 + 1
+    layer = M.NORMS[norm](8, tiny_config(norm=norm, norm_gain=False, norm_eps=1e-5))
+    assert list(layer.parameters()) == []
+    centered = x - x.mean(-1, keepdim=True) if norm == 'layernorm' else x
+    assert_close(layer(x), centered / (centered.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt(), atol=1e-5)
+
+
+@torch.no_grad()
+def test_embed_norm_gives_the_first_block_unit_rms_tokens():
+    model = build(norm='rms', pos='rope', embed_norm=True)
+    model.transformer.wte.weight.mul_(50.0)  # far from unit RMS, and eps negligible
+    x, _ = model.embed(torch.randint(0, VOCAB, (2, 6)))
+    assert_close(x.pow(2).mean(-1), torch.ones(2, 6), atol=1e-4)
+    assert 'transformer.ln_emb.weight' in model.state_dict()  # with gains, its own (norm_gain=True)
+    assert 'transformer.ln_emb.weight' not in build(**M.NANOCHAT_BLOCK).state_dict()
+
+
+@pytest.mark.parametrize('field', ['norm_gain', 'embed_norm'])
+def test_nanochat_flags_must_be_bools(field):
+    with pytest.raises(ValueError, match=f"^{field} must be True or False, got 'no'$"):
+        tiny_config(**{field: 'no'})
+
+
+# ----------------------------------------------------------------------------- Llama 4: chunked attention, NoPE temperature, its MoE
+
+LLAMA4_BLOCK = dict(pos='rope', norm='rms', mlp='moe', n_kv_head=2, layers='CCCN', n_layer=4, attention_chunk_size=6,
+                    nope_temperature=0.5, nope_temperature_floor=3, rope_qk_norm=True, moe_every=2,
+                    moe_scale_input=True, router='sigmoid', router_norm_topk=False, n_shared_expert=1, n_expert=4,
+                    n_expert_active=1, moe_hidden=16, moe_bias_update_rate=0.0)
+
+
+@pytest.mark.parametrize('overrides', [
+    LLAMA4_BLOCK,
+    # chunks and a window of other sizes in one model (two rings), a chunk not dividing block_size
+    dict(pos='rope', layers='CL', attention_chunk_size=6, sliding_window=4),
+    dict(pos='learned', layers='CG', attention_chunk_size=5),  # chunks need no RoPE
+], ids=['llama4', 'chunk-and-window', 'learned-positions'])
+def test_chunked_layers_train_and_decode_past_block_size(overrides):
+    model = build(**overrides)
+    assert losses_fall(train_a_few_steps(model))
+    if 'mlp' not in overrides:  # (in an MoE model an expert no token chose gets no gradient)
+        check_backward(model)
+    check_causal(model)
+    check_cache_logits(model)  # a prefill, a chunk of 4, single tokens across chunk boundaries
+    check_generate_cache(model)  # past block_size, through the context shift
+
+
+@torch.no_grad()
+def test_a_chunked_layer_sees_only_its_own_chunk():
+    """One 'C' layer with chunks of 4: changing a token changes the logits of the later tokens of its chunk
+    only."""
+    model = build(pos='rope', layers='C', n_layer=1, attention_chunk_size=4)
+    idx = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(5))
+    base = model(idx)[0]
+    for t in (0, 5, 11):
+        changed = idx.clone()
+        changed[0, t] = (changed[0, t] + 1) % VOCAB
+        moved = (model(changed)[0] - base).abs().amax(-1)[0] > 1e-6
+        assert moved.tolist() == [t <= p < (t // 4 + 1) * 4 for p in range(12)], t
+    assert M.window_mask(torch.arange(6), torch.arange(6), 3, chunked=True).int().tolist() == [
+        [1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0], [0, 0, 0, 1, 0, 0], [0, 0, 0, 1, 1, 0],
+        [0, 0, 0, 1, 1, 1]]
+
+
+def test_a_chunked_layers_cache_is_one_chunk_and_its_flops_at_most_one_chunk(monkeypatch):
+    chunked, full = build(pos='rope', layers='CG', attention_chunk_size=4), build(pos='rope', layers='GG')
+    per_position = 2 * N_HEAD * (N_EMBD // N_HEAD) * 4  # k and v, fp32, one layer
+    assert chunked.kv_cache_bytes(1, BLOCK) == per_position * (4 + BLOCK)
+    assert full.kv_cache_bytes(1, BLOCK) == per_position * 2 * BLOCK
+    idx = torch.randint(0, VOCAB, (2, 4), generator=torch.Generator().manual_seed(40))
+    assert chunked.flops_per_token(seq_len=4) * 2 * 4 == counted_training_flops(chunked, idx, monkeypatch)
+    assert chunked.flops_per_token() < full.flops_per_token()
+
+
+def test_nope_temperature_is_one_then_grows_with_the_log_of_the_position():
+    cfg = tiny_config(pos='rope', layers='GN', nope_temperature=0.5, nope_temperature_floor=3)
+    scales = M.nope_temperature_scales(cfg, 0, 12, 'cpu')
+    expected = [1 + 0.5 * math.log(1 + (p + 1) // 3) for p in range(12)]
+    assert_close(scales, torch.tensor(expected), atol=1e-6)
+    assert_close(M.nope_temperature_scales(cfg, torch.tensor([7]), 1, 'cpu'), torch.tensor(expected[7:8]), atol=1e-6)
+
+
+@torch.no_grad()
+def test_nope_temperature_scales_the_queries_of_layers_without_rope_only():
+    flags = dict(pos='rope', layers='GN', n_layer=2)
+    plain, tuned = build(**flags), build(**flags, nope_temperature=0.5, nope_temperature_floor=3)
+    tuned.load_state_dict(plain.state_dict())
+    assert (tuned.transformer.h[0].attn.positions, tuned.transformer.h[1].attn.positions) == ('rope', 'temperature')
+    idx = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(6))
+    moved = (tuned(idx)[0] - plain(idx)[0]).abs().amax(-1)[0] > 1e-6
+    assert moved.tolist() == [p >= 2 for p in range(10)]  # scale 1 until position F - 1 = 2
+
+
+@torch.no_grad()
+@pytest.mark.parametrize('rope_qk_norm', [True, False])
+def test_rope_qk_norm_makes_rope_layers_blind_to_the_scale_of_q_and_k(rope_qk_norm):
+    """Queries and keys scaled to unit RMS per head: scaling their projections changes nothing on RoPE layers;
+    a layer without RoPE is left alone."""
+    model = build(pos='rope', layers='GN', rope_qk_norm=rope_qk_norm, norm_eps=1e-10)  # eps: no say in the RMS
+    assert [b.attn.rope_qk_norm for b in model.transformer.h] == [rope_qk_norm, False]
+    idx = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(7))
+    base = model(idx)[0]
+    model.transformer.h[0].attn.c_attn.weight[:2 * N_EMBD] *= 7.0  # q and k (MHA: n_embd rows each)
+    assert torch.allclose(model(idx)[0], base, atol=1e-5) == rope_qk_norm
+
+
+def test_moe_every_kth_layer_with_dense_layers_between():
+    cfg = tiny_config(mlp='moe', n_layer=6, moe_every=3)
+    assert [cfg.mlp_of(i) for i in range(6)] == ['swiglu', 'swiglu', 'moe'] * 2
+    assert [tiny_config(mlp='moe', n_layer=4, moe_every=2, first_dense_layers=2).mlp_of(i) for i in range(4)] == \
+        ['swiglu', 'swiglu', 'swiglu', 'moe']
+
+
+@torch.no_grad()
+def test_moe_scale_input_weights_each_experts_input():
+    """Llama 4: each chosen expert computes expert(sigmoid score * x), not score * expert(x); plus the shared one."""
+    layer = moe(router='sigmoid', router_norm_topk=False, n_expert_active=1, n_shared_expert=1, moe_scale_input=True,
+                moe_bias_update_rate=0.0)
+    layer.expert_bias.zero_()
+    x = torch.randn(9, N_EMBD, generator=torch.Generator().manual_seed(62))
+    scores = (x @ layer.router.weight.T).sigmoid()
+    best = scores.argmax(-1)
+    expected = torch.stack([expert_reference(layer, scores[n, best[n]] * x[n:n + 1], best[n].item())[0]
+                            for n in range(9)]) + layer.shared(x)
+    assert_close(layer(x), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize('overrides, message', [
+    (dict(pos='rope', layers='CG'), "layers='CG' has chunked ('C') layers: set attention_chunk_size, their chunk"),
+    (dict(pos='rope', attention_chunk_size=4), "attention_chunk_size=4 applies to chunked ('C') layers"),
+    (dict(pos='rope', layers='CG', attention_chunk_size=0), 'attention_chunk_size must be None or a positive int'),
+    (dict(pos='rope', nope_temperature=0.1), "nope_temperature=0.1 applies to layers without RoPE ('N')"),
+    (dict(pos='rope', layers='GN', nope_temperature=-1.0), 'nope_temperature must be a positive number'),
+    (dict(pos='rope', layers='GN', nope_temperature_floor=0), 'nope_temperature_floor must be a positive int'),
+    (dict(rope_qk_norm=True), "rope_qk_norm=True normalizes queries and keys after RoPE: that needs pos='rope'"),
+    (dict(pos='rope', attn='mla', rope_qk_norm=True), "apply to attn='mha' only"),
+    (dict(moe_every=2), "moe_every=2 apply to mlp='moe' only"),
+    (dict(moe_scale_input=True), "moe_scale_input=True apply to mlp='moe' only"),
+    (dict(mlp='moe', moe_every=3), 'moe_every=3 is more than n_layer=2'),
+    (dict(moe_scale_input=1), 'moe_scale_input must be True or False'),
+], ids=lambda v: v if isinstance(v, str) else '-'.join(f'{k}={x}' for k, x in v.items()))
+def test_llama4_settings_refused_in_one_line(overrides, message):
+    with pytest.raises(ValueError) as e:
+        tiny_config(**overrides)
+    assert message in str(e.value) and '\n' not in str(e.value), str(e.value)
+
+
+def test_export_refuses_llama4_parts_no_family_carries():
+    pytest.importorskip('transformers')
+    from export import to_hf
+    with pytest.raises(ValueError) as refused:  # chunked layers beside sliding ones: no family has both
+        to_hf(build(pos='rope', norm='rms', mlp='swiglu', bias=False, layers='CL', attention_chunk_size=6,
+                    sliding_window=4))
+    assert "layers='CL'" in str(refused.value) and '\n' not in str(refused.value)
