@@ -1,0 +1,180 @@
+"""Multi-query associative recall (MQAR, Zoology: Arora et al. 2023) as a dataset.
+
+Usage:
+    python data/recall/prepare.py                              # Zoology's defaults: 8 pairs in 64 tokens
+    python data/recall/prepare.py --num_pairs 16 --seq_len 128 --vocab_size 256 --out_dir some/dir
+
+Each example is seq_len tokens. First num_pairs key-value pairs `k1 v1 k2 v2 ...` (keys drawn without
+replacement from one part of the vocabulary, values without replacement from another), then the query region:
+seq_len - 2 * num_pairs tokens in two-token slots. Every key is asked once: the key in a slot, its value right
+after it. Which slot each query takes is drawn without replacement with p(slot s) ~ (s + 1) ** (power_a - 1),
+Zoology's power law: most queries come soon after the pairs, some far. Every other position is the filler.
+
+Writes train.bin / val.bin (uint16, whole examples back to back), train_mask.bin / val_mask.bin (uint8, one per
+token: 1 where the NEXT token is scored, i.e. at each query key, whose next token is its value; the last
+position of an example is never scored, its next token is the next example) and meta.json (example_length, the
+settings, the vocabulary, vocab_size). Ids: 0 the filler, then the keys, then the values.
+"""
+import argparse
+import json
+import os
+import signal
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FILLER = 0
+SPLITS = ("train", "val")
+CHUNK = 4096  # examples drawn at once
+
+
+def fail(msg):
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def vocabulary(vocab_size):
+    """(keys, values): the half-open id ranges; the filler is id 0, keys take half of the rest."""
+    first_value = 1 + (vocab_size - 1) // 2
+    return (1, first_value), (first_value, vocab_size)
+
+
+def query_slot_weights(slots, power_a):
+    """Zoology's power law over the query slots: slot s drawn with weight ~ (s + 1) ** (power_a - 1)."""
+    w = np.arange(1, slots + 1, dtype=np.float64) ** (power_a - 1)
+    return w / w.sum()
+
+
+def draw_without_replacement(rng, rows, weights, k):
+    """k distinct indices per row, each row drawn as successive weighted draws without replacement (the
+    smallest -log(u) / w keys: Efraimidis-Spirakis), in draw order."""
+    keys = -np.log(rng.random((rows, len(weights)))) / weights
+    picked = np.argpartition(keys, k - 1, axis=1)[:, :k]
+    order = np.take_along_axis(keys, picked, axis=1).argsort(axis=1)
+    return np.take_along_axis(picked, order, axis=1)
+
+
+def draw_distinct(rng, rows, n, k):
+    """k distinct ids in 0..n-1 per row, uniformly: each draw is a rank among the ids not yet drawn."""
+    picked = np.empty((rows, k), dtype=np.int64)
+    for j in range(k):
+        pick = rng.integers(0, n - j, size=rows)
+        for taken in np.sort(picked[:, :j], axis=1).T:  # rank -> id: step over the drawn ids, smallest first
+            pick += pick >= taken
+        picked[:, j] = pick
+    return picked
+
+
+def make_examples(rng, count, num_pairs, seq_len, vocab_size, power_a):
+    """(tokens (count, seq_len) uint16, mask (count, seq_len) uint8, slots (count, num_pairs)): slots[i, j] is
+    the query slot of example i's j-th pair, so its key sits at 2 * num_pairs + 2 * slots[i, j]."""
+    (k_lo, k_hi), (v_lo, v_hi) = vocabulary(vocab_size)
+    keys = k_lo + draw_distinct(rng, count, k_hi - k_lo, num_pairs)
+    values = v_lo + draw_distinct(rng, count, v_hi - v_lo, num_pairs)
+    context = 2 * num_pairs
+    slots = draw_without_replacement(rng, count, query_slot_weights((seq_len - context) // 2, power_a), num_pairs)
+
+    tokens = np.full((count, seq_len), FILLER, dtype=np.uint16)
+    tokens[:, 0:context:2], tokens[:, 1:context:2] = keys, values
+    at = context + 2 * slots  # each query key's position
+    np.put_along_axis(tokens, at, keys, axis=1)
+    np.put_along_axis(tokens, at + 1, values, axis=1)
+    mask = np.zeros((count, seq_len), dtype=np.uint8)
+    np.put_along_axis(mask, at, 1, axis=1)
+    return tokens, mask, slots
+
+
+def check(args):
+    """One line per bad setting, naming it and what is allowed."""
+    for name in ("num_pairs", "seq_len", "num_train", "num_val"):
+        if getattr(args, name) < 1:
+            fail(f"--{name} {getattr(args, name)}: must be a positive int")
+    if not 3 <= args.vocab_size <= 2 ** 16:
+        fail(f"--vocab_size {args.vocab_size}: must be 3..65536 (the filler, keys and values as uint16 ids)")
+    if not 0 < args.power_a <= 1:
+        fail(f"--power_a {args.power_a}: must be in (0, 1] (1: query slots uniform, near 0: mostly the first)")
+    (k_lo, k_hi), (v_lo, v_hi) = vocabulary(args.vocab_size)
+    if args.num_pairs > min(k_hi - k_lo, v_hi - v_lo):
+        fail(f"--num_pairs {args.num_pairs}: --vocab_size {args.vocab_size} has {k_hi - k_lo} keys and "
+             f"{v_hi - v_lo} values; at most {min(k_hi - k_lo, v_hi - v_lo)} pairs, or a larger --vocab_size")
+    if args.seq_len < 4 * args.num_pairs:
+        fail(f"--seq_len {args.seq_len}: must be at least 4 * --num_pairs = {4 * args.num_pairs} "
+             f"(the pairs, then a key and its value for each query)")
+
+
+def write_dataset(out_dir, files, meta):
+    """Write every file and meta.json aside, then switch them all: a failed run (a full disk) leaves the
+    previous dataset whole, never half a new one beside it."""
+    names = list(files) + ["meta.json"]
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        for name, array in files.items():
+            array.tofile(os.path.join(out_dir, name + ".tmp"))
+        with open(os.path.join(out_dir, "meta.json.tmp"), "w", encoding="utf-8") as f:
+            json.dump(meta, f)
+            f.write("\n")
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:  # Ctrl-C waits until all are switched
+            for name in names:
+                os.replace(os.path.join(out_dir, name + ".tmp"), os.path.join(out_dir, name))
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    except OSError as e:
+        fail(f"cannot write to '{out_dir}': {e.strerror or e}; the dataset there is as it was")
+    finally:
+        for name in names:
+            if os.path.isfile(os.path.join(out_dir, name + ".tmp")):
+                os.remove(os.path.join(out_dir, name + ".tmp"))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num_pairs", type=int, default=8, help="key-value pairs per example (each queried once)")
+    parser.add_argument("--seq_len", type=int, default=64, help="tokens per example")
+    parser.add_argument("--vocab_size", type=int, default=8192, help="ids: the filler, then keys, then values")
+    parser.add_argument("--num_train", type=int, default=100_000, help="training examples")
+    parser.add_argument("--num_val", type=int, default=3_000, help="validation examples")
+    parser.add_argument("--power_a", type=float, default=0.01, help="the query slots' power law (Zoology's 0.01)")
+    parser.add_argument("--seed", type=int, default=0, help="the same seed writes the same files")
+    parser.add_argument("--out_dir", default=HERE, help="where to write the .bin files and meta.json")
+    args = parser.parse_args()
+    check(args)
+
+    files, splits = {}, {}
+    for index, split in enumerate(SPLITS):
+        rng = np.random.default_rng([args.seed, index])  # a stream per split: val does not move with num_train
+        count = args.num_train if split == "train" else args.num_val
+        # in chunks: the query slots' draw holds a random number per slot per example
+        chunks = [make_examples(rng, min(CHUNK, count - start), args.num_pairs, args.seq_len, args.vocab_size,
+                                args.power_a)[:2] for start in range(0, count, CHUNK)]
+        tokens, mask = (np.concatenate(parts) for parts in zip(*chunks))
+        files[f"{split}.bin"], files[f"{split}_mask.bin"] = tokens.ravel(), mask.ravel()
+        splits[split] = {"examples": count, "example_length": args.seq_len, "scored": int(mask.sum())}
+
+    (k_lo, k_hi), (v_lo, v_hi) = vocabulary(args.vocab_size)
+    settings = {k: v for k, v in vars(args).items() if k != "out_dir"}
+    meta = {
+        "kind": "recall", "task": "recall", "vocab_size": args.vocab_size, "example_length": args.seq_len,
+        "settings": settings, "splits": splits, "eval_splits": ["val"],
+        "vocabulary": {"filler": FILLER, "keys": [k_lo, k_hi], "values": [v_lo, v_hi]},  # id ranges, half-open
+        **{f"{split}_tokens": s["examples"] * args.seq_len for split, s in splits.items()},
+    }
+    write_dataset(args.out_dir, files, meta)
+    for split, s in splits.items():
+        print(f"{split} has {s['examples']:,} examples of {args.seq_len} tokens, {s['scored']:,} scored")
+
+
+def interrupted(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, interrupted)  # `kill` stops as Ctrl-C does
+    try:
+        main()
+    except KeyboardInterrupt as e:  # what was written aside is removed on the way out
+        name = "SIGTERM" if e.args == ("SIGTERM",) else "SIGINT"
+        print(f"error: interrupted ({name}); nothing is half-written: the dataset there is the earlier one, or "
+              f"the new one whole", file=sys.stderr)
+        sys.exit(143 if name == "SIGTERM" else 130)

@@ -1,0 +1,128 @@
+"""Probes of the mechanism, on given tokens: where attention goes (the first-position sink) and how large the
+residual stream gets (massive activations).
+
+    from probes import probe
+    report = probe(model, idx)   # idx: (B, T) token ids, T > skip
+
+- sink_share[layer][head]: the mean share of attention a query gives to position 0, over the queries at
+  positions skip.. (StreamingLLM's "attention sink"; Qwen's gated attention removes it). Equal scores give
+  query t a share of 1/(t+1), so a share well above the mean of 1/(t+1) is a sink. None for layers without
+  softmax attention (Gated DeltaNet).
+- learned_sink_share[layer][head]: with attn_sinks, the share given to the learned sink (to no key at all).
+- massive[layer]: the largest |value| in the residual stream after the block, where it is (position,
+  channel), the median |value| and their ratio (Sun et al. 2024: a few values thousands of times the median).
+"""
+import contextlib
+
+import torch
+
+import model as model_module
+
+
+def attention_weights(q, k, mask, scale=None, sinks=None):
+    """softmax(q k^T * scale + mask) over (B, H, T, dim) queries and (B, Hk, S, dim) keys, as model.attend
+    means it: (weights (B, H, T, S), the share each query gives to the learned sink (B, H, T), or None)."""
+    T, S = q.size(2), k.size(2)
+    if k.size(1) != q.size(1):  # GQA: consecutive query heads share a key head
+        k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
+    scale = q.size(-1) ** -0.5 if scale is None else scale
+    scores = (q.float() @ k.float().transpose(-2, -1)) * scale
+    if mask is None:
+        mask = T > 1
+    if isinstance(mask, bool):  # True: causal, query i being the (S - T + i)-th key; False: every key
+        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T) if mask else None
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float('-inf'))
+    if sinks is None:
+        return scores.softmax(dim=-1), None
+    sink = sinks.float().view(1, -1, 1, 1).expand(*scores.shape[:3], 1)
+    weights = torch.cat((scores, sink), dim=-1).softmax(dim=-1)  # the sink joins every denominator
+    return weights[..., :-1], weights[..., -1]
+
+
+@contextlib.contextmanager
+def recording_attention(model):
+    """For the duration: every model.attend computes its weights explicitly (attention_weights) and records
+    them under the layer whose block is running: yields {layer: (weights, learned sink share or None)}."""
+    records, layer = {}, [None]
+    attend = model_module.attend
+
+    def explicit_attend(q, k, v, mask, dropout_p=0.0, scale=None, sinks=None):
+        weights, sink = attention_weights(q, k, mask, scale, sinks)
+        records[layer[0]] = (weights, sink)
+        if v.size(1) != q.size(1):
+            v = v.repeat_interleave(q.size(1) // v.size(1), dim=1)
+        return (weights @ v.float()).to(v.dtype)
+
+    def entering(i):
+        return lambda module, args: layer.__setitem__(0, i)
+
+    hooks = [block.register_forward_pre_hook(entering(i)) for i, block in enumerate(model.transformer.h)]
+    model_module.attend = explicit_attend
+    try:
+        yield records
+    finally:
+        model_module.attend = attend
+        for hook in hooks:
+            hook.remove()
+
+
+@contextlib.contextmanager
+def recording_residual(model):
+    """For the duration: each block's output (the residual stream after it) by layer: yields {layer: tensor}."""
+    streams = {}
+
+    def leaving(i):
+        return lambda module, args, output: streams.__setitem__(i, output.detach())
+
+    hooks = [block.register_forward_hook(leaving(i)) for i, block in enumerate(model.transformer.h)]
+    try:
+        yield streams
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def massive_activation(x):
+    """The largest |value| of a (B, T, C) residual stream, where it is, the median |value| and the ratio."""
+    a = x.float().abs()
+    top = int(a.argmax())
+    _, T, C = a.shape
+    median = a.median().item()
+    largest = a.flatten()[top].item()
+    return {'max': largest, 'position': top // C % T, 'channel': top % C, 'median': median,
+            'ratio': largest / median if median > 0 else float('inf')}
+
+
+@torch.no_grad()
+def probe(model, idx, skip=4):
+    """The attention sinks and massive activations of `model` (a GPT, not compiled) on tokens idx (B, T):
+    see the module's docstring. skip: the first queries left out of the sink share (they have few keys to
+    choose from, so a share of 1/(t+1) there says nothing)."""
+    if idx.size(1) <= skip:
+        raise ValueError(f"probe needs more than skip={skip} tokens per row; got {idx.size(1)}")
+    was_training = model.training
+    model.eval()
+    try:
+        with recording_attention(model) as records, recording_residual(model) as streams:
+            model(idx)
+    finally:
+        model.train(was_training)
+    n_layer = len(model.transformer.h)
+    report = {'sink_share': [None] * n_layer, 'learned_sink_share': [None] * n_layer}
+    for layer, (weights, sink) in records.items():
+        report['sink_share'][layer] = weights[:, :, skip:, 0].mean(dim=(0, 2)).tolist()
+        if sink is not None:
+            report['learned_sink_share'][layer] = sink[:, :, skip:].mean(dim=(0, 2)).tolist()
+    report['massive'] = [massive_activation(streams[layer]) for layer in range(n_layer)]
+    return report
+
+
+def summarize(report):
+    """One row of figures from a probe's report: the sink share (mean and largest over the softmax layers'
+    heads) and the largest massive-activation ratio and value over layers."""
+    shares = [s for layer in report['sink_share'] if layer is not None for s in layer]
+    return {'sink_share': sum(shares) / len(shares) if shares else None,
+            'sink_share_max': max(shares) if shares else None,
+            'massive_ratio': max(m['ratio'] for m in report['massive']),
+            'massive_max': max(m['max'] for m in report['massive'])}

@@ -1,0 +1,97 @@
+"""probes.py: known answers for the attention-sink share and massive activations, on tiny models."""
+import math
+
+import pytest
+import torch
+
+import model as model_module
+from model import GPT, GPTConfig
+from probes import probe, recording_attention, summarize
+
+
+def tiny(**overrides):
+    torch.manual_seed(0)
+    config = dict(block_size=16, vocab_size=11, n_layer=2, n_head=2, n_embd=16, bias=False)
+    return GPT(GPTConfig(**{**config, **overrides})).eval()
+
+
+def zero_queries(model):
+    """Every query 0, so every score is equal: attention spreads evenly over the keys a query sees."""
+    for block in model.transformer.h:
+        block.attn.c_attn.weight.data[:block.attn.n_head * block.attn.head_size] = 0
+
+
+def tokens(T=12, B=3):
+    return torch.randint(0, 11, (B, T), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("skip", [0, 3])
+@pytest.mark.parametrize("pos", ["learned", "rope"])
+def test_equal_scores_give_the_first_position_a_share_of_the_mean_of_one_over_t_plus_one(skip, pos):
+    model = tiny(pos=pos)
+    zero_queries(model)
+    T = 12
+    report = probe(model, tokens(T), skip=skip)
+    expected = sum(1 / (t + 1) for t in range(skip, T)) / (T - skip)
+    for layer in report['sink_share']:
+        assert layer == pytest.approx([expected] * 2, rel=1e-5)
+    assert report['learned_sink_share'] == [None, None]
+
+
+def test_a_learned_sink_is_one_more_key_in_every_denominator():
+    """Equal scores and a sink logit of 0: query t shares among t + 1 keys and the sink, 1/(t+2) each; a large
+    sink logit takes all attention from the keys."""
+    model = tiny(attn_sinks=True)
+    zero_queries(model)
+    T = 10
+    report = probe(model, tokens(T), skip=0)
+    expected = sum(1 / (t + 2) for t in range(T)) / T
+    for shares, sink in zip(report['sink_share'], report['learned_sink_share']):
+        assert shares == pytest.approx([expected] * 2, rel=1e-5) and sink == pytest.approx([expected] * 2, rel=1e-5)
+    model.transformer.h[1].attn.sinks.data[:] = 30.0
+    report = probe(model, tokens(T), skip=0)
+    assert report['learned_sink_share'][1] == pytest.approx([1.0, 1.0]) and max(report['sink_share'][1]) < 1e-9
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(),
+    dict(pos="rope", attn_sinks=True, n_kv_head=1, layers="LG", sliding_window=4),
+    dict(attn="mla", pos="rope", layers="DG"),
+], ids=["mha", "gqa-sinks-window", "mla-deltanet"])
+def test_the_explicit_attention_is_the_models_own(overrides):
+    """While recording, attention runs as an explicit softmax: the model's outputs must not move, so the
+    weights recorded are the ones the model uses; model.attend is itself again afterwards."""
+    model = tiny(**overrides)
+    idx = tokens()
+    with torch.no_grad():
+        expected, _ = model(idx)
+        attend = model_module.attend
+        with recording_attention(model) as records:
+            recorded, _ = model(idx)
+    assert model_module.attend is attend
+    torch.testing.assert_close(recorded, expected, rtol=1e-4, atol=1e-5)
+    softmax_layers = [i for i, kind in enumerate(model.layer_kinds) if kind != 'D']
+    assert sorted(records) == softmax_layers
+    for weights, _ in records.values():
+        assert weights.shape == (3, 2, 12, 12) and torch.all(weights.triu(1) == 0)  # causal
+    report = probe(model, idx)
+    assert [s is None for s in report['sink_share']] == [kind == 'D' for kind in model.layer_kinds]
+
+
+def test_massive_activations_find_a_planted_value():
+    model = tiny()
+    idx = tokens() % 7  # token 7 only where planted
+    plain = summarize(probe(model, idx))
+    model.transformer.wte.weight.data[7, 5] = 1000.0  # token 7's embedding, channel 5: in the stream from the start
+    idx[1, 4] = 7
+    report = probe(model, idx)
+    for layer in report['massive']:
+        assert layer['max'] == pytest.approx(1000.0, rel=0.01)
+        assert (layer['position'], layer['channel']) == (4, 5) and layer['ratio'] > 1000
+    assert summarize(report)['massive_ratio'] > 100 * plain['massive_ratio']
+    assert math.isclose(summarize(report)['massive_max'], max(m['max'] for m in report['massive']))
+
+
+def test_too_few_tokens_is_refused_by_name():
+    with pytest.raises(ValueError, match="more than skip=4 tokens"):
+        probe(tiny(), tokens(T=4))

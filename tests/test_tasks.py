@@ -1,0 +1,167 @@
+"""The synthetic tasks (data/recall, data/copy): every prepared example checked token by token, in-process."""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(task):
+    spec = importlib.util.spec_from_file_location(f"{task}_prepare", ROOT / "data" / task / "prepare.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+recall, copy = load_script("recall"), load_script("copy")
+
+
+def prepare(module, monkeypatch, capsys, out, *args):
+    """The script's main() here: (exit code, stderr)."""
+    monkeypatch.setattr(sys, "argv", ["prepare.py", "--out_dir", str(out), *map(str, args)])
+    try:
+        module.main()
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+def load_split(out, split):
+    """(meta, tokens (examples, example_length), mask of the same shape)."""
+    meta = json.loads((out / "meta.json").read_text())
+    length = meta["splits"][split]["example_length"]
+    tokens = np.fromfile(out / f"{split}.bin", dtype=np.uint16)
+    mask = np.fromfile(out / f"{split}_mask.bin", dtype=np.uint8)
+    assert len(tokens) == len(mask) == meta[f"{split}_tokens"] == meta["splits"][split]["examples"] * length
+    return meta, tokens.reshape(-1, length), mask.reshape(-1, length)
+
+
+# --- recall --------------------------------------------------------------------------------------
+
+
+def test_recall_examples_pair_by_pair(tmp_path, monkeypatch, capsys):
+    pairs, seq_len, vocab = 4, 24, 21
+    code, err = prepare(recall, monkeypatch, capsys, tmp_path, "--num_pairs", pairs, "--seq_len", seq_len,
+                        "--vocab_size", vocab, "--num_train", 50, "--num_val", 20)
+    assert code == 0, err
+    for split, count in (("train", 50), ("val", 20)):
+        meta, tokens, mask = load_split(tmp_path, split)
+        assert tokens.shape == (count, seq_len) and meta["example_length"] == seq_len
+        assert meta["vocab_size"] == vocab and meta["settings"]["num_pairs"] == pairs
+        assert meta["vocabulary"] == {"filler": 0, "keys": [1, 11], "values": [11, 21]}
+        for example, scored in zip(tokens.tolist(), mask.tolist()):
+            keys, values = example[0:2 * pairs:2], example[1:2 * pairs:2]
+            assert len(set(keys)) == pairs and all(1 <= k < 11 for k in keys)
+            assert len(set(values)) == pairs and all(11 <= v < 21 for v in values)
+            value_of = dict(zip(keys, values))
+            queries = [p for p in range(2 * pairs, seq_len) if example[p] != 0]
+            # the query region: keys at even offsets, each followed by its own value, all else filler
+            asked = [p for p in queries if (p - 2 * pairs) % 2 == 0]
+            assert sorted(example[p] for p in asked) == sorted(keys)  # every key asked exactly once
+            assert all(example[p + 1] == value_of[example[p]] for p in asked)
+            assert sorted(queries) == sorted(asked + [p + 1 for p in asked])
+            assert [p for p in range(seq_len) if scored[p]] == asked  # the mask: the query keys, nothing else
+
+
+def test_recall_query_slots_follow_the_power_law():
+    """One pair in ten slots: the slot's frequencies are Zoology's p(s) ~ (s + 1) ** (a - 1), not uniform."""
+    rng = np.random.default_rng(0)
+    for a in (0.01, 0.5):
+        tokens, mask, slots = recall.make_examples(rng, 20_000, 1, 2 + 2 * 10, 9, a)
+        expected = np.array([(s + 1) ** (a - 1) for s in range(10)])
+        expected /= expected.sum()
+        seen = np.bincount(slots[:, 0], minlength=10) / len(slots)
+        assert np.abs(seen - expected).max() < 0.015, (a, seen, expected)
+        # the slot drawn is where the key sits in the tokens
+        assert (mask.argmax(axis=1) == 2 + 2 * slots[:, 0]).all()
+        assert (tokens[np.arange(len(tokens)), 2 + 2 * slots[:, 0]] == tokens[:, 0]).all()
+
+
+def test_recall_several_queries_are_drawn_without_replacement():
+    _, _, slots = recall.make_examples(np.random.default_rng(1), 500, 6, 32, 40, 0.01)
+    assert all(len(set(row)) == 6 for row in slots.tolist())
+    assert slots.max() < (32 - 12) // 2
+
+
+# --- copy ----------------------------------------------------------------------------------------
+
+
+def test_copy_examples_symbol_by_symbol(tmp_path, monkeypatch, capsys):
+    length, vocab = 5, 7
+    code, err = prepare(copy, monkeypatch, capsys, tmp_path, "--length", length, "--min_length", 2,
+                        "--vocab_size", vocab, "--num_train", 200, "--num_val", 10)
+    assert code == 0, err
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["chars"] == ["_", "|", "a", "b", "c", "d", "e"] and meta["vocab_size"] == vocab
+    assert meta["eval_splits"] == ["val", "val_2x", "val_4x"] and meta["example_length"] == 2 * length + 1
+    seen_lengths = set()
+    for split, (shortest, longest) in {"train": (2, 5), "val": (5, 5), "val_2x": (10, 10), "val_4x": (20, 20)}.items():
+        _, tokens, mask = load_split(tmp_path, split)
+        assert tokens.shape[1] == 2 * longest + 1
+        for example, scored in zip(tokens.tolist(), mask.tolist()):
+            m = example.index(1)  # the separator: the string's length
+            assert shortest <= m <= longest and (m > length) == (split in ("val_2x", "val_4x"))
+            string = example[:m]
+            assert all(2 <= s < vocab for s in string)
+            assert example[m + 1:2 * m + 1] == string and set(example[2 * m + 1:]) <= {0}
+            assert [p for p in range(len(example)) if scored[p]] == list(range(m, 2 * m))
+            if split == "train":
+                seen_lengths.add(m)
+    assert seen_lengths == {2, 3, 4, 5}
+
+
+# --- both ----------------------------------------------------------------------------------------
+
+TASKS = [pytest.param(recall, ("--num_pairs", 2, "--seq_len", 12, "--vocab_size", 9), id="recall"),
+         pytest.param(copy, ("--length", 3), id="copy")]
+
+
+@pytest.mark.parametrize("module, args", TASKS)
+def test_a_seed_reproduces_its_files_and_val_stays_with_num_train(tmp_path, monkeypatch, capsys, module, args):
+    def files(out, *more):
+        assert prepare(module, monkeypatch, capsys, tmp_path / out, *args, "--num_val", 30, *more)[0] == 0
+        return {p.name: p.read_bytes() for p in (tmp_path / out).iterdir()}
+
+    first, again = files("a", "--num_train", 40), files("b", "--num_train", 40)
+    assert first == again
+    other_seed = files("c", "--num_train", 40, "--seed", 1)
+    assert other_seed["train.bin"] != first["train.bin"] and other_seed["val.bin"] != first["val.bin"]
+    more_train = files("d", "--num_train", 80)
+    assert more_train["val.bin"] == first["val.bin"] and more_train["val_mask.bin"] == first["val_mask.bin"]
+
+
+BAD = [
+    (recall, ("--num_pairs", 0), "--num_pairs 0: must be a positive int"),
+    (recall, ("--num_val", -1), "--num_val -1: must be a positive int"),
+    (recall, ("--vocab_size", 70000), "--vocab_size 70000: must be 3..65536"),
+    (recall, ("--power_a", 0), "--power_a 0.0: must be in (0, 1]"),
+    (recall, ("--num_pairs", 5, "--vocab_size", 9), "--num_pairs 5: --vocab_size 9 has 4 keys and 4 values"),
+    (recall, ("--num_pairs", 8, "--seq_len", 31), "--seq_len 31: must be at least 4 * --num_pairs = 32"),
+    (copy, ("--length", 0), "--length 0: must be a positive int"),
+    (copy, ("--min_length", 4, "--length", 3), "--min_length 4: must be at most --length 3"),
+    (copy, ("--vocab_size", 65), "--vocab_size 65: must be 3..64"),
+    (copy, ("--vocab_size", 2), "--vocab_size 2: must be 3..64"),
+]
+
+
+@pytest.mark.parametrize("module, args, message", BAD, ids=[f"{m.__name__}{a}" for m, a, _ in BAD])
+def test_a_bad_setting_is_one_line(tmp_path, monkeypatch, capsys, module, args, message):
+    code, err = prepare(module, monkeypatch, capsys, tmp_path / "out", *args)
+    assert code == 2 and err.startswith(f"error: {message}")
+    assert err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("module, args", TASKS)
+def test_a_failed_rerun_leaves_the_dataset_as_it_was(tmp_path, monkeypatch, capsys, module, args):
+    assert prepare(module, monkeypatch, capsys, tmp_path, *args, "--num_train", 10, "--num_val", 5)[0] == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    (tmp_path / "val_mask.bin.tmp").mkdir()  # as a full disk would fail the write
+    code, err = prepare(module, monkeypatch, capsys, tmp_path, *args, "--num_train", 20, "--num_val", 5, "--seed", 3)
+    assert code == 2 and err.startswith(f"error: cannot write to '{tmp_path}'") and err.count("\n") == 1
+    (tmp_path / "val_mask.bin.tmp").rmdir()
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
