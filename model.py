@@ -117,6 +117,8 @@ class GPTConfig:
     moe_bias_update_rate: float = 0.001  # sigmoid router: step of the balancing bias per iteration; 0: frozen
     moe_bias: bool = False  # biases on the router and in the experts (gpt-oss)
     swiglu_limit: Optional[float] = None  # experts' clamped SwiGLU (gpt-oss: 7): (clamp(up)+1) * g*sigmoid(1.702g), g = min(gate, limit); None: plain SwiGLU
+    # gated short convolution ('C' layers: LFM2)
+    short_conv_kernel: int = 3  # a 'C' layer's causal depthwise convolution, in tokens (LFM2's conv_L_cache)
 
     def __post_init__(self):
         check_config(self)  # against the tables at the end of the file
@@ -1232,6 +1234,54 @@ class GatedDeltaNet(TokenMixer):
 LAYER_KINDS['D'] = ('Gated DeltaNet', GatedDeltaNet)
 
 
+# ----------------------------------------------------------------------------- gated short convolution (layers='CCG': LFM2)
+
+def causal_depthwise_conv(x, weight, bias=None, cache=None, name='conv'):
+    """Each channel of x (B, channels, T) convolved over its last kernel inputs, its own kernel (weight: a
+    depthwise Conv1d's (channels, 1, kernel)), the inputs before the first taken as zeros or, with a cache, as
+    the last kernel-1 inputs it keeps under `name` (then overwritten with the new last ones)."""
+    kernel = weight.size(-1)
+    past = x.new_zeros(x.size(0), x.size(1), kernel - 1) if cache is None else cache.stores[name].to(x.dtype)
+    x = torch.cat((past, x), dim=2)
+    if cache is not None:
+        cache.stores[name].copy_(x[:, :, x.size(2) - (kernel - 1):])
+    # kernel-many products per channel, as Gated DeltaNet's (torch's FLOP counter miscounts a grouped
+    # convolution's backward)
+    y = (x.unfold(2, kernel, 1) * weight).sum(-1)
+    return y if bias is None else y + bias[:, None]
+
+
+class ShortConv(TokenMixer):
+    """LFM2's gated short convolution, a 'C' layer: B, C and x from one projection of the token, then
+    y = out(C * conv(B * x)), conv a causal depthwise convolution over the last short_conv_kernel tokens (a
+    few). No positions and no softmax: what a token sees of the past is the kernel's reach in this layer, so a
+    cache keeps the last kernel-1 gated inputs, whatever the context."""
+
+    def __init__(self, config, layer=0):
+        super().__init__()
+        d, self.kernel = config.n_embd, config.short_conv_kernel
+        self.in_proj = nn.Linear(d, 3 * d, bias=config.bias)  # [B | C | x]
+        self.conv1d = nn.Conv1d(d, d, self.kernel, groups=d, bias=config.bias)
+        self.c_proj = nn.Linear(d, d, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def cache_states(self):
+        return {'conv': ((self.conv1d.in_channels, self.kernel - 1), None)}
+
+    def token_flops(self, seq_len):
+        """The convolution multiplies each of its weights once per token, as a Linear does."""
+        return 6 * self.conv1d.weight.numel()
+
+    def forward(self, x, rope=None, mask=None, cache=None):
+        """rope and mask are attention's: the convolution has no positions but its order."""
+        b, c, h = self.in_proj(x).chunk(3, dim=-1)
+        h = causal_depthwise_conv((b * h).transpose(1, 2), self.conv1d.weight, self.conv1d.bias, cache)
+        return self.resid_dropout(self.c_proj(c * h.transpose(1, 2)))
+
+
+LAYER_KINDS['C'] = ('gated short convolution', ShortConv)
+
+
 # ============================================================================= machinery
 
 # Each swap: the flag it sets, GPT-2's value, and the modern (Llama/Qwen-style) value; a callable value
@@ -1312,6 +1362,7 @@ FIELD_TYPES = {
     **_kinds('q_lora_rank qk_rope_head_dim', (lambda v, c: v is None or _int(v, 0), 'None or an int >= 0')),
     **_kinds('linear_n_key_head linear_n_value_head linear_key_dim linear_value_dim', OPTIONAL_POSITIVE_INT),
     **_kinds('linear_conv_kernel linear_chunk_size', (lambda v, c: _int(v), 'an int >= 1')),
+    'short_conv_kernel': (lambda v, c: _int(v), 'an int >= 1'),
     'rope_fraction': (lambda v, c: _number(v) and 0 < v <= 1, 'in (0, 1]'),
     'dropout': (lambda v, c: _number(v) and 0 <= v < 1, 'in [0, 1)'),
     **_kinds('norm_eps rope_theta rope_factor rope_low_freq_factor rope_high_freq_factor yarn_beta_fast '
@@ -1434,6 +1485,9 @@ DEPENDS = [
      lambda c: "qk_norm_all_heads=True says how qk_norm normalizes: set qk_norm=True too"),
     (lambda c: _changed(c, EXPERT_ONLY_FIELDS) and c.mlp != 'moe',
      lambda c: f"{_flag_list(c, _changed(c, EXPERT_ONLY_FIELDS))} apply to mlp='moe' only, got mlp={c.mlp!r}"),
+    (lambda c: _changed(c, ('short_conv_kernel',)) and 'C' not in c.layer_kinds,
+     lambda c: f"short_conv_kernel={c.short_conv_kernel} applies to gated short convolution ('C') layers and "
+               f"layers={c.layers!r} has none: add 'C' to layers or leave it at 3"),
 ]
 
 

@@ -1455,6 +1455,22 @@ def test_rope_tables_stay_fp32_when_the_model_is_cast():
 
 # ----------------------------------------------------------------------------- the README's layer kind
 
+def train_steps(model, seed, steps=8):
+    """A few AdamW steps at a high rate on random tokens (a tiny model learns their frequencies): the losses.
+    The model is left in training mode, its last gradients kept."""
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    data = torch.randint(0, VOCAB, (4, BLOCK + 1), generator=torch.Generator().manual_seed(seed))
+    losses = []
+    for _ in range(steps):
+        _, loss = model(data[:, :-1], data[:, 1:])
+        losses.append(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return losses
+
+
 def readme_layer_kind():
     """The code block of README.md's "Adding a layer kind", as written there."""
     readme = open(os.path.join(os.path.dirname(__file__), '..', 'README.md')).read()
@@ -1467,23 +1483,15 @@ def test_the_readmes_layer_kind_trains_decodes_counts_and_is_refused_by_export(m
     new kind below global attention trains, decodes through the cache as without it (past block_size, where
     the cache restarts), counts its state and FLOPs, and export refuses it in one line naming it."""
     monkeypatch.setattr(M, 'LAYER_KINDS', dict(M.LAYER_KINDS))
+    before = set(M.LAYER_KINDS)  # the kinds of every chapter
     namespace = dict(vars(M))
     exec(compile(readme_layer_kind(), 'README.md', 'exec'), namespace)
-    assert set(M.LAYER_KINDS) - set('GLND') == {'M'}
+    assert set(M.LAYER_KINDS) - before == {'M'}
     model = build(layers='MG', pos='rope', n_kv_head=2, norm='rms', mlp='swiglu')
     mean = model.transformer.h[0].attn
     assert type(mean) is namespace['RunningMean'] and type(model.transformer.h[1].attn) is M.CausalSelfAttention
 
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    data = torch.randint(0, VOCAB, (4, BLOCK + 1), generator=torch.Generator().manual_seed(3))
-    losses = []
-    for _ in range(8):
-        _, loss = model(data[:, :-1], data[:, 1:])
-        losses.append(loss.item())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    losses = train_steps(model, seed=3)
     assert losses[-1] < losses[0] - 0.5
     assert mean.c_attn.weight.grad.abs().sum() > 0  # the mean is on the gradient's path
     model.eval()
@@ -1506,3 +1514,72 @@ def test_the_readmes_layer_kind_trains_decodes_counts_and_is_refused_by_export(m
     with pytest.raises(ValueError) as refused:
         to_hf(model)
     assert "layers='MG'" in str(refused.value) and '\n' not in str(refused.value)
+
+
+# ----------------------------------------------------------------------------- gated short convolution ('C')
+
+@torch.no_grad()
+def test_short_conv_is_lfm2s_formula_written_out():
+    """One 'C' mixer against the formula with torch's own convolution: B, C, x = in_proj(h);
+    y = c_proj(C * conv(B * x)), conv causal and depthwise (zeros before the first token), bias included."""
+    mixer = M.ShortConv(tiny_config(layers='C', short_conv_kernel=4)).eval()
+    for p in (mixer.conv1d.bias, mixer.in_proj.bias):
+        p.normal_()  # away from zero, so a bias left out shows
+    h = torch.randn(2, 9, N_EMBD, generator=torch.Generator().manual_seed(70))
+    b, c, x = mixer.in_proj(h).chunk(3, dim=-1)
+    conv = F.conv1d((b * x).transpose(1, 2), mixer.conv1d.weight, mixer.conv1d.bias, padding=3, groups=N_EMBD)
+    expected = mixer.c_proj(c * conv[:, :, :9].transpose(1, 2))
+    assert_close(mixer(h), expected, atol=1e-6)
+
+
+@torch.no_grad()
+def test_a_short_conv_layer_sees_its_kernel_and_no_further():
+    """One 'C' layer (the MLP works per token): the logits at t move with tokens t-k+1..t, not with t-k."""
+    k, T = 3, 10
+    model = build(n_layer=1, layers='C', short_conv_kernel=k)
+    idx = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(71))
+    base = model(idx)[0][0, -1]
+    for back, seen in ((0, True), (k - 1, True), (k, False), (k + 2, False)):
+        changed = idx.clone()
+        changed[0, T - 1 - back] = (changed[0, T - 1 - back] + 1) % VOCAB
+        assert ((model(changed)[0][0, -1] - base).abs().max() > 1e-6) == seen, back
+
+
+def test_short_conv_layers_train_decode_through_the_cache_and_count():
+    """LFM2's pattern ('CCG' with the modern block): the loss falls in a few steps, the model is causal, a
+    cache's logits (prefill, a chunk, single tokens) are a full forward's, greedy decoding past block_size
+    (context shifts restart the cache) equals full forwards; the cache keeps the last k-1 gated inputs per 'C'
+    layer and the FLOPs count the convolution's weights as a Linear's."""
+    flags = dict(n_layer=3, layers='CCG', pos='rope', norm='rms', mlp='swiglu', n_kv_head=2, bias=False)
+    model = build(**flags)
+    losses = train_steps(model, seed=72)
+    assert losses[-1] < losses[0] - 0.5
+    assert model.transformer.h[0].attn.conv1d.weight.grad.abs().sum() > 0
+    model.eval()
+    check_causal(model)
+    check_cache_logits(model)
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(73))
+    with torch.no_grad():
+        cached, cached_logits = generate_recording_logits(model, prompt, 3 * BLOCK, use_cache=True)
+        plain, plain_logits = generate_recording_logits(model, prompt, 3 * BLOCK, use_cache=False)
+    assert torch.equal(cached, plain) and torch.equal(cached, reference_greedy(model, prompt, 3 * BLOCK))
+    assert_close(cached_logits, plain_logits, atol=1e-5)
+
+    attention_only = build(**{**flags, 'layers': 'GGG'})
+    conv_inputs = 2 * (3 - 1) * N_EMBD * 4  # two sequences, kernel 3, fp32
+    for seq_len in (3, BLOCK):
+        assert model.kv_cache_bytes(2, seq_len) == attention_only.kv_cache_bytes(2, seq_len) // 3 + 2 * conv_inputs
+    linears = sum(6 * m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    assert model.flops_per_token() == linears + model.transformer.h[2].attn.token_flops(BLOCK) + 2 * 6 * N_EMBD * 3
+
+
+@pytest.mark.parametrize('overrides, message', [
+    (dict(layers='CG', short_conv_kernel=0), 'short_conv_kernel must be an int >= 1, got 0'),
+    (dict(layers='CG', short_conv_kernel=2.5), 'short_conv_kernel must be an int >= 1'),
+    (dict(short_conv_kernel=4), "short_conv_kernel=4 applies to gated short convolution ('C') layers"),
+    (dict(layers='CX'), 'gated short convolution'),  # the letters allowed, each in words
+])
+def test_bad_short_conv_settings_are_one_line_naming_them(overrides, message):
+    with pytest.raises(ValueError) as e:
+        tiny_config(**overrides)
+    assert message in str(e.value) and '\n' not in str(e.value)
