@@ -378,3 +378,16 @@ def test_short_conv_layers_keep_a_cache_that_does_not_grow():
         cache = G.KVCache(mixed, 2, seq_len, dtype, torch.device('cpu'))
         assert cache_nbytes(cache) == mixed.kv_cache_bytes(2, seq_len, dtype)
 
+
+
+@torch.no_grad()
+def test_a_decoding_step_through_mamba2_layers_gives_a_full_forwards_logits():
+    """decode_step over 'SG' (2 groups of B/C): the recurrent form continues the chunked prefill's state."""
+    model = build(pos='rope', layers='SG', ssm_state_dim=4, ssm_n_groups=2, ssm_chunk_size=3)
+    seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(82))
+    cache = G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
+    model(seq[:, :5], cache=cache)  # a prefill of two chunks, the second partial
+    for i in range(5, BLOCK):
+        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
+        cache.advance(1)
+        assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
