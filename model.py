@@ -126,6 +126,8 @@ class GPTConfig:
     ssm_n_groups: int = 1  # B and C come in this many groups, each shared by ssm_n_head / ssm_n_groups heads
     ssm_conv_kernel: int = 4  # the causal depthwise convolution over x, B and C, in tokens
     ssm_chunk_size: int = 64  # training and prefill work in chunks of this many tokens, parallel inside one
+    ssm_dt_min: float = 0.0  # time steps below this are raised to it (Nemotron-H's time_step_min, 1e-3); 0: none
+    mlp_with_mixer: bool = True  # a layer's token mixer is followed by an MLP; False: each layer one part, a mixer or ('-') an MLP (Nemotron-H)
 
     def __post_init__(self):
         check_config(self)  # against the tables at the end of the file
@@ -541,15 +543,23 @@ class Block(nn.Module):
     def __init__(self, config, layer=0):
         super().__init__()
         self.norm_position = config.norm_position
-        self.ln_1 = make_norm(config)  # on the attention's input (pre, sandwich) or its output (post, after)
+        # layers of one part (Nemotron-H): a '-' layer has no token mixer; with mlp_with_mixer=False a mixer no MLP
+        has_mixer = config.layer_kinds[layer] != '-'
+        has_mlp = config.mlp_with_mixer or not has_mixer
+        # on the attention's input (pre, sandwich) or its output (post, after)
+        self.ln_1 = make_norm(config) if has_mixer else None
         # the layer kind's token mixer (named attn whatever its kind: the checkpoints' parameter names)
         self.attn = LAYER_KINDS[config.layer_kinds[layer]][1](config, layer)
-        self.ln_2 = make_norm(config)  # the same for the MLP
-        self.mlp = MLPS[config.mlp_of(layer)](config)
+        self.ln_2 = make_norm(config) if has_mlp else None  # the same for the MLP
+        self.mlp = MLPS[config.mlp_of(layer)](config) if has_mlp else None
         if self.norm_position == 'sandwich':  # Gemma: the branches' outputs are normalized too
             self.ln_1_out, self.ln_2_out = make_norm(config), make_norm(config)
 
     def forward(self, x, rope=None, mask=None, cache=None):
+        if self.ln_1 is None:  # an MLP alone (pre-norm: the config's checks)
+            return x + self.mlp(self.ln_2(x))
+        if self.mlp is None:  # a token mixer alone
+            return x + self.attn(self.ln_1(x), rope, mask, cache)
         if self.norm_position == 'pre':  # the residual path stays an identity from the top to the bottom
             x = x + self.attn(self.ln_1(x), rope, mask, cache)
             return x + self.mlp(self.ln_2(x))
@@ -1354,6 +1364,7 @@ class Mamba2(TokenMixer):
         self.heads, self.head_dim, self.state_dim, self.groups = dims['heads'], dims['head_dim'], dims['state'], \
             dims['groups']
         self.kernel, self.chunk, self.eps = config.ssm_conv_kernel, config.ssm_chunk_size, config.norm_eps
+        self.dt_min = config.ssm_dt_min
         inner, width = self.heads * self.head_dim, self.conv_width
         self.in_proj = nn.Linear(config.n_embd, inner + width + self.heads, bias=config.bias)  # [z | x B C | dt]
         self.conv1d = nn.Conv1d(width, width, self.kernel, groups=width)
@@ -1394,7 +1405,7 @@ class Mamba2(TokenMixer):
         xs = xs.view(batch, T, H, P).transpose(1, 2)
         # each group's B and C serve H / G consecutive heads
         B, C = (t.view(batch, T, G, N).transpose(1, 2).repeat_interleave(H // G, dim=1) for t in (B, C))
-        dt = F.softplus(dt.float() + self.dt_bias.float()).transpose(1, 2)  # (batch, H, T)
+        dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(min=self.dt_min).transpose(1, 2)  # (batch, H, T)
         A = -self.A_log.float().exp()
         state = None if cache is None or cache.fresh else cache.stores['state']
         if cache is not None and T == 1:
@@ -1410,6 +1421,19 @@ class Mamba2(TokenMixer):
 
 
 LAYER_KINDS['S'] = ('Mamba-2', Mamba2)
+
+
+# ----------------------------------------------------------------------------- layers of one part (Nemotron-H)
+
+class NoMixer(TokenMixer):
+    """'-': a layer without a token mixer, its MLP alone (Block builds no norm for a mixer). It declares
+    nothing: no positions, nothing cached, no FLOPs."""
+
+    def __init__(self, config, layer=0):
+        super().__init__()
+
+
+LAYER_KINDS['-'] = ('no mixer: the MLP alone', NoMixer)
 
 
 # ============================================================================= machinery
@@ -1495,6 +1519,8 @@ FIELD_TYPES = {
     'short_conv_kernel': (lambda v, c: _int(v), 'an int >= 1'),
     **_kinds('ssm_n_head ssm_head_dim', OPTIONAL_POSITIVE_INT),
     **_kinds('ssm_state_dim ssm_n_groups ssm_conv_kernel ssm_chunk_size', (lambda v, c: _int(v), 'an int >= 1')),
+    'ssm_dt_min': NON_NEGATIVE_NUMBER,
+    'mlp_with_mixer': BOOL,
     'rope_fraction': (lambda v, c: _number(v) and 0 < v <= 1, 'in (0, 1]'),
     'dropout': (lambda v, c: _number(v) and 0 <= v < 1, 'in [0, 1)'),
     **_kinds('norm_eps rope_theta rope_factor rope_low_freq_factor rope_high_freq_factor yarn_beta_fast '
@@ -1531,7 +1557,8 @@ def _mla_cannot(c):
 MLA_FIELDS = ('kv_lora_rank', 'q_lora_rank', 'qk_nope_head_dim', 'qk_rope_head_dim', 'v_head_dim')
 LINEAR_FIELDS = ('linear_n_key_head', 'linear_n_value_head', 'linear_key_dim', 'linear_value_dim',
                  'linear_conv_kernel', 'linear_chunk_size')
-SSM_FIELDS = ('ssm_n_head', 'ssm_head_dim', 'ssm_state_dim', 'ssm_n_groups', 'ssm_conv_kernel', 'ssm_chunk_size')
+SSM_FIELDS = ('ssm_n_head', 'ssm_head_dim', 'ssm_state_dim', 'ssm_n_groups', 'ssm_conv_kernel', 'ssm_chunk_size',
+              'ssm_dt_min')
 EXPERT_ONLY_FIELDS = ('moe_bias', 'swiglu_limit')  # the experts' own: MoE only, even with dense layers first
 
 # the flags of a RoPE scaling, and the rope_scaling values they apply to
@@ -1627,6 +1654,9 @@ DEPENDS = [
     (lambda c: _changed(c, SSM_FIELDS) and 'S' not in c.layer_kinds,
      lambda c: f"{', '.join(_changed(c, SSM_FIELDS))} apply to Mamba-2 ('S') layers and layers={c.layers!r} has none: "
                f"add 'S' to layers or leave them at their defaults"),
+    (lambda c: ('-' in c.layer_kinds or not c.mlp_with_mixer) and c.norm_position != 'pre',
+     lambda c: f"layers of one part (layers={c.layers!r}, mlp_with_mixer={c.mlp_with_mixer}) need norm_position='pre', "
+               f"got {c.norm_position!r}"),
 ]
 
 

@@ -391,3 +391,18 @@ def test_a_decoding_step_through_mamba2_layers_gives_a_full_forwards_logits():
         logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
         cache.advance(1)
         assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize('layers', ['SN', 'DN'])
+def test_a_decoding_step_masks_attention_after_a_recurrent_layer_of_the_same_positions(layers):
+    """A recurrent layer ('S', 'D') and attention without RoPE ('N') both take no rotary tables: the step still
+    masks the attention's unwritten slots (the recurrent layer, first, has none to mask)."""
+    model = build(pos='rope', layers=layers, ssm_state_dim=4) if layers == 'SN' else build(pos='rope', layers=layers)
+    seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(83))
+    cache = G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
+    model(seq[:, :3], cache=cache)
+    for i in range(3, BLOCK):
+        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
+        cache.advance(1)
+        assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)

@@ -1669,3 +1669,50 @@ def test_bad_mamba2_settings_are_one_line_naming_them(overrides, message):
     with pytest.raises(ValueError) as e:
         tiny_config(**overrides)
     assert message in str(e.value) and '\n' not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- layers of one part ('-', mlp_with_mixer)
+
+def test_layers_of_one_part_hold_only_their_part_train_and_decode():
+    """Nemotron-H's layers ('S-N-', mlp_with_mixer=False): a mixer layer has its norm and mixer and no MLP, a
+    '-' layer its norm and MLP and no mixer weights; each adds its one part to the residual stream. The model
+    trains and decodes through the cache as without it, past block_size."""
+    flags = dict(n_layer=4, layers='S-N-', mlp_with_mixer=False, pos='rope', norm='rms', mlp='relu2', bias=False,
+                 ssm_state_dim=4, ssm_chunk_size=5)
+    model = build(**flags)
+    parts = [{name.split('.')[0] for name, _ in block.named_parameters()} for block in model.transformer.h]
+    assert parts == [{'ln_1', 'attn'}, {'ln_2', 'mlp'}, {'ln_1', 'attn'}, {'ln_2', 'mlp'}]
+    x = torch.randn(2, 5, N_EMBD, generator=torch.Generator().manual_seed(77))
+    mlp_layer, attention_layer = model.transformer.h[1], model.transformer.h[2]
+    with torch.no_grad():
+        assert_close(mlp_layer(x), x + mlp_layer.mlp(mlp_layer.ln_2(x)), atol=1e-6)
+        assert_close(attention_layer(x, None, True), x + attention_layer.attn(attention_layer.ln_1(x), None, True),
+                     atol=1e-6)
+    losses = train_steps(model, seed=78)
+    assert losses[-1] < losses[0] - 0.5
+    model.eval()
+    check_causal(model)
+    check_cache_logits(model)
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(79))
+    cached = model.generate(prompt, 3 * BLOCK, temperature=0.0)
+    assert torch.equal(cached, reference_greedy(model, prompt, 3 * BLOCK))
+    # the '-' layers cache nothing and count no mixer FLOPs
+    no_ssm = {k: v for k, v in flags.items() if not k.startswith('ssm_')}
+    assert model.kv_cache_bytes(2, BLOCK) == build(**{**flags, 'layers': 'S---'}).kv_cache_bytes(2, BLOCK) \
+        + build(**{**no_ssm, 'layers': '-N--'}).kv_cache_bytes(2, BLOCK)
+    assert model.flops_per_token() - sum(6 * m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear)) \
+        == model.transformer.h[0].attn.token_flops(BLOCK) + model.transformer.h[2].attn.token_flops(BLOCK)
+
+
+@pytest.mark.parametrize('overrides, message', [
+    (dict(layers='S-', norm_position='post'), "layers of one part (layers='S-', mlp_with_mixer=True) need "
+                                              "norm_position='pre', got 'post'"),
+    (dict(mlp_with_mixer=False, norm_position='sandwich'), "need norm_position='pre', got 'sandwich'"),
+    (dict(mlp_with_mixer='no'), "mlp_with_mixer must be True or False, got 'no'"),
+    (dict(layers='SG', ssm_dt_min=-0.1), 'ssm_dt_min must be a number >= 0, got -0.1'),
+    (dict(ssm_dt_min=0.001), "ssm_dt_min apply to Mamba-2 ('S') layers"),
+])
+def test_bad_one_part_settings_are_one_line_naming_them(overrides, message):
+    with pytest.raises(ValueError) as e:
+        tiny_config(**overrides)
+    assert message in str(e.value) and '\n' not in str(e.value)
