@@ -889,9 +889,9 @@ def from_pretrained(name_or_path, override_args=None):
     return model
 
 
-# ----- LFM2: gated short convolutions ('C') among QK-normed attention layers ('G')
+# ----- LFM2: gated short convolutions ('V') among QK-normed attention layers ('G')
 
-_LFM2_LAYER_TYPES = {'conv': 'C', 'full_attention': 'G'}
+_LFM2_LAYER_TYPES = {'conv': 'V', 'full_attention': 'G'}
 
 
 def _lfm2_mlp_width(c):
@@ -922,7 +922,7 @@ def _lfm2_read(c):
                  vocab_size=c.vocab_size, bias=False, norm='rms', norm_eps=c.norm_eps, mlp='swiglu',
                  ffn_hidden=_lfm2_mlp_width(c), tie_embeddings=bool(c.tie_word_embeddings), qk_norm=True,
                  layers=_tiling(kinds))
-    if 'C' in kinds:
+    if 'V' in kinds:
         flags['short_conv_kernel'] = c.conv_L_cache
     flags.update(_rope_read(c))  # it may set block_size
     return flags
@@ -933,7 +933,7 @@ def _lfm2_write(cfg):
                 num_attention_heads=cfg.n_head, num_key_value_heads=cfg.kv_heads, head_dim=cfg.head_size,
                 norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings,
                 intermediate_size=cfg.mlp_width, block_auto_adjust_ff_dim=False,  # the width as it is
-                layer_types=[{'C': 'conv', 'G': 'full_attention'}[k] for k in cfg.layer_kinds],
+                layer_types=[{'V': 'conv', 'G': 'full_attention'}[k] for k in cfg.layer_kinds],
                 conv_L_cache=cfg.short_conv_kernel, conv_bias=False, **_rope_write(cfg))
 
 
@@ -948,7 +948,7 @@ _LFM2_NAMES = [
     ('transformer.h.{i}.attn.c_proj.weight', 'model.layers.{i}.self_attn.out_proj.weight', None),
     ('transformer.h.{i}.attn.q_norm.weight', 'model.layers.{i}.self_attn.q_layernorm.weight', None),
     ('transformer.h.{i}.attn.k_norm.weight', 'model.layers.{i}.self_attn.k_layernorm.weight', None),
-    # a 'C' layer's mixer: rows of the layers that have it (the attention layers' rows are absent there)
+    # a 'V' layer's mixer: rows of the layers that have it (the attention layers' rows are absent there)
     ('transformer.h.{i}.attn.in_proj.weight', 'model.layers.{i}.conv.in_proj.weight', None),
     ('transformer.h.{i}.attn.conv1d.weight', 'model.layers.{i}.conv.conv.weight', None),
     ('transformer.h.{i}.attn.c_proj.weight', 'model.layers.{i}.conv.out_proj.weight', None),
@@ -958,7 +958,7 @@ _LFM2_NAMES = [
 ]
 HF_FAMILIES['lfm2'] = HFFamily(
     'lfm2', 'Lfm2ForCausalLM',
-    {**_LLAMA_LIKE, 'bias': (False,), 'qk_norm': (True,), 'layers': _made_of('CG'), 'short_conv_kernel': ANY},
+    {**_LLAMA_LIKE, 'bias': (False,), 'qk_norm': (True,), 'layers': _made_of('VG'), 'short_conv_kernel': ANY},
     _LFM2_NAMES, _lfm2_read, _lfm2_write)
 
 

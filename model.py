@@ -117,8 +117,8 @@ class GPTConfig:
     moe_bias_update_rate: float = 0.001  # sigmoid router: step of the balancing bias per iteration; 0: frozen
     moe_bias: bool = False  # biases on the router and in the experts (gpt-oss)
     swiglu_limit: Optional[float] = None  # experts' clamped SwiGLU (gpt-oss: 7): (clamp(up)+1) * g*sigmoid(1.702g), g = min(gate, limit); None: plain SwiGLU
-    # gated short convolution ('C' layers: LFM2)
-    short_conv_kernel: int = 3  # a 'C' layer's causal depthwise convolution, in tokens (LFM2's conv_L_cache)
+    # gated short convolution ('V' layers: LFM2)
+    short_conv_kernel: int = 3  # a 'V' layer's causal depthwise convolution, in tokens (LFM2's conv_L_cache)
     # Mamba-2 ('S' layers): a selective state-space layer, a constant-size state (Nemotron-H)
     ssm_n_head: Optional[int] = None  # heads of an 'S' layer; None: 2 * n_embd / ssm_head_dim (Mamba's expand 2)
     ssm_head_dim: Optional[int] = None  # width of each head; None: the attention's head width
@@ -1258,7 +1258,7 @@ class GatedDeltaNet(TokenMixer):
 LAYER_KINDS['D'] = ('Gated DeltaNet', GatedDeltaNet)
 
 
-# ----------------------------------------------------------------------------- gated short convolution (layers='CCG': LFM2)
+# ----------------------------------------------------------------------------- gated short convolution (layers='VVG': LFM2)
 
 def causal_depthwise_conv(x, weight, bias=None, cache=None, name='conv'):
     """Each channel of x (B, channels, T) convolved over its last kernel inputs, its own kernel (weight: a
@@ -1276,7 +1276,7 @@ def causal_depthwise_conv(x, weight, bias=None, cache=None, name='conv'):
 
 
 class ShortConv(TokenMixer):
-    """LFM2's gated short convolution, a 'C' layer: B, C and x from one projection of the token, then
+    """LFM2's gated short convolution, a 'V' layer: B, C and x from one projection of the token, then
     y = out(C * conv(B * x)), conv a causal depthwise convolution over the last short_conv_kernel tokens (a
     few). No positions and no softmax: what a token sees of the past is the kernel's reach in this layer, so a
     cache keeps the last kernel-1 gated inputs, whatever the context."""
@@ -1303,7 +1303,7 @@ class ShortConv(TokenMixer):
         return self.resid_dropout(self.c_proj(c * h.transpose(1, 2)))
 
 
-LAYER_KINDS['C'] = ('gated short convolution', ShortConv)
+LAYER_KINDS['V'] = ('gated short convolution', ShortConv)
 
 
 # ----------------------------------------------------------------------------- state-space layers: Mamba-2 (layers='SSSG')
@@ -1645,9 +1645,9 @@ DEPENDS = [
      lambda c: "qk_norm_all_heads=True says how qk_norm normalizes: set qk_norm=True too"),
     (lambda c: _changed(c, EXPERT_ONLY_FIELDS) and c.mlp != 'moe',
      lambda c: f"{_flag_list(c, _changed(c, EXPERT_ONLY_FIELDS))} apply to mlp='moe' only, got mlp={c.mlp!r}"),
-    (lambda c: _changed(c, ('short_conv_kernel',)) and 'C' not in c.layer_kinds,
-     lambda c: f"short_conv_kernel={c.short_conv_kernel} applies to gated short convolution ('C') layers and "
-               f"layers={c.layers!r} has none: add 'C' to layers or leave it at 3"),
+    (lambda c: _changed(c, ('short_conv_kernel',)) and 'V' not in c.layer_kinds,
+     lambda c: f"short_conv_kernel={c.short_conv_kernel} applies to gated short convolution ('V') layers and "
+               f"layers={c.layers!r} has none: add 'V' to layers or leave it at 3"),
     (lambda c: c.ssm_dims['heads'] % c.ssm_n_groups != 0,
      lambda c: f"ssm_n_groups ({c.ssm_n_groups}) must divide the 'S' layers' heads ({c.ssm_dims['heads']}): each "
                f"group's B and C serve a group of heads"),

@@ -352,12 +352,12 @@ def test_deltanet_layers_keep_a_cache_that_does_not_grow():
         + 2 * (2 * (kernel - 1) * width + 4 * N_HEAD * (N_EMBD // N_HEAD) ** 2)
 
 
-# ----------------------------------------------------------------------------- gated short convolution ('C')
+# ----------------------------------------------------------------------------- gated short convolution ('V')
 
 @torch.no_grad()
 def test_a_decoding_step_through_short_conv_layers_gives_a_full_forwards_logits():
-    """decode_step over 'CG' with a kernel of 4: the conv inputs it keeps roll one token per step."""
-    model = build(pos='rope', layers='CG', short_conv_kernel=4)
+    """decode_step over 'VG' with a kernel of 4: the conv inputs it keeps roll one token per step."""
+    model = build(pos='rope', layers='VG', short_conv_kernel=4)
     seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(80))
     cache = G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
     model(seq[:, :2], cache=cache)  # a prefill shorter than the kernel: the zeros before it stay in the window
@@ -368,9 +368,9 @@ def test_a_decoding_step_through_short_conv_layers_gives_a_full_forwards_logits(
 
 
 def test_short_conv_layers_keep_a_cache_that_does_not_grow():
-    """'CG': the 'C' layer keeps its last kernel-1 gated inputs (n_embd channels each, in the cache's dtype) at
+    """'VG': the 'V' layer keeps its last kernel-1 gated inputs (n_embd channels each, in the cache's dtype) at
     any length, the global layer's keys and values grow; the bytes counted are the bytes a cache allocates."""
-    mixed, wide = build(pos='rope', layers='CG', short_conv_kernel=5), build(pos='rope')
+    mixed, wide = build(pos='rope', layers='VG', short_conv_kernel=5), build(pos='rope')
     for seq_len, dtype in ((3, torch.float32), (BLOCK, torch.float32), (BLOCK, torch.bfloat16)):
         size = torch.empty((), dtype=dtype).element_size()
         assert mixed.kv_cache_bytes(2, seq_len, dtype) == wide.kv_cache_bytes(2, seq_len, dtype) // 2 \

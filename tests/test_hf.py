@@ -522,7 +522,7 @@ def test_unsafe_or_damaged_bin_weights_are_one_line(weights, fragment, tmp_path,
     assert not recwarn.list, [str(w.message) for w in recwarn]  # a warning would print a line of its own
 
 
-# ----- LFM2: gated short convolutions ('C') among attention layers
+# ----- LFM2: gated short convolutions ('V') among attention layers
 
 def lfm2(**overrides):
     """LFM2's shapes: conv layers around a full-attention one, head_dim 16 (not 32 / 4), a kernel of 4, and the
@@ -537,7 +537,7 @@ def test_lfm2_short_conv_and_attention_layers(tmp_path):
     hf = randomized(transformers.Lfm2ForCausalLM(lfm2()), seed=12)
     ours = check_parity(hf, tmp_path)
     cfg = ours.config
-    assert cfg.layer_kinds == ['C', 'G', 'C'] and cfg.short_conv_kernel == 4 and cfg.qk_norm and cfg.head_size == 16
+    assert cfg.layer_kinds == ['V', 'G', 'V'] and cfg.short_conv_kernel == 4 and cfg.qk_norm and cfg.head_size == 16
     assert cfg.mlp_width == hf.model.layers[0].feed_forward.w1.out_features == 48
 
 
@@ -552,10 +552,10 @@ def test_lfm2_features_we_lack_are_refused(change, match):
 
 
 @pytest.mark.parametrize('flags, refused', [
-    (dict(layers='CG', pos='rope', norm='rms', mlp='swiglu', bias=False, qk_norm=True), None),
-    (dict(layers='CG', pos='rope', norm='rms', mlp='swiglu', bias=False), 'qk_norm=False'),  # LFM2's attention has it
-    (dict(layers='CG', pos='rope', norm='rms', mlp='swiglu', bias=True, qk_norm=True), 'bias=True'),
-    (dict(layers='CD', pos='rope', norm='rms', mlp='swiglu', bias=False, qk_norm=True), "layers='CD'"),
+    (dict(layers='VG', pos='rope', norm='rms', mlp='swiglu', bias=False, qk_norm=True), None),
+    (dict(layers='VG', pos='rope', norm='rms', mlp='swiglu', bias=False), 'qk_norm=False'),  # LFM2's attention has it
+    (dict(layers='VG', pos='rope', norm='rms', mlp='swiglu', bias=True, qk_norm=True), 'bias=True'),
+    (dict(layers='VD', pos='rope', norm='rms', mlp='swiglu', bias=False, qk_norm=True), "layers='VD'"),
 ], ids=['lfm2', 'no-qk-norm', 'biases', 'with-deltanet'])
 def test_export_takes_short_conv_layers_to_lfm2_or_refuses(flags, refused):
     check_export_choice(GPTConfig(n_layer=2, n_head=4, n_embd=32, **flags), 'lfm2', refused)

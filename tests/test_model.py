@@ -1516,13 +1516,13 @@ def test_the_readmes_layer_kind_trains_decodes_counts_and_is_refused_by_export(m
     assert "layers='MG'" in str(refused.value) and '\n' not in str(refused.value)
 
 
-# ----------------------------------------------------------------------------- gated short convolution ('C')
+# ----------------------------------------------------------------------------- gated short convolution ('V')
 
 @torch.no_grad()
 def test_short_conv_is_lfm2s_formula_written_out():
-    """One 'C' mixer against the formula with torch's own convolution: B, C, x = in_proj(h);
+    """One 'V' mixer against the formula with torch's own convolution: B, C, x = in_proj(h);
     y = c_proj(C * conv(B * x)), conv causal and depthwise (zeros before the first token), bias included."""
-    mixer = M.ShortConv(tiny_config(layers='C', short_conv_kernel=4)).eval()
+    mixer = M.ShortConv(tiny_config(layers='V', short_conv_kernel=4)).eval()
     for p in (mixer.conv1d.bias, mixer.in_proj.bias):
         p.normal_()  # away from zero, so a bias left out shows
     h = torch.randn(2, 9, N_EMBD, generator=torch.Generator().manual_seed(70))
@@ -1534,9 +1534,9 @@ def test_short_conv_is_lfm2s_formula_written_out():
 
 @torch.no_grad()
 def test_a_short_conv_layer_sees_its_kernel_and_no_further():
-    """One 'C' layer (the MLP works per token): the logits at t move with tokens t-k+1..t, not with t-k."""
+    """One 'V' layer (the MLP works per token): the logits at t move with tokens t-k+1..t, not with t-k."""
     k, T = 3, 10
-    model = build(n_layer=1, layers='C', short_conv_kernel=k)
+    model = build(n_layer=1, layers='V', short_conv_kernel=k)
     idx = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(71))
     base = model(idx)[0][0, -1]
     for back, seen in ((0, True), (k - 1, True), (k, False), (k + 2, False)):
@@ -1546,11 +1546,11 @@ def test_a_short_conv_layer_sees_its_kernel_and_no_further():
 
 
 def test_short_conv_layers_train_decode_through_the_cache_and_count():
-    """LFM2's pattern ('CCG' with the modern block): the loss falls in a few steps, the model is causal, a
+    """LFM2's pattern ('VVG' with the modern block): the loss falls in a few steps, the model is causal, a
     cache's logits (prefill, a chunk, single tokens) are a full forward's, greedy decoding past block_size
-    (context shifts restart the cache) equals full forwards; the cache keeps the last k-1 gated inputs per 'C'
+    (context shifts restart the cache) equals full forwards; the cache keeps the last k-1 gated inputs per 'V'
     layer and the FLOPs count the convolution's weights as a Linear's."""
-    flags = dict(n_layer=3, layers='CCG', pos='rope', norm='rms', mlp='swiglu', n_kv_head=2, bias=False)
+    flags = dict(n_layer=3, layers='VVG', pos='rope', norm='rms', mlp='swiglu', n_kv_head=2, bias=False)
     model = build(**flags)
     losses = train_steps(model, seed=72)
     assert losses[-1] < losses[0] - 0.5
@@ -1574,10 +1574,10 @@ def test_short_conv_layers_train_decode_through_the_cache_and_count():
 
 
 @pytest.mark.parametrize('overrides, message', [
-    (dict(layers='CG', short_conv_kernel=0), 'short_conv_kernel must be an int >= 1, got 0'),
-    (dict(layers='CG', short_conv_kernel=2.5), 'short_conv_kernel must be an int >= 1'),
-    (dict(short_conv_kernel=4), "short_conv_kernel=4 applies to gated short convolution ('C') layers"),
-    (dict(layers='CX'), 'gated short convolution'),  # the letters allowed, each in words
+    (dict(layers='VG', short_conv_kernel=0), 'short_conv_kernel must be an int >= 1, got 0'),
+    (dict(layers='VG', short_conv_kernel=2.5), 'short_conv_kernel must be an int >= 1'),
+    (dict(short_conv_kernel=4), "short_conv_kernel=4 applies to gated short convolution ('V') layers"),
+    (dict(layers='VX'), 'gated short convolution'),  # the letters allowed, each in words
 ])
 def test_bad_short_conv_settings_are_one_line_naming_them(overrides, message):
     with pytest.raises(ValueError) as e:

@@ -119,7 +119,7 @@ def test_training_learns_saves_and_resumes(workdir, run, flags):
 
 
 @pytest.mark.parametrize('recipe', [[], ['--optimizer=muon', '--lr_schedule=wsd', '--mlp=moe', '--n_expert=4'],
-                                    ['--optimizer=muon', '--n_layer=4', '--layers=S-CN', '--mlp_with_mixer=False',
+                                    ['--optimizer=muon', '--n_layer=4', '--layers=S-VN', '--mlp_with_mixer=False',
                                      '--ssm_state_dim=4']],
                          ids=['adamw', 'muon-wsd-moe', 'muon-mamba2-shortconv-one-part'])
 def test_resume_is_exact(workdir, run, recipe):
