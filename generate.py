@@ -167,9 +167,10 @@ def decode_step(model, idx, pos, stores):
     contexts = {}
     for block, layer_stores in zip(model.transformer.h, stores):
         mixer = block.attn
-        key = (mixer.positions, mixer.window, mixer.chunked)
+        entries = mixer.cache_entries()
+        # a mixer without entries (a recurrent one) needs no mask: not one to share with attention of its positions
+        key = (mixer.positions, mixer.window, mixer.chunked, bool(entries))
         if key not in contexts:
-            entries = mixer.cache_entries()
             mask = None
             if entries:  # slot s holds a position <= pos once written (a ring's hold the last `window` positions)
                 slots = layer_stores[next(iter(entries))].size(2)

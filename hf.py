@@ -1040,3 +1040,143 @@ HF_FAMILIES['llama4_text'] = HFFamily(
      'moe_scale_input': (True,), 'moe_every': ANY},
     _LLAMA4_NAMES, _llama4_read, _llama4_write, _llama4_unpack, _llama4_pack)
 _MOE_SETTINGS += ('moe_scale_input', 'moe_every')  # as the other MoE settings: a dense model's change nothing
+# ----- LFM2: gated short convolutions ('V') among QK-normed attention layers ('G')
+
+_LFM2_LAYER_TYPES = {'conv': 'V', 'full_attention': 'G'}
+
+
+def _lfm2_mlp_width(c):
+    """The SwiGLU width LFM2 builds: with block_auto_adjust_ff_dim, 2/3 of intermediate_size, times
+    block_ffn_dim_multiplier, rounded up to block_multiple_of."""
+    width = c.intermediate_size
+    if c.block_auto_adjust_ff_dim:
+        width = int(2 * width / 3)
+        if c.block_ffn_dim_multiplier is not None:
+            width = int(c.block_ffn_dim_multiplier * width)
+            width = c.block_multiple_of * -(-width // c.block_multiple_of)
+    return width
+
+
+def _lfm2_read(c):
+    if c.conv_bias:
+        raise ValueError("LFM2 with conv_bias is not supported (its attention has no biases)")
+    types = list(c.layer_types[:c.num_hidden_layers])
+    unknown = set(types) - set(_LFM2_LAYER_TYPES)
+    if unknown:
+        raise ValueError(f"layer_types {sorted(unknown)} are not supported "
+                         f"(only {', '.join(map(repr, _LFM2_LAYER_TYPES))})")
+    kinds = [_LFM2_LAYER_TYPES[t] for t in types]
+    head_dim = getattr(c, 'head_dim', None)
+    flags = dict(n_layer=c.num_hidden_layers, n_head=c.num_attention_heads, n_embd=c.hidden_size,
+                 n_kv_head=c.num_key_value_heads, block_size=c.max_position_embeddings,
+                 head_dim=None if head_dim in (None, c.hidden_size // c.num_attention_heads) else head_dim,
+                 vocab_size=c.vocab_size, bias=False, norm='rms', norm_eps=c.norm_eps, mlp='swiglu',
+                 ffn_hidden=_lfm2_mlp_width(c), tie_embeddings=bool(c.tie_word_embeddings), qk_norm=True,
+                 layers=_tiling(kinds))
+    if 'V' in kinds:
+        flags['short_conv_kernel'] = c.conv_L_cache
+    flags.update(_rope_read(c))  # it may set block_size
+    return flags
+
+
+def _lfm2_write(cfg):
+    return dict(vocab_size=cfg.vocab_size, hidden_size=cfg.n_embd, num_hidden_layers=cfg.n_layer,
+                num_attention_heads=cfg.n_head, num_key_value_heads=cfg.kv_heads, head_dim=cfg.head_size,
+                norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings,
+                intermediate_size=cfg.mlp_width, block_auto_adjust_ff_dim=False,  # the width as it is
+                layer_types=[{'V': 'conv', 'G': 'full_attention'}[k] for k in cfg.layer_kinds],
+                conv_L_cache=cfg.short_conv_kernel, conv_bias=False, **_rope_write(cfg))
+
+
+_LFM2_NAMES = [
+    ('transformer.wte.weight', 'model.embed_tokens.weight', None),
+    ('transformer.ln_f.weight', 'model.embedding_norm.weight', None),  # LFM2's final norm, despite its name
+    ('lm_head.weight', 'lm_head.weight', None),
+    ('transformer.h.{i}.ln_1.weight', 'model.layers.{i}.operator_norm.weight', None),
+    ('transformer.h.{i}.ln_2.weight', 'model.layers.{i}.ffn_norm.weight', None),
+    ('transformer.h.{i}.attn.c_attn.weight', tuple(f'model.layers.{{i}}.self_attn.{n}_proj.weight' for n in 'qkv'),
+     None),
+    ('transformer.h.{i}.attn.c_proj.weight', 'model.layers.{i}.self_attn.out_proj.weight', None),
+    ('transformer.h.{i}.attn.q_norm.weight', 'model.layers.{i}.self_attn.q_layernorm.weight', None),
+    ('transformer.h.{i}.attn.k_norm.weight', 'model.layers.{i}.self_attn.k_layernorm.weight', None),
+    # a 'V' layer's mixer: rows of the layers that have it (the attention layers' rows are absent there)
+    ('transformer.h.{i}.attn.in_proj.weight', 'model.layers.{i}.conv.in_proj.weight', None),
+    ('transformer.h.{i}.attn.conv1d.weight', 'model.layers.{i}.conv.conv.weight', None),
+    ('transformer.h.{i}.attn.c_proj.weight', 'model.layers.{i}.conv.out_proj.weight', None),
+    ('transformer.h.{i}.mlp.c_fc.weight', ('model.layers.{i}.feed_forward.w1.weight',
+                                           'model.layers.{i}.feed_forward.w3.weight'), None),
+    ('transformer.h.{i}.mlp.c_proj.weight', 'model.layers.{i}.feed_forward.w2.weight', None),
+]
+HF_FAMILIES['lfm2'] = HFFamily(
+    'lfm2', 'Lfm2ForCausalLM',
+    {**_LLAMA_LIKE, 'bias': (False,), 'qk_norm': (True,), 'layers': _made_of('VG'), 'short_conv_kernel': ANY},
+    _LFM2_NAMES, _lfm2_read, _lfm2_write)
+
+
+# ----- Nemotron-H: layers of one part, Mamba-2 ('S'), attention without RoPE ('N') or a squared-ReLU MLP ('-')
+
+_NEMOTRON_H_LAYER_TYPES = {'linear_attention': 'S', 'full_attention': 'N', 'mlp': '-'}
+
+
+def _nemotron_h_read(c):
+    types = list(c.layers_block_type)
+    unknown = set(types) - set(_NEMOTRON_H_LAYER_TYPES)
+    if unknown:
+        raise ValueError(f"layers_block_type {sorted(unknown)} are not supported "
+                         f"(only {', '.join(map(repr, _NEMOTRON_H_LAYER_TYPES))})")
+    if c.mlp_hidden_act != 'relu2' or c.mamba_hidden_act != 'silu':
+        raise ValueError(f"Nemotron-H with mlp_hidden_act={c.mlp_hidden_act!r}, mamba_hidden_act={c.mamba_hidden_act!r} "
+                         f"is not supported (only 'relu2' and 'silu')")
+    if c.mlp_bias or c.use_bias or not c.use_conv_bias:
+        raise ValueError("Nemotron-H with mlp_bias, use_bias or without use_conv_bias is not supported (its attention "
+                         "has no biases; our Mamba-2 convolution always has one)")
+    kinds = [_NEMOTRON_H_LAYER_TYPES[t] for t in types]
+    head_dim = c.head_dim or c.hidden_size // c.num_attention_heads
+    flags = dict(n_layer=len(kinds), n_head=c.num_attention_heads, n_embd=c.hidden_size,
+                 n_kv_head=c.num_key_value_heads, block_size=c.max_position_embeddings,
+                 head_dim=None if head_dim == c.hidden_size // c.num_attention_heads else head_dim,
+                 vocab_size=c.vocab_size, bias=False, norm='rms', norm_eps=c.layer_norm_epsilon, mlp='relu2',
+                 ffn_hidden=c.intermediate_size, tie_embeddings=bool(c.tie_word_embeddings),
+                 pos='rope', layers=_tiling(kinds), mlp_with_mixer=False)  # 'N': attention without RoPE
+    if 'S' in kinds:
+        flags.update(ssm_n_head=c.mamba_num_heads, ssm_head_dim=c.mamba_head_dim, ssm_state_dim=c.ssm_state_size,
+                     ssm_n_groups=c.n_groups, ssm_conv_kernel=c.conv_kernel, ssm_chunk_size=c.chunk_size,
+                     ssm_dt_min=float(c.time_step_min))
+    return flags
+
+
+def _nemotron_h_write(cfg):
+    dims = cfg.ssm_dims
+    return dict(vocab_size=cfg.vocab_size, hidden_size=cfg.n_embd, num_hidden_layers=cfg.n_layer,
+                layers_block_type=[{v: k for k, v in _NEMOTRON_H_LAYER_TYPES.items()}[k] for k in cfg.layer_kinds],
+                num_attention_heads=cfg.n_head, num_key_value_heads=cfg.kv_heads, head_dim=cfg.head_size,
+                max_position_embeddings=cfg.block_size, intermediate_size=cfg.mlp_width, mlp_hidden_act='relu2',
+                mlp_bias=False, use_bias=False, use_conv_bias=True, layer_norm_epsilon=cfg.norm_eps,
+                tie_word_embeddings=cfg.tie_embeddings, mamba_num_heads=dims['heads'], mamba_head_dim=dims['head_dim'],
+                ssm_state_size=dims['state'], n_groups=dims['groups'], conv_kernel=cfg.ssm_conv_kernel,
+                chunk_size=cfg.ssm_chunk_size, time_step_min=cfg.ssm_dt_min, attention_dropout=cfg.dropout)
+
+
+_NEMOTRON_H_NAMES = [
+    ('transformer.wte.weight', 'model.embeddings.weight', None),
+    ('transformer.ln_f.weight', 'model.norm_f.weight', None),
+    ('lm_head.weight', 'lm_head.weight', None),
+    # each layer's one norm: before its mixer, or in a '-' layer before its MLP
+    ('transformer.h.{i}.ln_1.weight', 'model.layers.{i}.norm.weight', None),
+    ('transformer.h.{i}.ln_2.weight', 'model.layers.{i}.norm.weight', None),
+    ('transformer.h.{i}.attn.c_attn.weight', tuple(f'model.layers.{{i}}.mixer.{n}_proj.weight' for n in 'qkv'), None),
+    ('transformer.h.{i}.attn.c_proj.weight', 'model.layers.{i}.mixer.o_proj.weight', None),
+    *[(f'transformer.h.{{i}}.attn.{n}', f'model.layers.{{i}}.mixer.{n}', None)
+      for n in ('in_proj.weight', 'conv1d.weight', 'conv1d.bias', 'A_log', 'dt_bias', 'D')],
+    ('transformer.h.{i}.attn.norm', 'model.layers.{i}.mixer.norm.weight', None),  # the gated RMSNorm's gain
+    ('transformer.h.{i}.attn.c_proj.weight', 'model.layers.{i}.mixer.out_proj.weight', None),
+    ('transformer.h.{i}.mlp.c_fc.weight', 'model.layers.{i}.mixer.up_proj.weight', None),
+    ('transformer.h.{i}.mlp.c_proj.weight', 'model.layers.{i}.mixer.down_proj.weight', None),
+]
+HF_FAMILIES['nemotron_h'] = HFFamily(
+    'nemotron_h', 'NemotronHForCausalLM',
+    {**_SIZES, 'bias': (False,), 'norm': ('rms',), 'mlp': ('relu2',), 'pos': ('rope',), 'n_kv_head': ANY,
+     'head_dim': ANY, 'layers': lambda v: v is not None and set(v) <= set('SN-'), 'mlp_with_mixer': (False,),
+     **{k: ANY for k in ('ssm_n_head', 'ssm_head_dim', 'ssm_state_dim', 'ssm_n_groups', 'ssm_conv_kernel',
+                         'ssm_chunk_size')}, 'ssm_dt_min': lambda v: v > 0},  # transformers' init takes its log
+    _NEMOTRON_H_NAMES, _nemotron_h_read, _nemotron_h_write)

@@ -127,6 +127,17 @@ class GPTConfig:
     rope_qk_norm: bool = False  # layers with RoPE: each query and key head scaled to unit RMS after it, no weights (Llama 4's "L2 norm")
     moe_every: int = 1  # with mlp='moe': MoE on every k-th layer (layers k-1, 2k-1, ...), a dense SwiGLU between (Llama 4 Maverick: 2)
     moe_scale_input: bool = False  # the router's weight multiplies each chosen expert's input, not its output (Llama 4)
+    # gated short convolution ('V' layers: LFM2)
+    short_conv_kernel: int = 3  # a 'V' layer's causal depthwise convolution, in tokens (LFM2's conv_L_cache)
+    # Mamba-2 ('S' layers): a selective state-space layer, a constant-size state (Nemotron-H)
+    ssm_n_head: Optional[int] = None  # heads of an 'S' layer; None: 2 * n_embd / ssm_head_dim (Mamba's expand 2)
+    ssm_head_dim: Optional[int] = None  # width of each head; None: the attention's head width
+    ssm_state_dim: int = 64  # each head's state is (ssm_head_dim, ssm_state_dim); B and C are this wide
+    ssm_n_groups: int = 1  # B and C come in this many groups, each shared by ssm_n_head / ssm_n_groups heads
+    ssm_conv_kernel: int = 4  # the causal depthwise convolution over x, B and C, in tokens
+    ssm_chunk_size: int = 64  # training and prefill work in chunks of this many tokens, parallel inside one
+    ssm_dt_min: float = 0.0  # time steps below this are raised to it (Nemotron-H's time_step_min, 1e-3); 0: none
+    mlp_with_mixer: bool = True  # a layer's token mixer is followed by an MLP; False: each layer one part, a mixer or ('-') an MLP (Nemotron-H)
 
     def __post_init__(self):
         check_config(self)  # against the tables at the end of the file
@@ -202,6 +213,13 @@ class GPTConfig:
         k_heads = self.linear_n_key_head or self.n_head
         return {'k_heads': k_heads, 'v_heads': self.linear_n_value_head or k_heads,
                 'k_dim': self.linear_key_dim or hs, 'v_dim': self.linear_value_dim or hs}
+
+    @property
+    def ssm_dims(self):
+        """An 'S' layer's heads and widths."""
+        head_dim = self.ssm_head_dim or self.head_size
+        return {'heads': self.ssm_n_head or max(1, 2 * self.n_embd // head_dim), 'head_dim': head_dim,
+                'state': self.ssm_state_dim, 'groups': self.ssm_n_groups}
 
     @classmethod
     def from_dict(cls, d):
@@ -549,15 +567,23 @@ class Block(nn.Module):
     def __init__(self, config, layer=0):
         super().__init__()
         self.norm_position = config.norm_position
-        self.ln_1 = make_norm(config)  # on the attention's input (pre, sandwich) or its output (post, after)
+        # layers of one part (Nemotron-H): a '-' layer has no token mixer; with mlp_with_mixer=False a mixer no MLP
+        has_mixer = config.layer_kinds[layer] != '-'
+        has_mlp = config.mlp_with_mixer or not has_mixer
+        # on the attention's input (pre, sandwich) or its output (post, after)
+        self.ln_1 = make_norm(config) if has_mixer else None
         # the layer kind's token mixer (named attn whatever its kind: the checkpoints' parameter names)
         self.attn = LAYER_KINDS[config.layer_kinds[layer]][1](config, layer)
-        self.ln_2 = make_norm(config)  # the same for the MLP
-        self.mlp = MLPS[config.mlp_of(layer)](config)
+        self.ln_2 = make_norm(config) if has_mlp else None  # the same for the MLP
+        self.mlp = MLPS[config.mlp_of(layer)](config) if has_mlp else None
         if self.norm_position == 'sandwich':  # Gemma: the branches' outputs are normalized too
             self.ln_1_out, self.ln_2_out = make_norm(config), make_norm(config)
 
     def forward(self, x, rope=None, mask=None, cache=None):
+        if self.ln_1 is None:  # an MLP alone (pre-norm: the config's checks)
+            return x + self.mlp(self.ln_2(x))
+        if self.mlp is None:  # a token mixer alone
+            return x + self.attn(self.ln_1(x), rope, mask, cache)
         if self.norm_position == 'pre':  # the residual path stays an identity from the top to the bottom
             x = x + self.attn(self.ln_1(x), rope, mask, cache)
             return x + self.mlp(self.ln_2(x))
@@ -1306,6 +1332,182 @@ def chunked_attention(config, layer):
 
 
 LAYER_KINDS['C'] = ('chunked', chunked_attention)
+# ----------------------------------------------------------------------------- gated short convolution (layers='VVG': LFM2)
+
+def causal_depthwise_conv(x, weight, bias=None, cache=None, name='conv'):
+    """Each channel of x (B, channels, T) convolved over its last kernel inputs, its own kernel (weight: a
+    depthwise Conv1d's (channels, 1, kernel)), the inputs before the first taken as zeros or, with a cache, as
+    the last kernel-1 inputs it keeps under `name` (then overwritten with the new last ones)."""
+    kernel = weight.size(-1)
+    past = x.new_zeros(x.size(0), x.size(1), kernel - 1) if cache is None else cache.stores[name].to(x.dtype)
+    x = torch.cat((past, x), dim=2)
+    if cache is not None:
+        cache.stores[name].copy_(x[:, :, x.size(2) - (kernel - 1):])
+    # kernel-many products per channel, as Gated DeltaNet's (torch's FLOP counter miscounts a grouped
+    # convolution's backward)
+    y = (x.unfold(2, kernel, 1) * weight).sum(-1)
+    return y if bias is None else y + bias[:, None]
+
+
+class ShortConv(TokenMixer):
+    """LFM2's gated short convolution, a 'V' layer: B, C and x from one projection of the token, then
+    y = out(C * conv(B * x)), conv a causal depthwise convolution over the last short_conv_kernel tokens (a
+    few). No positions and no softmax: what a token sees of the past is the kernel's reach in this layer, so a
+    cache keeps the last kernel-1 gated inputs, whatever the context."""
+
+    def __init__(self, config, layer=0):
+        super().__init__()
+        d, self.kernel = config.n_embd, config.short_conv_kernel
+        self.in_proj = nn.Linear(d, 3 * d, bias=config.bias)  # [B | C | x]
+        self.conv1d = nn.Conv1d(d, d, self.kernel, groups=d, bias=config.bias)
+        self.c_proj = nn.Linear(d, d, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def cache_states(self):
+        return {'conv': ((self.conv1d.in_channels, self.kernel - 1), None)}
+
+    def token_flops(self, seq_len):
+        """The convolution multiplies each of its weights once per token, as a Linear does."""
+        return 6 * self.conv1d.weight.numel()
+
+    def forward(self, x, rope=None, mask=None, cache=None):
+        """rope and mask are attention's: the convolution has no positions but its order."""
+        b, c, h = self.in_proj(x).chunk(3, dim=-1)
+        h = causal_depthwise_conv((b * h).transpose(1, 2), self.conv1d.weight, self.conv1d.bias, cache)
+        return self.resid_dropout(self.c_proj(c * h.transpose(1, 2)))
+
+
+LAYER_KINDS['V'] = ('gated short convolution', ShortConv)
+
+
+# ----------------------------------------------------------------------------- state-space layers: Mamba-2 (layers='SSSG')
+
+def ssd_chunked(x, dt, A, B, C, chunk, state=None, final=False):
+    """Mamba-2's selective state-space recurrence over a sequence, chunk tokens at a time (SSD: inside a chunk
+    in parallel, as attention with a decay mask; the state carried from chunk to chunk). x (batch, H, T, P),
+    time steps dt (batch, H, T), decay rates A (H,) (negative), B and C (batch, H, T, N), all fp32; state
+    (batch, H, P, N) or None (zeros). Returns the outputs (batch, H, T, P) and, with final=True, the state after
+    the last token.
+
+    Per token t (the recurrent form): S = e^(dt_t A) S + (dt_t x_t) B_t^T; y_t = S C_t. Inside a chunk, with G_t
+    the log-decay summed from the chunk's start and S0 the state before it:
+    y_t = e^G_t S0 C_t + sum_(j<=t) e^(G_t - G_j) (C_t.B_j) dt_j x_j."""
+    batch, H, T, P = x.shape
+    n_chunks, L = -(-T // min(chunk, T)), min(chunk, T)
+    pad = n_chunks * L - T  # padded tokens write nothing (x dt = 0) and do not decay (dt A = 0)
+    g = F.pad(dt * A[:, None], (0, pad)).view(batch, H, n_chunks, L).cumsum(-1)
+    x, B, C = (F.pad(t, (0, 0, 0, pad)).view(batch, H, n_chunks, L, -1) for t in (x * dt[..., None], B, C))
+    below = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
+    decay = (g[..., :, None] - g[..., None, :]).masked_fill(~below, float('-inf')).exp()  # e^(G_t - G_j), j <= t
+    out = (C @ B.transpose(-1, -2)) * decay @ x  # within each chunk
+    C_decayed = C * g.exp()[..., None]  # reads S0 decayed to each token
+    x_decayed = x * (g[..., -1:] - g).exp()[..., None]  # writes decayed to the chunk's end
+    outs = []
+    for i in range(n_chunks):
+        outs.append(out[:, :, i] if state is None else out[:, :, i] + C_decayed[:, :, i] @ state.transpose(-1, -2))
+        if i < n_chunks - 1 or final:
+            written = x_decayed[:, :, i].transpose(-1, -2) @ B[:, :, i]
+            state = written if state is None else state * g[:, :, i, -1, None, None].exp() + written
+    return torch.stack(outs, dim=2).view(batch, H, n_chunks * L, P)[:, :, :T], state
+
+
+def ssd_recurrent(x, dt, A, B, C, state=None):
+    """The same recurrence one token at a time (decoding): shapes as ssd_chunked; returns (outputs, state)."""
+    batch, H, T, P = x.shape
+    if state is None:
+        state = x.new_zeros(batch, H, P, B.size(-1))
+    outs = []
+    for t in range(T):
+        written = (dt[:, :, t, None] * x[:, :, t])[..., None] * B[:, :, t, None, :]
+        state = state * (dt[:, :, t] * A).exp()[..., None, None] + written
+        outs.append((state * C[:, :, t, None, :]).sum(-1))
+    return torch.stack(outs, dim=2), state
+
+
+class Mamba2(TokenMixer):
+    """Mamba-2 (Nemotron-H, Falcon-H1, Granite 4), an 'S' layer: one projection gives the gate z, the input x,
+    B and C (n_groups of them, each shared by a group of heads) and a time step per head; x, B and C pass a
+    causal depthwise convolution (SiLU); each head's state, a (head dim, state dim) matrix, decays by
+    e^(dt A) (a scalar per head and token) and takes in dt x B^T, and is read by C; then the D skip (D x), a
+    gated RMSNorm per group, norm(y * silu(z)), and the output projection. The cache holds the state and the
+    convolution's last inputs, whatever the context."""
+
+    def __init__(self, config, layer=0):
+        super().__init__()
+        dims = config.ssm_dims
+        self.heads, self.head_dim, self.state_dim, self.groups = dims['heads'], dims['head_dim'], dims['state'], \
+            dims['groups']
+        self.kernel, self.chunk, self.eps = config.ssm_conv_kernel, config.ssm_chunk_size, config.norm_eps
+        self.dt_min = config.ssm_dt_min
+        inner, width = self.heads * self.head_dim, self.conv_width
+        self.in_proj = nn.Linear(config.n_embd, inner + width + self.heads, bias=config.bias)  # [z | x B C | dt]
+        self.conv1d = nn.Conv1d(width, width, self.kernel, groups=width)
+        # decay rates A in [1, 16] and time steps softplus(dt_bias) in [1e-3, 0.1], log-uniform (Mamba's init)
+        self.A_log = nn.Parameter(torch.empty(self.heads).uniform_(1, 16).log())
+        dt = torch.empty(self.heads).uniform_(math.log(1e-3), math.log(0.1)).exp()
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+        self.D = nn.Parameter(torch.ones(self.heads))
+        self.norm = nn.Parameter(torch.ones(inner))  # the gated RMSNorm's gain
+        self.c_proj = nn.Linear(inner, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    @property
+    def conv_width(self):
+        return self.heads * self.head_dim + 2 * self.groups * self.state_dim
+
+    def cache_states(self):
+        """The convolution's last kernel-1 inputs, and the state in fp32 (it sums every token's write)."""
+        return {'conv': ((self.conv_width, self.kernel - 1), None),
+                'state': ((self.heads, self.head_dim, self.state_dim), torch.float32)}
+
+    def token_flops(self, seq_len):
+        """The convolution's weights as a Linear's, and per head, as training's chunked form runs them: the
+        scores C.B and their product with the inputs inside each chunk, and the state's reads and writes
+        (counted at every chunk)."""
+        L = min(self.chunk, seq_len)
+        P, N = self.head_dim, self.state_dim
+        return 6 * self.conv1d.weight.numel() + self.heads * 3 * (2 * L * (N + P) + 2 * 2 * P * N)
+
+    def forward(self, x, rope=None, mask=None, cache=None):
+        """rope and mask are attention's: a state-space layer has no positions but its order. cache: its stores
+        are read (unless fresh) and overwritten."""
+        batch, T, _ = x.size()
+        H, P, N, G = self.heads, self.head_dim, self.state_dim, self.groups
+        z, xBC, dt = self.in_proj(x).split([H * P, self.conv_width, H], dim=-1)
+        xBC = F.silu(causal_depthwise_conv(xBC.transpose(1, 2), self.conv1d.weight, self.conv1d.bias, cache))
+        xs, B, C = xBC.transpose(1, 2).float().split([H * P, G * N, G * N], dim=-1)
+        xs = xs.view(batch, T, H, P).transpose(1, 2)
+        # each group's B and C serve H / G consecutive heads
+        B, C = (t.view(batch, T, G, N).transpose(1, 2).repeat_interleave(H // G, dim=1) for t in (B, C))
+        dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(min=self.dt_min).transpose(1, 2)  # (batch, H, T)
+        A = -self.A_log.float().exp()
+        state = None if cache is None or cache.fresh else cache.stores['state']
+        if cache is not None and T == 1:
+            y, state = ssd_recurrent(xs, dt, A, B, C, state)
+        else:
+            y, state = ssd_chunked(xs, dt, A, B, C, self.chunk, state, final=cache is not None)
+        if cache is not None:
+            cache.stores['state'].copy_(state)
+        y = (y + self.D.float()[:, None, None] * xs).transpose(1, 2).reshape(batch, T, H * P)
+        y = (y * F.silu(z.float())).view(batch, T, G, -1)
+        y = (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).view(batch, T, H * P) * self.norm.float()
+        return self.resid_dropout(self.c_proj(y.to(x.dtype)))
+
+
+LAYER_KINDS['S'] = ('Mamba-2', Mamba2)
+
+
+# ----------------------------------------------------------------------------- layers of one part (Nemotron-H)
+
+class NoMixer(TokenMixer):
+    """'-': a layer without a token mixer, its MLP alone (Block builds no norm for a mixer). It declares
+    nothing: no positions, nothing cached, no FLOPs."""
+
+    def __init__(self, config, layer=0):
+        super().__init__()
+
+
+LAYER_KINDS['-'] = ('no mixer: the MLP alone', NoMixer)
 
 
 # ============================================================================= machinery
@@ -1388,6 +1590,11 @@ FIELD_TYPES = {
     **_kinds('q_lora_rank qk_rope_head_dim', (lambda v, c: v is None or _int(v, 0), 'None or an int >= 0')),
     **_kinds('linear_n_key_head linear_n_value_head linear_key_dim linear_value_dim', OPTIONAL_POSITIVE_INT),
     **_kinds('linear_conv_kernel linear_chunk_size', (lambda v, c: _int(v), 'an int >= 1')),
+    'short_conv_kernel': (lambda v, c: _int(v), 'an int >= 1'),
+    **_kinds('ssm_n_head ssm_head_dim', OPTIONAL_POSITIVE_INT),
+    **_kinds('ssm_state_dim ssm_n_groups ssm_conv_kernel ssm_chunk_size', (lambda v, c: _int(v), 'an int >= 1')),
+    'ssm_dt_min': NON_NEGATIVE_NUMBER,
+    'mlp_with_mixer': BOOL,
     'rope_fraction': (lambda v, c: _number(v) and 0 < v <= 1, 'in (0, 1]'),
     'dropout': (lambda v, c: _number(v) and 0 <= v < 1, 'in [0, 1)'),
     **_kinds('norm_eps rope_theta rope_factor rope_low_freq_factor rope_high_freq_factor yarn_beta_fast '
@@ -1430,6 +1637,8 @@ def _mla_cannot(c):
 MLA_FIELDS = ('kv_lora_rank', 'q_lora_rank', 'qk_nope_head_dim', 'qk_rope_head_dim', 'v_head_dim')
 LINEAR_FIELDS = ('linear_n_key_head', 'linear_n_value_head', 'linear_key_dim', 'linear_value_dim',
                  'linear_conv_kernel', 'linear_chunk_size')
+SSM_FIELDS = ('ssm_n_head', 'ssm_head_dim', 'ssm_state_dim', 'ssm_n_groups', 'ssm_conv_kernel', 'ssm_chunk_size',
+              'ssm_dt_min')
 EXPERT_ONLY_FIELDS = ('moe_bias', 'swiglu_limit')  # the experts' own: MoE only, even with dense layers first
 
 # the flags of a RoPE scaling, and the rope_scaling values they apply to
@@ -1534,6 +1743,18 @@ DEPENDS = [
                f"got mlp={c.mlp!r}"),
     (lambda c: c.moe_every > c.n_layer,
      lambda c: f"moe_every={c.moe_every} is more than n_layer={c.n_layer}: no layer would have experts"),
+    (lambda c: _changed(c, ('short_conv_kernel',)) and 'V' not in c.layer_kinds,
+     lambda c: f"short_conv_kernel={c.short_conv_kernel} applies to gated short convolution ('V') layers and "
+               f"layers={c.layers!r} has none: add 'V' to layers or leave it at 3"),
+    (lambda c: c.ssm_dims['heads'] % c.ssm_n_groups != 0,
+     lambda c: f"ssm_n_groups ({c.ssm_n_groups}) must divide the 'S' layers' heads ({c.ssm_dims['heads']}): each "
+               f"group's B and C serve a group of heads"),
+    (lambda c: _changed(c, SSM_FIELDS) and 'S' not in c.layer_kinds,
+     lambda c: f"{', '.join(_changed(c, SSM_FIELDS))} apply to Mamba-2 ('S') layers and layers={c.layers!r} has none: "
+               f"add 'S' to layers or leave them at their defaults"),
+    (lambda c: ('-' in c.layer_kinds or not c.mlp_with_mixer) and c.norm_position != 'pre',
+     lambda c: f"layers of one part (layers={c.layers!r}, mlp_with_mixer={c.mlp_with_mixer}) need norm_position='pre', "
+               f"got {c.norm_position!r}"),
 ]
 
 

@@ -364,6 +364,54 @@ LLAMA4_LAYERS = dict(n_layer=3, pos='rope', layers='CLN', attention_chunk_size=6
 def test_a_decoding_step_of_chunked_and_tempered_layers_gives_the_logits_of_a_full_forward():
     model = build(**LLAMA4_LAYERS)
     seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(63))
+# ----------------------------------------------------------------------------- gated short convolution ('V')
+
+@torch.no_grad()
+def test_a_decoding_step_through_short_conv_layers_gives_a_full_forwards_logits():
+    """decode_step over 'VG' with a kernel of 4: the conv inputs it keeps roll one token per step."""
+    model = build(pos='rope', layers='VG', short_conv_kernel=4)
+    seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(80))
+    cache = G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
+    model(seq[:, :2], cache=cache)  # a prefill shorter than the kernel: the zeros before it stay in the window
+    for i in range(2, BLOCK):
+        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
+        cache.advance(1)
+        assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
+
+
+def test_short_conv_layers_keep_a_cache_that_does_not_grow():
+    """'VG': the 'V' layer keeps its last kernel-1 gated inputs (n_embd channels each, in the cache's dtype) at
+    any length, the global layer's keys and values grow; the bytes counted are the bytes a cache allocates."""
+    mixed, wide = build(pos='rope', layers='VG', short_conv_kernel=5), build(pos='rope')
+    for seq_len, dtype in ((3, torch.float32), (BLOCK, torch.float32), (BLOCK, torch.bfloat16)):
+        size = torch.empty((), dtype=dtype).element_size()
+        assert mixed.kv_cache_bytes(2, seq_len, dtype) == wide.kv_cache_bytes(2, seq_len, dtype) // 2 \
+            + 2 * 4 * N_EMBD * size
+        cache = G.KVCache(mixed, 2, seq_len, dtype, torch.device('cpu'))
+        assert cache_nbytes(cache) == mixed.kv_cache_bytes(2, seq_len, dtype)
+
+
+
+@torch.no_grad()
+def test_a_decoding_step_through_mamba2_layers_gives_a_full_forwards_logits():
+    """decode_step over 'SG' (2 groups of B/C): the recurrent form continues the chunked prefill's state."""
+    model = build(pos='rope', layers='SG', ssm_state_dim=4, ssm_n_groups=2, ssm_chunk_size=3)
+    seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(82))
+    cache = G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
+    model(seq[:, :5], cache=cache)  # a prefill of two chunks, the second partial
+    for i in range(5, BLOCK):
+        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
+        cache.advance(1)
+        assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize('layers', ['SN', 'DN'])
+def test_a_decoding_step_masks_attention_after_a_recurrent_layer_of_the_same_positions(layers):
+    """A recurrent layer ('S', 'D') and attention without RoPE ('N') both take no rotary tables: the step still
+    masks the attention's unwritten slots (the recurrent layer, first, has none to mask)."""
+    model = build(pos='rope', layers=layers, ssm_state_dim=4) if layers == 'SN' else build(pos='rope', layers=layers)
+    seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(83))
     cache = G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
     model(seq[:, :3], cache=cache)
     for i in range(3, BLOCK):

@@ -606,3 +606,114 @@ def test_llama4_text_export_refuses_a_moved_expert_bias(tmp_path):
         ours.transformer.h[1].mlp.expert_bias[0] = 0.5
     with pytest.raises(ValueError, match="layer 1's expert_bias is not zero"):
         to_hf(ours)
+# ----- LFM2: gated short convolutions ('V') among attention layers
+
+def lfm2(**overrides):
+    """LFM2's shapes: conv layers around a full-attention one, head_dim 16 (not 32 / 4), a kernel of 4, and the
+    MLP width LFM2 derives from intermediate_size (2/3 of 72, rounded up to a multiple of 16: 48)."""
+    args = dict(head_dim=16, layer_types=['conv', 'full_attention', 'conv'], num_hidden_layers=3, conv_L_cache=4,
+                intermediate_size=72, block_multiple_of=16, norm_eps=1e-6)
+    return tiny(transformers.Lfm2Config, **{**args, **overrides})
+
+
+def test_lfm2_short_conv_and_attention_layers(tmp_path):
+    torch.manual_seed(0)
+    hf = randomized(transformers.Lfm2ForCausalLM(lfm2()), seed=12)
+    ours = check_parity(hf, tmp_path)
+    cfg = ours.config
+    assert cfg.layer_kinds == ['V', 'G', 'V'] and cfg.short_conv_kernel == 4 and cfg.qk_norm and cfg.head_size == 16
+    assert cfg.mlp_width == hf.model.layers[0].feed_forward.w1.out_features == 48
+
+
+@pytest.mark.parametrize('change, match', [
+    (dict(conv_bias=True), 'conv_bias'),
+    (dict(layer_types=['conv', 'sliding_attention', 'conv']), 'sliding_attention'),
+], ids=['conv_bias', 'unknown-layer-type'])
+def test_lfm2_features_we_lack_are_refused(change, match):
+    with pytest.raises(ValueError, match=match) as e:
+        H.HF_FAMILIES['lfm2'].read_config(lfm2(**change))
+    assert '\n' not in str(e.value)
+
+
+@pytest.mark.parametrize('flags, refused', [
+    (dict(layers='VG', pos='rope', norm='rms', mlp='swiglu', bias=False, qk_norm=True), None),
+    (dict(layers='VG', pos='rope', norm='rms', mlp='swiglu', bias=False), 'qk_norm=False'),  # LFM2's attention has it
+    (dict(layers='VG', pos='rope', norm='rms', mlp='swiglu', bias=True, qk_norm=True), 'bias=True'),
+    (dict(layers='VD', pos='rope', norm='rms', mlp='swiglu', bias=False, qk_norm=True), "layers='VD'"),
+], ids=['lfm2', 'no-qk-norm', 'biases', 'with-deltanet'])
+def test_export_takes_short_conv_layers_to_lfm2_or_refuses(flags, refused):
+    check_export_choice(GPTConfig(n_layer=2, n_head=4, n_embd=32, **flags), 'lfm2', refused)
+
+
+def check_export_choice(config, family, refused):
+    """Export picks `family` for config (refused None), or refuses it in one line while `family` names the one
+    flag `refused` that keeps it out."""
+    from export import hf_family
+    if refused is None:
+        assert hf_family(config).model_type == family
+    else:
+        with pytest.raises(ValueError, match='no Hugging Face family can represent') as e:
+            hf_family(config)
+        assert '\n' not in str(e.value)
+        assert H.HF_FAMILIES[family].blocking(config) == [refused]
+
+
+# ----- Nemotron-H: layers of one part (Mamba-2, attention without RoPE, a squared-ReLU MLP)
+
+def nemotron_h(**overrides):
+    """Nemotron-H's layers, each one part: Mamba-2 ('linear_attention': 8 heads of 6, a state of 5, B and C in 2
+    groups, chunks of 7 that do not divide the test's lengths), an MLP alone, attention without RoPE."""
+    args = dict(layers_block_type=['linear_attention', 'mlp', 'linear_attention', 'full_attention', 'mlp'],
+                num_hidden_layers=5, head_dim=16, mamba_num_heads=8, mamba_head_dim=6, ssm_state_size=5, n_groups=2,
+                conv_kernel=4, chunk_size=7, layer_norm_epsilon=1e-6)
+    return tiny(transformers.NemotronHConfig, **{**args, **overrides})
+
+
+def test_nemotron_h_mamba2_attention_and_mlp_layers(tmp_path):
+    torch.manual_seed(0)
+    hf = randomized(transformers.NemotronHForCausalLM(nemotron_h()), seed=13)
+    ours = check_parity(hf, tmp_path)
+    cfg = ours.config
+    assert cfg.layer_kinds == ['S', '-', 'S', 'N', '-'] and not cfg.mlp_with_mixer and cfg.mlp == 'relu2'
+    assert cfg.ssm_dims == {'heads': 8, 'head_dim': 6, 'state': 5, 'groups': 2} and cfg.ssm_chunk_size == 7
+    assert ours.transformer.h[1].attn.cache_states() == {} and ours.transformer.h[0].mlp is None
+
+
+def test_nemotron_h_time_steps_below_its_floor_are_raised_to_it(tmp_path):
+    """transformers' chunked form (its forward) raises time steps below time_step_min to it: Mamba-2 layers whose
+    dt_bias makes every step ~5e-5 give its logits only with ssm_dt_min (its recurrent form, in its generate,
+    does not raise them: its own two forms disagree there, so greedy decoding is not compared)."""
+    torch.manual_seed(0)
+    hf = randomized(transformers.NemotronHForCausalLM(nemotron_h(time_step_min=0.5)), seed=14)
+    with torch.no_grad():
+        for i in (0, 2):
+            hf.model.layers[i].mixer.dt_bias.fill_(-10.0)
+    hf.save_pretrained(tmp_path)
+    ours = GPT.from_pretrained(str(tmp_path)).eval()
+    assert ours.config.ssm_dt_min == 0.5
+    idx = torch.randint(0, VOCAB, (2, PROMPT + NEW), generator=torch.Generator().manual_seed(15))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx)[0], hf(idx).logits, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize('change, match', [
+    (dict(layers_block_type=['linear_attention', 'moe']), "'moe'"),
+    (dict(mlp_hidden_act='silu'), 'mlp_hidden_act'),
+    (dict(use_bias=True), 'use_bias'),
+    (dict(use_conv_bias=False), 'use_conv_bias'),
+], ids=['moe-layers', 'silu-mlp', 'biases', 'no-conv-bias'])
+def test_nemotron_h_features_we_lack_are_refused(change, match):
+    with pytest.raises(ValueError, match=match) as e:
+        H.HF_FAMILIES['nemotron_h'].read_config(nemotron_h(**change))
+    assert '\n' not in str(e.value)
+
+
+@pytest.mark.parametrize('flags, refused', [
+    (dict(layers='S-S-N-', mlp_with_mixer=False, ssm_dt_min=1e-3), None),
+    (dict(layers='S-S-N-', mlp_with_mixer=False), 'ssm_dt_min=0.0'),  # transformers' init takes its log
+    (dict(layers='S-S-N-', ssm_dt_min=1e-3), 'mlp_with_mixer=True'),  # a Nemotron-H layer is one part
+    (dict(layers='S-S-G-', mlp_with_mixer=False, ssm_dt_min=1e-3), "layers='S-S-G-'"),  # its attention has no RoPE
+], ids=['nemotron_h', 'no-floor', 'two-part-layers', 'rope-attention'])
+def test_export_takes_mamba2_layers_to_nemotron_h_or_refuses(flags, refused):
+    check_export_choice(GPTConfig(n_layer=6, n_head=4, n_embd=32, pos='rope', norm='rms', mlp='relu2', bias=False,
+                                  **flags), 'nemotron_h', refused)

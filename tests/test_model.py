@@ -1455,6 +1455,22 @@ def test_rope_tables_stay_fp32_when_the_model_is_cast():
 
 # ----------------------------------------------------------------------------- the README's layer kind
 
+def train_steps(model, seed, steps=8):
+    """A few AdamW steps at a high rate on random tokens (a tiny model learns their frequencies): the losses.
+    The model is left in training mode, its last gradients kept."""
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    data = torch.randint(0, VOCAB, (4, BLOCK + 1), generator=torch.Generator().manual_seed(seed))
+    losses = []
+    for _ in range(steps):
+        _, loss = model(data[:, :-1], data[:, 1:])
+        losses.append(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return losses
+
+
 def readme_layer_kind():
     """The code block of README.md's "Adding a layer kind", as written there."""
     readme = open(os.path.join(os.path.dirname(__file__), '..', 'README.md')).read()
@@ -1467,23 +1483,15 @@ def test_the_readmes_layer_kind_trains_decodes_counts_and_is_refused_by_export(m
     new kind below global attention trains, decodes through the cache as without it (past block_size, where
     the cache restarts), counts its state and FLOPs, and export refuses it in one line naming it."""
     monkeypatch.setattr(M, 'LAYER_KINDS', dict(M.LAYER_KINDS))
+    before = set(M.LAYER_KINDS)  # the kinds of every chapter
     namespace = dict(vars(M))
     exec(compile(readme_layer_kind(), 'README.md', 'exec'), namespace)
-    assert set(M.LAYER_KINDS) - set('GLNDC') == {'M'}
+    assert set(M.LAYER_KINDS) - before == {'M'}
     model = build(layers='MG', pos='rope', n_kv_head=2, norm='rms', mlp='swiglu')
     mean = model.transformer.h[0].attn
     assert type(mean) is namespace['RunningMean'] and type(model.transformer.h[1].attn) is M.CausalSelfAttention
 
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    data = torch.randint(0, VOCAB, (4, BLOCK + 1), generator=torch.Generator().manual_seed(3))
-    losses = []
-    for _ in range(8):
-        _, loss = model(data[:, :-1], data[:, 1:])
-        losses.append(loss.item())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    losses = train_steps(model, seed=3)
     assert losses[-1] < losses[0] - 0.5
     assert mean.c_attn.weight.grad.abs().sum() > 0  # the mean is on the gradient's path
     model.eval()
@@ -1701,3 +1709,203 @@ def test_export_refuses_llama4_parts_no_family_carries():
         to_hf(build(pos='rope', norm='rms', mlp='swiglu', bias=False, layers='CL', attention_chunk_size=6,
                     sliding_window=4))
     assert "layers='CL'" in str(refused.value) and '\n' not in str(refused.value)
+# ----------------------------------------------------------------------------- gated short convolution ('V')
+
+@torch.no_grad()
+def test_short_conv_is_lfm2s_formula_written_out():
+    """One 'V' mixer against the formula with torch's own convolution: B, C, x = in_proj(h);
+    y = c_proj(C * conv(B * x)), conv causal and depthwise (zeros before the first token), bias included."""
+    mixer = M.ShortConv(tiny_config(layers='V', short_conv_kernel=4)).eval()
+    for p in (mixer.conv1d.bias, mixer.in_proj.bias):
+        p.normal_()  # away from zero, so a bias left out shows
+    h = torch.randn(2, 9, N_EMBD, generator=torch.Generator().manual_seed(70))
+    b, c, x = mixer.in_proj(h).chunk(3, dim=-1)
+    conv = F.conv1d((b * x).transpose(1, 2), mixer.conv1d.weight, mixer.conv1d.bias, padding=3, groups=N_EMBD)
+    expected = mixer.c_proj(c * conv[:, :, :9].transpose(1, 2))
+    assert_close(mixer(h), expected, atol=1e-6)
+
+
+@torch.no_grad()
+def test_a_short_conv_layer_sees_its_kernel_and_no_further():
+    """One 'V' layer (the MLP works per token): the logits at t move with tokens t-k+1..t, not with t-k."""
+    k, T = 3, 10
+    model = build(n_layer=1, layers='V', short_conv_kernel=k)
+    idx = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(71))
+    base = model(idx)[0][0, -1]
+    for back, seen in ((0, True), (k - 1, True), (k, False), (k + 2, False)):
+        changed = idx.clone()
+        changed[0, T - 1 - back] = (changed[0, T - 1 - back] + 1) % VOCAB
+        assert ((model(changed)[0][0, -1] - base).abs().max() > 1e-6) == seen, back
+
+
+def test_short_conv_layers_train_decode_through_the_cache_and_count():
+    """LFM2's pattern ('VVG' with the modern block): the loss falls in a few steps, the model is causal, a
+    cache's logits (prefill, a chunk, single tokens) are a full forward's, greedy decoding past block_size
+    (context shifts restart the cache) equals full forwards; the cache keeps the last k-1 gated inputs per 'V'
+    layer and the FLOPs count the convolution's weights as a Linear's."""
+    flags = dict(n_layer=3, layers='VVG', pos='rope', norm='rms', mlp='swiglu', n_kv_head=2, bias=False)
+    model = build(**flags)
+    losses = train_steps(model, seed=72)
+    assert losses[-1] < losses[0] - 0.5
+    assert model.transformer.h[0].attn.conv1d.weight.grad.abs().sum() > 0
+    model.eval()
+    check_causal(model)
+    check_cache_logits(model)
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(73))
+    with torch.no_grad():
+        cached, cached_logits = generate_recording_logits(model, prompt, 3 * BLOCK, use_cache=True)
+        plain, plain_logits = generate_recording_logits(model, prompt, 3 * BLOCK, use_cache=False)
+    assert torch.equal(cached, plain) and torch.equal(cached, reference_greedy(model, prompt, 3 * BLOCK))
+    assert_close(cached_logits, plain_logits, atol=1e-5)
+
+    attention_only = build(**{**flags, 'layers': 'GGG'})
+    conv_inputs = 2 * (3 - 1) * N_EMBD * 4  # two sequences, kernel 3, fp32
+    for seq_len in (3, BLOCK):
+        assert model.kv_cache_bytes(2, seq_len) == attention_only.kv_cache_bytes(2, seq_len) // 3 + 2 * conv_inputs
+    linears = sum(6 * m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    assert model.flops_per_token() == linears + model.transformer.h[2].attn.token_flops(BLOCK) + 2 * 6 * N_EMBD * 3
+
+
+@pytest.mark.parametrize('overrides, message', [
+    (dict(layers='VG', short_conv_kernel=0), 'short_conv_kernel must be an int >= 1, got 0'),
+    (dict(layers='VG', short_conv_kernel=2.5), 'short_conv_kernel must be an int >= 1'),
+    (dict(short_conv_kernel=4), "short_conv_kernel=4 applies to gated short convolution ('V') layers"),
+    (dict(layers='VX'), 'gated short convolution'),  # the letters allowed, each in words
+])
+def test_bad_short_conv_settings_are_one_line_naming_them(overrides, message):
+    with pytest.raises(ValueError) as e:
+        tiny_config(**overrides)
+    assert message in str(e.value) and '\n' not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- Mamba-2 ('S')
+
+@pytest.mark.parametrize('batch, H, T, P, N, chunk', [(2, 3, 13, 4, 5, 4), (1, 2, 7, 3, 6, 64), (2, 2, 16, 4, 4, 8),
+                                                       (1, 1, 1, 2, 2, 3)])
+def test_ssd_chunked_equals_recurrent(batch, H, T, P, N, chunk):
+    """The chunked form (training, prefill) and the token-by-token one (decoding) give the same outputs and
+    final state, from zeros or from a carried state, whether or not the chunk divides the length."""
+    gen = torch.Generator().manual_seed(batch * 100 + T)
+    x, dt, A = torch.randn(batch, H, T, P, generator=gen), torch.rand(batch, H, T, generator=gen), \
+        -2 * torch.rand(H, generator=gen)
+    B, C = torch.randn(batch, H, T, N, generator=gen), torch.randn(batch, H, T, N, generator=gen)
+    for state in (None, torch.randn(batch, H, P, N, generator=gen)):
+        chunked, chunked_state = M.ssd_chunked(x, dt, A, B, C, chunk, state, final=True)
+        recurrent, recurrent_state = M.ssd_recurrent(x, dt, A, B, C, state)
+        assert_close(chunked, recurrent, atol=1e-5)
+        assert_close(chunked_state, recurrent_state, atol=1e-5)
+
+
+def test_ssd_matches_the_recurrence_written_out():
+    """One head, two tokens, by hand: S1 = dt1 x1 B1^T; S2 = e^(dt2 A) S1 + dt2 x2 B2^T; y = S C."""
+    gen = torch.Generator().manual_seed(74)
+    x, B, C = (torch.randn(1, 1, 2, n, generator=gen) for n in (3, 2, 2))
+    dt, A = torch.rand(1, 1, 2, generator=gen), -torch.rand(1, generator=gen)
+    S1 = torch.outer(dt[0, 0, 0] * x[0, 0, 0], B[0, 0, 0])
+    S2 = (dt[0, 0, 1] * A).exp() * S1 + torch.outer(dt[0, 0, 1] * x[0, 0, 1], B[0, 0, 1])
+    expected = torch.stack((S1 @ C[0, 0, 0], S2 @ C[0, 0, 1]))
+    for out, state in (M.ssd_chunked(x, dt, A, B, C, 2, final=True), M.ssd_recurrent(x, dt, A, B, C)):
+        assert_close(out[0, 0], expected, atol=1e-6)
+        assert_close(state[0, 0], S2, atol=1e-6)
+
+
+def test_mamba2_layers_train_decode_through_the_cache_and_count():
+    """'SSG' with grouped B/C (2 groups of 4 heads) and chunks of 5: the loss falls, the model is causal, a
+    cache's logits are a full forward's, greedy decoding past block_size equals full forwards, and the
+    cache keeps the same conv inputs and fp32 states at any length."""
+    flags = dict(n_layer=3, layers='SSG', pos='rope', norm='rms', mlp='swiglu', n_kv_head=2, bias=False,
+                 ssm_state_dim=6, ssm_n_groups=2, ssm_chunk_size=5)
+    model = build(**flags)
+    attn = model.transformer.h[0].attn
+    assert (attn.heads, attn.head_dim) == (8, 8)  # 2 * n_embd / the head width
+    losses = train_steps(model, seed=75)
+    assert losses[-1] < losses[0] - 0.5
+    assert attn.A_log.grad.abs().sum() > 0 and attn.conv1d.weight.grad.abs().sum() > 0
+    model.eval()
+    check_causal(model)
+    check_cache_logits(model)
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(76))
+    with torch.no_grad():
+        cached, cached_logits = generate_recording_logits(model, prompt, 3 * BLOCK, use_cache=True)
+        plain, plain_logits = generate_recording_logits(model, prompt, 3 * BLOCK, use_cache=False)
+    assert torch.equal(cached, plain) and torch.equal(cached, reference_greedy(model, prompt, 3 * BLOCK))
+    assert_close(cached_logits, plain_logits, atol=1e-5)
+
+    attention_only = build(**{**flags, 'layers': 'GGG', 'ssm_state_dim': 64, 'ssm_n_groups': 1, 'ssm_chunk_size': 64})
+    conv_inputs = (4 - 1) * (8 * 8 + 2 * 2 * 6)  # kernel 4; x (8 heads of 8), B and C (2 groups of 6)
+    states = 8 * 8 * 6  # per head (head dim, state dim)
+    for seq_len in (3, BLOCK):
+        assert model.kv_cache_bytes(2, seq_len) == attention_only.kv_cache_bytes(2, seq_len) // 3 \
+            + 2 * 2 * 4 * (conv_inputs + states)  # two layers, two sequences, fp32
+    assert model.kv_cache_bytes(2, BLOCK, torch.bfloat16) == attention_only.kv_cache_bytes(2, BLOCK, torch.bfloat16) \
+        // 3 + 2 * 2 * (2 * conv_inputs + 4 * states)  # the states stay fp32
+    linears = sum(6 * m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    per_head = 3 * (2 * 5 * (6 + 8) + 2 * 2 * 8 * 6)  # chunks of 5
+    assert model.flops_per_token() == linears + model.transformer.h[2].attn.token_flops(BLOCK) \
+        + 2 * (6 * attn.conv1d.weight.numel() + 8 * per_head)
+
+    pytest.importorskip('transformers')
+    from export import to_hf
+    with pytest.raises(ValueError) as refused:  # no family has Mamba-2 layers beside rotating attention
+        to_hf(model)
+    assert "layers='SSG'" in str(refused.value) and '\n' not in str(refused.value)
+
+
+@pytest.mark.parametrize('overrides, message', [
+    (dict(layers='SG', ssm_n_groups=3), "ssm_n_groups (3) must divide the 'S' layers' heads (8)"),
+    (dict(layers='SG', ssm_state_dim=0), 'ssm_state_dim must be an int >= 1, got 0'),
+    (dict(layers='SG', ssm_n_head=0), 'ssm_n_head must be None or a positive int, got 0'),
+    (dict(layers='SG', ssm_chunk_size=0), 'ssm_chunk_size must be an int >= 1, got 0'),
+    (dict(ssm_state_dim=16, ssm_conv_kernel=2), "ssm_state_dim, ssm_conv_kernel apply to Mamba-2 ('S') layers"),
+])
+def test_bad_mamba2_settings_are_one_line_naming_them(overrides, message):
+    with pytest.raises(ValueError) as e:
+        tiny_config(**overrides)
+    assert message in str(e.value) and '\n' not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- layers of one part ('-', mlp_with_mixer)
+
+def test_layers_of_one_part_hold_only_their_part_train_and_decode():
+    """Nemotron-H's layers ('S-N-', mlp_with_mixer=False): a mixer layer has its norm and mixer and no MLP, a
+    '-' layer its norm and MLP and no mixer weights; each adds its one part to the residual stream. The model
+    trains and decodes through the cache as without it, past block_size."""
+    flags = dict(n_layer=4, layers='S-N-', mlp_with_mixer=False, pos='rope', norm='rms', mlp='relu2', bias=False,
+                 ssm_state_dim=4, ssm_chunk_size=5)
+    model = build(**flags)
+    parts = [{name.split('.')[0] for name, _ in block.named_parameters()} for block in model.transformer.h]
+    assert parts == [{'ln_1', 'attn'}, {'ln_2', 'mlp'}, {'ln_1', 'attn'}, {'ln_2', 'mlp'}]
+    x = torch.randn(2, 5, N_EMBD, generator=torch.Generator().manual_seed(77))
+    mlp_layer, attention_layer = model.transformer.h[1], model.transformer.h[2]
+    with torch.no_grad():
+        assert_close(mlp_layer(x), x + mlp_layer.mlp(mlp_layer.ln_2(x)), atol=1e-6)
+        assert_close(attention_layer(x, None, True), x + attention_layer.attn(attention_layer.ln_1(x), None, True),
+                     atol=1e-6)
+    losses = train_steps(model, seed=78)
+    assert losses[-1] < losses[0] - 0.5
+    model.eval()
+    check_causal(model)
+    check_cache_logits(model)
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(79))
+    cached = model.generate(prompt, 3 * BLOCK, temperature=0.0)
+    assert torch.equal(cached, reference_greedy(model, prompt, 3 * BLOCK))
+    # the '-' layers cache nothing and count no mixer FLOPs
+    no_ssm = {k: v for k, v in flags.items() if not k.startswith('ssm_')}
+    assert model.kv_cache_bytes(2, BLOCK) == build(**{**flags, 'layers': 'S---'}).kv_cache_bytes(2, BLOCK) \
+        + build(**{**no_ssm, 'layers': '-N--'}).kv_cache_bytes(2, BLOCK)
+    assert model.flops_per_token() - sum(6 * m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear)) \
+        == model.transformer.h[0].attn.token_flops(BLOCK) + model.transformer.h[2].attn.token_flops(BLOCK)
+
+
+@pytest.mark.parametrize('overrides, message', [
+    (dict(layers='S-', norm_position='post'), "layers of one part (layers='S-', mlp_with_mixer=True) need "
+                                              "norm_position='pre', got 'post'"),
+    (dict(mlp_with_mixer=False, norm_position='sandwich'), "need norm_position='pre', got 'sandwich'"),
+    (dict(mlp_with_mixer='no'), "mlp_with_mixer must be True or False, got 'no'"),
+    (dict(layers='SG', ssm_dt_min=-0.1), 'ssm_dt_min must be a number >= 0, got -0.1'),
+    (dict(ssm_dt_min=0.001), "ssm_dt_min apply to Mamba-2 ('S') layers"),
+])
+def test_bad_one_part_settings_are_one_line_naming_them(overrides, message):
+    with pytest.raises(ValueError) as e:
+        tiny_config(**overrides)
+    assert message in str(e.value) and '\n' not in str(e.value)

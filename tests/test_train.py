@@ -118,8 +118,10 @@ def test_training_learns_saves_and_resumes(workdir, run, flags):
     assert common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))['iter_num'] == 35
 
 
-@pytest.mark.parametrize('recipe', [[], ['--optimizer=muon', '--lr_schedule=wsd', '--mlp=moe', '--n_expert=4']],
-                         ids=['adamw', 'muon-wsd-moe'])
+@pytest.mark.parametrize('recipe', [[], ['--optimizer=muon', '--lr_schedule=wsd', '--mlp=moe', '--n_expert=4'],
+                                    ['--optimizer=muon', '--n_layer=4', '--layers=S-VN', '--mlp_with_mixer=False',
+                                     '--ssm_state_dim=4']],
+                         ids=['adamw', 'muon-wsd-moe', 'muon-mamba2-shortconv-one-part'])
 def test_resume_is_exact(workdir, run, recipe):
     """2N iterations straight equal N, resume, N more: losses identical, dropout included; with Muon both
     optimizers' states (the experts' momenta one per expert) come back."""
