@@ -1466,10 +1466,11 @@ def test_the_readmes_layer_kind_trains_decodes_counts_and_is_refused_by_export(m
     """README's example pasted into model.py (executed in its namespace, the registry a copy): a model with the
     new kind below global attention trains, decodes through the cache as without it (past block_size, where
     the cache restarts), counts its state and FLOPs, and export refuses it in one line naming it."""
-    monkeypatch.setattr(M, 'LAYER_KINDS', dict(M.LAYER_KINDS))
+    before = dict(M.LAYER_KINDS)
+    monkeypatch.setattr(M, 'LAYER_KINDS', dict(before))
     namespace = dict(vars(M))
     exec(compile(readme_layer_kind(), 'README.md', 'exec'), namespace)
-    assert set(M.LAYER_KINDS) - set('GLND') == {'M'}
+    assert set(M.LAYER_KINDS) - set(before) == {'M'}
     model = build(layers='MG', pos='rope', n_kv_head=2, norm='rms', mlp='swiglu')
     mean = model.transformer.h[0].attn
     assert type(mean) is namespace['RunningMean'] and type(model.transformer.h[1].attn) is M.CausalSelfAttention
@@ -1506,3 +1507,128 @@ def test_the_readmes_layer_kind_trains_decodes_counts_and_is_refused_by_export(m
     with pytest.raises(ValueError) as refused:
         to_hf(model)
     assert "layers='MG'" in str(refused.value) and '\n' not in str(refused.value)
+
+
+# ----------------------------------------------------------------------------- Kimi Delta Attention ('K'), pos='none'
+
+def kda_inputs(B, H, T, dk, dv, seed):
+    """q, k, v, a decay per key channel and beta, as a 'K' layer makes them."""
+    gen = torch.Generator().manual_seed(seed)
+    q = M.l2_normalize(torch.randn(B, H, T, dk, generator=gen)) * dk ** -0.5
+    k = M.l2_normalize(torch.randn(B, H, T, dk, generator=gen))
+    v = torch.randn(B, H, T, dv, generator=gen)
+    g = -3 * torch.rand(B, H, T, dk, generator=gen)  # some channels keep almost all, others forget fast
+    beta = torch.rand(B, H, T, generator=gen)
+    return q, k, v, g, beta, torch.randn(B, H, dk, dv, generator=gen)
+
+
+@pytest.mark.parametrize('B, H, T, dk, dv, chunk', [(2, 3, 13, 8, 6, 4), (1, 2, 7, 4, 5, 64), (2, 2, 17, 6, 8, 8),
+                                                      (1, 1, 1, 4, 4, 3)])
+def test_kimi_delta_chunked_equals_recurrent_with_a_decay_per_channel(B, H, T, dk, dv, chunk):
+    """A decay per key channel: the chunked form and the recurrent one agree on outputs and final state, from
+    zeros or a carried state, at odd lengths and chunks that do not divide them."""
+    q, k, v, g, beta, carried = kda_inputs(B, H, T, dk, dv, B * 100 + T)
+    for state in (None, carried):
+        chunked, chunked_state = M.gated_delta_chunked(q, k, v, g, beta, chunk, state, final=True)
+        recurrent, recurrent_state = M.gated_delta_recurrent(q, k, v, g, beta, state)
+        assert_close(chunked, recurrent, atol=1e-5)
+        assert_close(chunked_state, recurrent_state, atol=1e-5)
+
+
+def test_kimi_delta_decays_each_channel_of_the_state_at_its_own_rate():
+    """One head, two tokens, by hand: row c of the state decays by e^g_c before the second write; and a decay
+    equal over the channels is the per-head rule."""
+    q, k, v, g, beta, _ = kda_inputs(1, 1, 2, 3, 2, 9)
+    S1 = torch.outer(k[0, 0, 0], beta[0, 0, 0] * v[0, 0, 0])
+    decayed = g[0, 0, 1].exp()[:, None] * S1
+    S2 = decayed + torch.outer(k[0, 0, 1], beta[0, 0, 1] * (v[0, 0, 1] - decayed.T @ k[0, 0, 1]))
+    expected = torch.stack((S1.T @ q[0, 0, 0], S2.T @ q[0, 0, 1]))
+    for out, state in (M.gated_delta_chunked(q, k, v, g, beta, 2, final=True), M.gated_delta_recurrent(q, k, v, g, beta)):
+        assert_close(out[0, 0], expected, atol=1e-6)
+        assert_close(state[0, 0], S2, atol=1e-6)
+    per_head = g[..., 0]
+    assert_close(M.gated_delta_chunked(q, k, v, per_head[..., None].expand_as(g), beta, 2)[0],
+                 M.gated_delta_chunked(q, k, v, per_head, beta, 2)[0], atol=1e-6)
+
+
+KDA = dict(layers='KG', pos='none', attn='mla', norm='rms', mlp='swiglu', linear_chunk_size=5)  # Kimi Linear's shape
+
+
+def test_a_kda_model_trains_and_every_part_gets_a_gradient():
+    model = build(**KDA)
+    attn = model.transformer.h[0].attn
+    assert type(attn) is M.KimiDeltaAttention and not hasattr(attn, 'in_proj_z') and not hasattr(attn, 'in_proj_a')
+    assert attn.dt_bias.shape == (N_HEAD * (N_EMBD // N_HEAD),) and attn.A_log.shape == (N_HEAD,)
+    check_backward(model)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    data = torch.randint(0, VOCAB, (4, BLOCK + 1), generator=torch.Generator().manual_seed(3))
+    losses = []
+    for _ in range(8):
+        _, loss = model(data[:, :-1], data[:, 1:])
+        losses.append(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert losses[-1] < losses[0] - 0.5
+
+
+@torch.no_grad()
+def test_kda_decoding_matches_full_forwards_past_block_size():
+    """'K' layers under MLA without positions: each cached step's logits are a full forward's (prefill, a chunk,
+    single tokens), and greedy decoding through context shifts equals decoding without the cache."""
+    model = build(**KDA, kda_rank=4, linear_n_key_head=2, linear_n_value_head=4, linear_key_dim=6)
+    check_causal(model)
+    check_cache_logits(model)
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(8))
+    cached, cached_logits = generate_recording_logits(model, prompt, 40, use_cache=True)
+    plain, plain_logits = generate_recording_logits(model, prompt, 40, use_cache=False)
+    assert torch.equal(cached, reference_greedy(model, prompt, 40)) and torch.equal(cached, plain)
+    assert_close(cached_logits, plain_logits, atol=1e-5)
+
+
+def test_kda_flops_per_token_equals_the_counted_flops(monkeypatch):
+    """The per-channel scores are matmuls of the same size as the per-head ones: what torch counts."""
+    model = build(**KDA)
+    idx = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(40))
+    assert model.flops_per_token(seq_len=12) * 2 * 12 == counted_training_flops(model, idx, monkeypatch)
+
+
+def test_kda_cache_is_the_deltanets_whatever_the_length():
+    """A 'K' layer keeps what a 'D' layer of the same widths keeps: conv inputs and the state, at any length."""
+    kimi, delta = build(**KDA), build(**{**KDA, 'layers': 'DG'})
+    for seq_len in (3, 9, BLOCK):
+        assert kimi.kv_cache_bytes(2, seq_len) == delta.kv_cache_bytes(2, seq_len)
+        cache = G.KVCache(kimi, 2, seq_len, torch.float32, torch.device('cpu'))
+        assert sum(t.numel() * t.element_size() for layer in cache.layers for t in layer.stores.values()) \
+            == kimi.kv_cache_bytes(2, seq_len)
+    assert kimi.kv_cache_bytes(2, 3) - build(**{**KDA, 'layers': 'KK'}).kv_cache_bytes(2, 3) \
+        < kimi.kv_cache_bytes(2, BLOCK) - build(**{**KDA, 'layers': 'KK'}).kv_cache_bytes(2, BLOCK)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize('rope_width', [0, 4])
+def test_mla_without_positions_is_blind_to_order_and_decodes(rope_width):
+    """pos='none': no table, no rotation; MLA's shared key part (width 0, or 4 and not rotated) carries no
+    position, so permuting earlier tokens changes nothing; cached decoding (the absorbed form) is exact."""
+    model = build(n_layer=1, pos='none', attn='mla', qk_rope_head_dim=rope_width)  # one layer: causality below
+    assert model.config.mla_dims['rope'] == rope_width and not list(model.transformer.wpe.parameters())  # would tell
+    idx = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(54))
+    swapped = idx.clone()
+    swapped[0, [3, 5]] = idx[0, [5, 3]]
+    assert_close(model(swapped)[0][0, -1], model(idx)[0][0, -1], atol=1e-5)
+    check_cache_logits(model)
+
+
+@pytest.mark.parametrize('overrides, field', [
+    (dict(kda_rank=4), 'kda_rank'),  # no 'K' layer
+    (dict(layers='DG', kda_rank=4), 'kda_rank'),
+    (dict(layers='KG', kda_rank=0), 'kda_rank'),
+    (dict(layers='KG', linear_n_key_head=2, linear_n_value_head=3), 'linear_n_value_head'),
+    (dict(layers='KG', pos='bogus'), 'pos'),
+])
+def test_bad_kda_settings_are_one_line_naming_the_field(overrides, field):
+    with pytest.raises(ValueError) as e:
+        tiny_config(**overrides)
+    assert field in str(e.value) and '\n' not in str(e.value)
+    tiny_config(layers='KG', linear_chunk_size=8, kda_rank=4)  # linear_* settings apply to 'K' layers too
