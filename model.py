@@ -13,7 +13,8 @@ It reads top to bottom as the lesson goes. First the GPT-2 block and the four sw
 
 then each later chapter in a section of its own: mixture of experts (mlp='moe'), multi-head latent attention
 (attn='mla'), long context (rope_scaling), layers of several kinds (layers='LG', 'GGGN': sliding windows and
-NoPE), attention sinks (attn_sinks), linear attention (layers='DDDG': Gated DeltaNet); then the machinery (the
+NoPE), attention sinks (attn_sinks), linear attention (layers='DDDG': Gated DeltaNet), Kimi Delta Attention
+(layers='KKKG', pos='none'); then the machinery (the
 swaps' table, old checkpoints' names, the config's checks as tables).
 
 Every layer's token mixer (attention, latent attention, Gated DeltaNet, ...) is a TokenMixer that declares
@@ -66,7 +67,7 @@ class GPTConfig:
     qkv_bias: bool = False  # biases on the q, k and v projections only (Qwen2), whatever `bias` says
     qk_norm: bool = False  # RMSNorm on each query and key head before RoPE (Qwen3, Gemma 3, GLM-4.5)
     sliding_window: Optional[int] = None  # each query sees only the last W keys, itself included (Mistral)
-    layers: Optional[str] = None  # each layer's attention, the string tiled over the layers: 'G' global, 'L' local (sliding_window), 'N' global without RoPE, 'D' Gated DeltaNet (linear attention); None: all 'G' (all 'L' with a sliding_window)
+    layers: Optional[str] = None  # each layer's attention, the string tiled over the layers: 'G' global, 'L' local (sliding_window), 'N' global without RoPE, 'D' Gated DeltaNet (linear attention), 'K' Kimi Delta Attention; None: all 'G' (all 'L' with a sliding_window)
     attn_sinks: bool = False  # a learned logit per head in the softmax's denominator, so a head may attend nowhere (gpt-oss)
     attn_gate: bool = False  # the attention output times sigmoid(a projection of the block input), per head dim (Qwen3-Next)
     qk_norm_all_heads: bool = False  # with qk_norm: normalize each token's whole query and key, all heads at once (OLMo 2, MiniMax-M2)
@@ -149,7 +150,7 @@ class GPTConfig:
     @property
     def layer_kinds(self):
         """Each layer's letter in LAYER_KINDS: 'G' global attention, 'L' local (sliding_window), 'N' global
-        without RoPE, 'D' Gated DeltaNet."""
+        without RoPE, 'D' Gated DeltaNet, 'K' Kimi Delta Attention."""
         pattern = self.layers or ('L' if self.sliding_window is not None else 'G')
         return [pattern[i % len(pattern)] for i in range(self.n_layer)]
 
