@@ -14,8 +14,8 @@ It reads top to bottom as the lesson goes. First the GPT-2 block and the four sw
 then each later chapter in a section of its own: mixture of experts (mlp='moe'), multi-head latent attention
 (attn='mla'), long context (rope_scaling), layers of several kinds (layers='LG', 'GGGN': sliding windows and
 NoPE), attention sinks (attn_sinks), linear attention (layers='DDDG': Gated DeltaNet), Kimi Delta Attention
-(layers='KKKG', pos='none'); then the machinery (the
-swaps' table, old checkpoints' names, the config's checks as tables).
+(layers='KKKG', pos='none'); then the machinery (the swaps' table, old checkpoints' names, the config's checks
+as tables).
 
 Every layer's token mixer (attention, latent attention, Gated DeltaNet, ...) is a TokenMixer that declares
 what it needs (its positions, its window, what a cache keeps for it, its FLOPs) and is entered in LAYER_KINDS
