@@ -350,3 +350,17 @@ def test_deltanet_layers_keep_a_cache_that_does_not_grow():
     # the recurrent state stays fp32 under a bf16 cache; the conv inputs take the cache's dtype
     assert mixed.kv_cache_bytes(2, BLOCK, torch.bfloat16) == wide.kv_cache_bytes(2, BLOCK, torch.bfloat16) // 2 \
         + 2 * (2 * (kernel - 1) * width + 4 * N_HEAD * (N_EMBD // N_HEAD) ** 2)
+
+
+@torch.no_grad()
+def test_a_decoding_step_of_kimi_delta_attention_and_mla_without_positions():
+    """Kimi Linear's shape ('K' layers, MLA with pos='none'): decode_step, writing each token into the cache in
+    place, gives at every position the logits of a full forward."""
+    model = build(pos='none', layers='KG', attn='mla', linear_key_dim=4, linear_value_dim=4, linear_chunk_size=3)
+    seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(62))
+    cache = G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
+    model(seq[:, :3], cache=cache)
+    for i in range(3, BLOCK):
+        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
+        cache.advance(1)
+        assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
