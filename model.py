@@ -1114,11 +1114,10 @@ def gated_delta_chunked(q, k, v, g, beta, chunk, state=None, final=False):
     below = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
     k_beta = k * beta[..., None]
     # the diagonal is taken as 1 (unitriangular), so A's own diagonal does not matter
-    uw = torch.linalg.solve_triangular(_decayed_dots(k_beta, k, g, below),
-                                       torch.cat((v * beta[..., None], k_beta * g.exp()), dim=-1),
+    A, scores = _decayed_dots((k_beta, q), k, g, below)
+    uw = torch.linalg.solve_triangular(A, torch.cat((v * beta[..., None], k_beta * g.exp()), dim=-1),
                                        upper=False, unitriangular=True)
     u, w = uw.split([dv, dk], dim=-1)  # the writes are u - w S0
-    scores = _decayed_dots(q, k, g, below)
     q_decayed = q * g.exp()  # reads S0 decayed to each token
     k_decayed = k * (g[..., -1:, :] - g).exp()  # writes decayed to the chunk's end
     out = []
@@ -1135,15 +1134,49 @@ def gated_delta_chunked(q, k, v, g, beta, chunk, state=None, final=False):
     return torch.stack(out, dim=2).view(B, H, n * C, dv)[:, :, :T], state
 
 
-def _decayed_dots(a, b, g, below):
-    """a_t.(e^(G_t - G_j) * b_j) for j <= t, 0 above, per chunk: a, b (..., C, dk), G (..., C, 1 or dk) summed
-    from the chunk's start. One decay per token factors out of the dot product: a matmul. One per channel
-    stays inside it: each query's own decayed copy of the keys, (C, C, dk), times its query (a matmul per
-    query, the same multiply-adds), exact where the factored form (e^G_t * a_t).(e^-G_j * b_j) would overflow."""
-    decay = (g[..., :, None, :] - g[..., None, :, :]).masked_fill(~below[..., None], float('-inf')).exp()
-    if g.size(-1) == 1:
-        return (a @ b.transpose(-1, -2)) * decay[..., 0]
-    return ((b[..., None, :, :] * decay) @ a[..., :, :, None]).squeeze(-1)
+def _decayed_dots(queries, b, g, below):
+    """For each a of queries: a_t.(e^(G_t - G_j) * b_j) for j <= t, 0 above, per chunk: a, b (..., C, dk), G
+    (..., C, 1 or dk) summed from the chunk's start; the decays computed once for all. One decay per token
+    factors out of the dot product: a matmul. One per channel stays inside it, and the factored form
+    (e^G_t * a_t).(e^-G_j * b_j) would overflow: _channel_decayed_dots."""
+    if g.size(-1) > 1:
+        return _channel_decayed_dots(queries, b, g)
+    decay = (g[..., :, None, :] - g[..., None, :, :]).masked_fill(~below[..., None], float('-inf')).exp()[..., 0]
+    return [(a @ b.transpose(-1, -2)) * decay for a in queries]
+
+
+KDA_SUBCHUNK = 16  # a chunk's sub-chunks, for the decay per channel (when they divide the chunk)
+
+
+def kda_subchunk(chunk):
+    return KDA_SUBCHUNK if chunk % KDA_SUBCHUNK == 0 else chunk
+
+
+def _channel_decayed_dots(queries, b, g):
+    """_decayed_dots with a decay per channel, in sub-chunks of s tokens (as flash-linear-attention's kernels).
+    A key j in an earlier sub-chunk than query t factors through the start r of t's sub-chunk,
+    e^(G_t - G_j) = e^(G_t - G_r) e^(G_r - G_j), both at most 1 (G falls): one matmul per sub-chunk of queries.
+    Inside a sub-chunk each query gets its own decayed copy of the keys, (s, s, dk) elementwise, then a matmul."""
+    C = b.size(-2)
+    s = kda_subchunk(C)
+    m = C // s
+    b, g = b.unflatten(-2, (m, s)), g.unflatten(-2, (m, s))  # (..., m, s, dk)
+    start = g[..., :1, :]  # G_r of each sub-chunk
+    earlier = torch.arange(m, device=b.device)[:, None] > torch.arange(C, device=b.device)[None, :] // s  # (m, C)
+    to_start = (start - g.flatten(-3, -2)[..., None, :, :]).masked_fill(~earlier[..., None], float('-inf')).exp()
+    keys_across = (b.flatten(-3, -2)[..., None, :, :] * to_start).transpose(-1, -2)  # (..., m, dk, C)
+    from_start = (g - start).exp()
+    below = torch.ones(s, s, dtype=torch.bool, device=b.device).tril()
+    keys_inside = b[..., None, :, :] * (g[..., :, None, :] - g[..., None, :, :]).masked_fill(
+        ~below[..., None], float('-inf')).exp()  # (..., m, s, s, dk): each query's decayed copy
+    same = torch.eye(m, dtype=torch.bool, device=b.device)[:, None, :, None]  # query and key sub-chunk alike
+    out = []
+    for a in queries:
+        a = a.unflatten(-2, (m, s))
+        across = ((a * from_start) @ keys_across).unflatten(-1, (m, s))  # (..., m, s, m, s)
+        inside = (keys_inside @ a[..., :, :, None]).squeeze(-1)  # (..., m, s, s)
+        out.append(torch.where(same, inside.unsqueeze(-2), across).flatten(-4, -3).flatten(-2, -1))
+    return out
 
 
 def gated_delta_recurrent(q, k, v, g, beta, state=None):
@@ -1290,6 +1323,14 @@ class KimiDeltaAttention(GatedDeltaNet):
 
     def output_gate(self, x):
         return torch.sigmoid(self.gate_b(self.gate_a(x)).float())
+
+    def token_flops(self, seq_len):
+        """The 'D' layer's, and for each of the two score matrices of a chunk, its diagonal blocks again: each
+        query times its own decayed copy of its sub-chunk's keys (_channel_decayed_dots)."""
+        C = min(self.chunk, seq_len)
+        n = -(-seq_len // C)
+        inside = 3 * n * 2 * 2 * C * kda_subchunk(C) * self.k_dim
+        return super().token_flops(seq_len) + self.v_heads * inside / seq_len
 
 
 LAYER_KINDS['K'] = ('Kimi Delta Attention', KimiDeltaAttention)

@@ -1523,10 +1523,11 @@ def kda_inputs(B, H, T, dk, dv, seed):
 
 
 @pytest.mark.parametrize('B, H, T, dk, dv, chunk', [(2, 3, 13, 8, 6, 4), (1, 2, 7, 4, 5, 64), (2, 2, 17, 6, 8, 8),
-                                                      (1, 1, 1, 4, 4, 3)])
+                                                      (1, 1, 1, 4, 4, 3), (1, 2, 75, 4, 6, 32), (1, 1, 40, 4, 4, 48)])
 def test_kimi_delta_chunked_equals_recurrent_with_a_decay_per_channel(B, H, T, dk, dv, chunk):
     """A decay per key channel: the chunked form and the recurrent one agree on outputs and final state, from
-    zeros or a carried state, at odd lengths and chunks that do not divide them."""
+    zeros or a carried state, at odd lengths and chunks that do not divide them, chunks of one sub-chunk or of
+    several (32, 48: sub-chunks of 16, a key factored through its query's sub-chunk start, decays summed to -70)."""
     q, k, v, g, beta, carried = kda_inputs(B, H, T, dk, dv, B * 100 + T)
     for state in (None, carried):
         chunked, chunked_state = M.gated_delta_chunked(q, k, v, g, beta, chunk, state, final=True)
@@ -1587,11 +1588,12 @@ def test_kda_decoding_matches_full_forwards_past_block_size():
     assert_close(cached_logits, plain_logits, atol=1e-5)
 
 
-def test_kda_flops_per_token_equals_the_counted_flops(monkeypatch):
-    """The per-channel scores are matmuls of the same size as the per-head ones: what torch counts."""
-    model = build(**KDA)
-    idx = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(40))
-    assert model.flops_per_token(seq_len=12) * 2 * 12 == counted_training_flops(model, idx, monkeypatch)
+@pytest.mark.parametrize('chunk, T', [(5, 12), (32, 40)])  # one sub-chunk per chunk; two of 16, and a short chunk
+def test_kda_flops_per_token_equals_the_counted_flops(chunk, T, monkeypatch):
+    """The per-channel scores' matmuls (across sub-chunks, and each query's own inside one): what torch counts."""
+    model = build(**{**KDA, 'linear_chunk_size': chunk}, block_size=T)
+    idx = torch.randint(0, VOCAB, (2, T), generator=torch.Generator().manual_seed(40))
+    assert model.flops_per_token(seq_len=T) * 2 * T == counted_training_flops(model, idx, monkeypatch)
 
 
 def test_kda_cache_is_the_deltanets_whatever_the_length():
@@ -1632,3 +1634,14 @@ def test_bad_kda_settings_are_one_line_naming_the_field(overrides, field):
         tiny_config(**overrides)
     assert field in str(e.value) and '\n' not in str(e.value)
     tiny_config(layers='KG', linear_chunk_size=8, kda_rank=4)  # linear_* settings apply to 'K' layers too
+
+
+def test_kimi_delta_chunked_stays_finite_where_decays_are_strong():
+    """Decays summing to -1000 inside a chunk: no factor e^-G overflows (NaN), and the forms still agree."""
+    q, k, v, g, beta, state = kda_inputs(1, 2, 40, 4, 4, 11)
+    g = g * 10  # -30 per token at most: e^-G over a chunk of 32 would be e^960
+    chunked, chunked_state = M.gated_delta_chunked(q, k, v, g, beta, 32, state, final=True)
+    recurrent, recurrent_state = M.gated_delta_recurrent(q, k, v, g, beta, state)
+    assert torch.isfinite(chunked).all()
+    assert_close(chunked, recurrent, atol=1e-5)
+    assert_close(chunked_state, recurrent_state, atol=1e-5)
