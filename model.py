@@ -81,6 +81,10 @@ class GPTConfig:
     linear_chunk_size: int = 64  # training and prefill work in chunks of this many tokens, parallel inside one
     # Kimi Delta Attention ('K' layers: the 'D' layers' widths, conv and chunks, a decay per key channel)
     kda_rank: Optional[int] = None  # width of the low-rank projections making a 'K' layer's decay and output gate; None: linear_key_dim's value
+    # OLMo hybrid's Gated DeltaNet ('D' and 'K' layers)
+    linear_neg_eigval: bool = False  # beta = 2 sigmoid(b(x)), in [0, 2]: a write may flip what the state holds for a key (negative eigenvalues of I - beta k k^T)
+    linear_norm_eps: Optional[float] = None  # epsilon of the RMSNorm on a 'D'/'K' layer's output; None: norm_eps (OLMo hybrid: 1e-5)
+    linear_norm_position: Optional[str] = None  # the norm placement (norm_position's values) of blocks with a 'D'/'K' layer; None: norm_position (OLMo hybrid: 'pre', its attention blocks 'after')
     # positions
     pos: str = 'learned'  # a key of POSITIONS: 'learned' (GPT-2's table), 'rope' (rotary) or 'none' (Kimi Linear)
     rope_theta: float = 10000.0  # RoPE base: the slowest rotation's wavelength is about 2*pi*theta
@@ -157,6 +161,11 @@ class GPTConfig:
     def window_of(self, layer):
         """The sliding window of a layer, None for full attention."""
         return self.sliding_window if self.layer_kinds[layer] == 'L' else None
+
+    def norm_position_of(self, layer):
+        """Where a layer's block puts its norms: linear_norm_position for 'D' and 'K' layers when set."""
+        linear = self.layer_kinds[layer] in ('D', 'K') and self.linear_norm_position is not None
+        return self.linear_norm_position if linear else self.norm_position
 
     def mlp_of(self, layer):
         """The MLP kind of a layer: an MoE model's first_dense_layers keep a dense SwiGLU."""
@@ -527,7 +536,7 @@ class Block(nn.Module):
 
     def __init__(self, config, layer=0):
         super().__init__()
-        self.norm_position = config.norm_position
+        self.norm_position = config.norm_position_of(layer)
         self.ln_1 = make_norm(config)  # on the attention's input (pre, sandwich) or its output (post, after)
         # the layer kind's token mixer (named attn whatever its kind: the checkpoints' parameter names)
         self.attn = LAYER_KINDS[config.layer_kinds[layer]][1](config, layer)
@@ -1215,7 +1224,9 @@ class GatedDeltaNet(TokenMixer):
         super().__init__()
         dims = config.linear_dims
         self.k_heads, self.v_heads, self.k_dim, self.v_dim = dims['k_heads'], dims['v_heads'], dims['k_dim'], dims['v_dim']
-        self.kernel, self.chunk, self.eps = config.linear_conv_kernel, config.linear_chunk_size, config.norm_eps
+        self.kernel, self.chunk = config.linear_conv_kernel, config.linear_chunk_size
+        self.eps = config.norm_eps if config.linear_norm_eps is None else config.linear_norm_eps
+        self.beta_scale = 2.0 if config.linear_neg_eigval else 1.0  # beta in [0, 2] or [0, 1]
         d, width = config.n_embd, self.conv_width
         self.in_proj_qkv = nn.Linear(d, width, bias=False)
         self.in_proj_z = nn.Linear(d, self.v_heads * self.v_dim, bias=False)
@@ -1269,7 +1280,7 @@ class GatedDeltaNet(TokenMixer):
         if Hv != Hk:  # consecutive value heads share a key head
             q, k = q.repeat_interleave(Hv // Hk, dim=1), k.repeat_interleave(Hv // Hk, dim=1)
         v = v.view(B, T, Hv, dv).transpose(1, 2).float()
-        beta = torch.sigmoid(self.in_proj_b(x).float()).transpose(1, 2)  # (B, Hv, T)
+        beta = self.beta_scale * torch.sigmoid(self.in_proj_b(x).float()).transpose(1, 2)  # (B, Hv, T)
         g = self.decay(x)
         state = None if fresh else cache.stores['state']
         if cache is not None and T == 1:
@@ -1431,6 +1442,10 @@ FIELD_TYPES = {
     **_kinds('linear_n_key_head linear_n_value_head linear_key_dim linear_value_dim', OPTIONAL_POSITIVE_INT),
     **_kinds('linear_conv_kernel linear_chunk_size', (lambda v, c: _int(v), 'an int >= 1')),
     'kda_rank': OPTIONAL_POSITIVE_INT,
+    'linear_neg_eigval': BOOL,
+    'linear_norm_eps': POSITIVE_NUMBER,
+    'linear_norm_position': (lambda v, c: v is None or v in NORM_POSITIONS,
+                             f"None or one of {', '.join(map(repr, NORM_POSITIONS))}"),
     'rope_fraction': (lambda v, c: _number(v) and 0 < v <= 1, 'in (0, 1]'),
     'dropout': (lambda v, c: _number(v) and 0 <= v < 1, 'in [0, 1)'),
     **_kinds('norm_eps rope_theta rope_factor rope_low_freq_factor rope_high_freq_factor yarn_beta_fast '
@@ -1466,7 +1481,8 @@ def _mla_cannot(c):
 
 MLA_FIELDS = ('kv_lora_rank', 'q_lora_rank', 'qk_nope_head_dim', 'qk_rope_head_dim', 'v_head_dim')
 LINEAR_FIELDS = ('linear_n_key_head', 'linear_n_value_head', 'linear_key_dim', 'linear_value_dim',
-                 'linear_conv_kernel', 'linear_chunk_size')
+                 'linear_conv_kernel', 'linear_chunk_size', 'linear_neg_eigval', 'linear_norm_eps',
+                 'linear_norm_position')
 EXPERT_ONLY_FIELDS = ('moe_bias', 'swiglu_limit')  # the experts' own: MoE only, even with dense layers first
 
 # the flags of a RoPE scaling, and the rope_scaling values they apply to
@@ -1532,6 +1548,10 @@ DEPENDS = [
     (lambda c: _changed(c, LINEAR_FIELDS) and not set('DK') & set(c.layer_kinds),
      lambda c: f"{', '.join(_changed(c, LINEAR_FIELDS))} apply to Gated DeltaNet ('D') and Kimi Delta Attention ('K') "
                f"layers and layers={c.layers!r} has none: add 'D' or 'K' to layers or leave them at their defaults"),
+    (lambda c: c.linear_norm_position not in (None, c.norm_position) and 'post' in (c.norm_position,
+                                                                         c.linear_norm_position),
+     lambda c: f"linear_norm_position={c.linear_norm_position!r} with norm_position={c.norm_position!r}: a 'post' "
+               f"block ends in its own norm and the others need a final one; use 'post' for both or neither"),
     (lambda c: c.kda_rank is not None and 'K' not in c.layer_kinds,
      lambda c: f"kda_rank={c.kda_rank} applies to Kimi Delta Attention ('K') layers and layers={c.layers!r} has none: "
                f"add 'K' to layers or set --kda_rank=None"),

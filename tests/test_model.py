@@ -1645,3 +1645,62 @@ def test_kimi_delta_chunked_stays_finite_where_decays_are_strong():
     assert torch.isfinite(chunked).all()
     assert_close(chunked, recurrent, atol=1e-5)
     assert_close(chunked_state, recurrent_state, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- OLMo hybrid's Gated DeltaNet
+
+@pytest.mark.parametrize('per_channel', [False, True])
+def test_delta_rule_forms_agree_with_negative_eigenvalues(per_channel):
+    """beta in [0, 2] (linear_neg_eigval): I - beta k k^T may flip a direction; the chunked and recurrent forms
+    still agree (chunks of 4 over 13 tokens, a carried state)."""
+    q, k, v, g, beta, state = kda_inputs(2, 2, 13, 6, 5, 12)
+    g = g if per_channel else g[..., 0]
+    beta = 2 * beta
+    chunked, chunked_state = M.gated_delta_chunked(q, k, v, g, beta, 4, state, final=True)
+    recurrent, recurrent_state = M.gated_delta_recurrent(q, k, v, g, beta, state)
+    assert_close(chunked, recurrent, atol=1e-5)
+    assert_close(chunked_state, recurrent_state, atol=1e-5)
+
+
+OLMO_HYBRID = dict(layers='DG', pos='rope', norm='rms', mlp='swiglu', bias=False, norm_position='after', qk_norm=True,
+                   qk_norm_all_heads=True, linear_neg_eigval=True, linear_norm_eps=1e-5, linear_norm_position='pre',
+                   linear_chunk_size=5)
+
+
+@torch.no_grad()
+def test_olmo_hybrid_blocks_place_norms_by_kind_double_beta_and_decode_exactly(monkeypatch):
+    """linear_norm_position: the 'D' block pre-norm, the attention block as norm_position says; the 'D' layer's
+    output norm has its own epsilon and beta doubled (its write strengths reach past 1); cached decoding equals
+    full forwards past block_size."""
+    model = build(**OLMO_HYBRID)
+    deltanet, attention = model.transformer.h
+    assert deltanet.norm_position == 'pre' and attention.norm_position == 'after'
+    assert deltanet.attn.eps == 1e-5 and deltanet.attn.beta_scale == 2.0
+    betas, original = [], M.gated_delta_chunked
+
+    def recording(q, k, v, g, beta, *args, **kwargs):
+        betas.append(beta)
+        return original(q, k, v, g, beta, *args, **kwargs)
+    monkeypatch.setattr(M, 'gated_delta_chunked', recording)
+    model(torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(5)))
+    monkeypatch.undo()
+    assert betas[0].max() > 1 and betas[0].min() >= 0
+    check_causal(model)
+    check_cache_logits(model)
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(8))
+    cached = model.generate(prompt, 2 * BLOCK, temperature=0.0)
+    assert torch.equal(cached, reference_greedy(model, prompt, 2 * BLOCK))
+
+
+@pytest.mark.parametrize('overrides, field', [
+    (dict(linear_neg_eigval=True), 'linear_neg_eigval'),  # no 'D' or 'K' layer
+    (dict(layers='DG', linear_neg_eigval=1), 'linear_neg_eigval'),
+    (dict(layers='DG', linear_norm_eps=0.0), 'linear_norm_eps'),
+    (dict(layers='DG', linear_norm_position='middle'), 'linear_norm_position'),
+    (dict(layers='DG', linear_norm_position='post'), 'linear_norm_position'),  # only some blocks ending in a norm
+    (dict(layers='DG', norm_position='post', linear_norm_position='pre'), 'linear_norm_position'),
+])
+def test_bad_olmo_hybrid_settings_are_one_line_naming_the_field(overrides, field):
+    with pytest.raises(ValueError) as e:
+        tiny_config(**overrides)
+    assert field in str(e.value) and '\n' not in str(e.value)
