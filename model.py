@@ -1154,40 +1154,6 @@ def _decayed_dots(queries, b, g, below):
     return [(a @ b.transpose(-1, -2)) * decay for a in queries]
 
 
-KDA_SUBCHUNK = 16  # a chunk's sub-chunks, for the decay per channel (when they divide the chunk)
-
-
-def kda_subchunk(chunk):
-    return KDA_SUBCHUNK if chunk % KDA_SUBCHUNK == 0 else chunk
-
-
-def _channel_decayed_dots(queries, b, g):
-    """_decayed_dots with a decay per channel, in sub-chunks of s tokens (as flash-linear-attention's kernels).
-    A key j in an earlier sub-chunk than query t factors through the start r of t's sub-chunk,
-    e^(G_t - G_j) = e^(G_t - G_r) e^(G_r - G_j), both at most 1 (G falls): one matmul per sub-chunk of queries.
-    Inside a sub-chunk each query gets its own decayed copy of the keys, (s, s, dk) elementwise, then a matmul."""
-    C = b.size(-2)
-    s = kda_subchunk(C)
-    m = C // s
-    b, g = b.unflatten(-2, (m, s)), g.unflatten(-2, (m, s))  # (..., m, s, dk)
-    start = g[..., :1, :]  # G_r of each sub-chunk
-    earlier = torch.arange(m, device=b.device)[:, None] > torch.arange(C, device=b.device)[None, :] // s  # (m, C)
-    to_start = (start - g.flatten(-3, -2)[..., None, :, :]).masked_fill(~earlier[..., None], float('-inf')).exp()
-    keys_across = (b.flatten(-3, -2)[..., None, :, :] * to_start).transpose(-1, -2)  # (..., m, dk, C)
-    from_start = (g - start).exp()
-    below = torch.ones(s, s, dtype=torch.bool, device=b.device).tril()
-    keys_inside = b[..., None, :, :] * (g[..., :, None, :] - g[..., None, :, :]).masked_fill(
-        ~below[..., None], float('-inf')).exp()  # (..., m, s, s, dk): each query's decayed copy
-    same = torch.eye(m, dtype=torch.bool, device=b.device)[:, None, :, None]  # query and key sub-chunk alike
-    out = []
-    for a in queries:
-        a = a.unflatten(-2, (m, s))
-        across = ((a * from_start) @ keys_across).unflatten(-1, (m, s))  # (..., m, s, m, s)
-        inside = (keys_inside @ a[..., :, :, None]).squeeze(-1)  # (..., m, s, s)
-        out.append(torch.where(same, inside.unsqueeze(-2), across).flatten(-4, -3).flatten(-2, -1))
-    return out
-
-
 def gated_delta_recurrent(q, k, v, g, beta, state=None):
     """The same rule one token at a time (decoding): shapes as gated_delta_chunked; returns (outputs, state)."""
     B, H, T, dk = k.shape
@@ -1307,6 +1273,40 @@ LAYER_KINDS['D'] = ('Gated DeltaNet', GatedDeltaNet)
 
 
 # ----------------------------------------------------------------------------- Kimi Delta Attention (layers='KKKG', pos='none')
+
+KDA_SUBCHUNK = 16  # a chunk's sub-chunks, for the decay per channel (when they divide the chunk)
+
+
+def kda_subchunk(chunk):
+    return KDA_SUBCHUNK if chunk % KDA_SUBCHUNK == 0 else chunk
+
+
+def _channel_decayed_dots(queries, b, g):
+    """_decayed_dots with a decay per channel, in sub-chunks of s tokens (as flash-linear-attention's kernels).
+    A key j in an earlier sub-chunk than query t factors through the start r of t's sub-chunk,
+    e^(G_t - G_j) = e^(G_t - G_r) e^(G_r - G_j), both at most 1 (G falls): one matmul per sub-chunk of queries.
+    Inside a sub-chunk each query gets its own decayed copy of the keys, (s, s, dk) elementwise, then a matmul."""
+    C = b.size(-2)
+    s = kda_subchunk(C)
+    m = C // s
+    b, g = b.unflatten(-2, (m, s)), g.unflatten(-2, (m, s))  # (..., m, s, dk)
+    start = g[..., :1, :]  # G_r of each sub-chunk
+    earlier = torch.arange(m, device=b.device)[:, None] > torch.arange(C, device=b.device)[None, :] // s  # (m, C)
+    to_start = (start - g.flatten(-3, -2)[..., None, :, :]).masked_fill(~earlier[..., None], float('-inf')).exp()
+    keys_across = (b.flatten(-3, -2)[..., None, :, :] * to_start).transpose(-1, -2)  # (..., m, dk, C)
+    from_start = (g - start).exp()
+    below = torch.ones(s, s, dtype=torch.bool, device=b.device).tril()
+    keys_inside = b[..., None, :, :] * (g[..., :, None, :] - g[..., None, :, :]).masked_fill(
+        ~below[..., None], float('-inf')).exp()  # (..., m, s, s, dk): each query's decayed copy
+    same = torch.eye(m, dtype=torch.bool, device=b.device)[:, None, :, None]  # query and key sub-chunk alike
+    out = []
+    for a in queries:
+        a = a.unflatten(-2, (m, s))
+        across = ((a * from_start) @ keys_across).unflatten(-1, (m, s))  # (..., m, s, m, s)
+        inside = (keys_inside @ a[..., :, :, None]).squeeze(-1)  # (..., m, s, s)
+        out.append(torch.where(same, inside.unsqueeze(-2), across).flatten(-4, -3).flatten(-2, -1))
+    return out
+
 
 class KimiDeltaAttention(GatedDeltaNet):
     """Kimi Delta Attention (Kimi Linear), a 'K' layer: a Gated DeltaNet whose state forgets at a rate per key
