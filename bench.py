@@ -13,7 +13,8 @@ None), mqa (n_kv_head 1), each of model.BEYOND_MODERN (moe, mla), mla-rebuild (M
 past keys and values instead of attending over the latents with absorbed weights), and per-layer attention with a
 window of block_size/4: local (every layer), lllg (three local to one global), lg+sinks (gpt-oss's alternation with
 sinks), gate (the output gate), nope (a layer in four without RoPE), partial (half of each head rotated), hybrid
-(three Gated DeltaNet layers to one global, Qwen3-Next's 'DDDG'), deltanet (every layer Gated DeltaNet).
+(three Gated DeltaNet layers to one global, Qwen3-Next's 'DDDG'), deltanet (every layer Gated DeltaNet); kda-hybrid
+(three Kimi Delta Attention layers to one global, 'KKKG'), kda (every layer Kimi Delta Attention).
 decode_prompt: decoding starts after this many prompt tokens (the cache already holds them: a long context).
 nanogpt_dir: a checkout of karpathy/nanoGPT; its GPT, at the same sizes, is timed as an extra row.
 vs_hf: greedy decoding of each variant against Hugging Face generate on the same weights (bench_decode.py):
@@ -100,6 +101,7 @@ VARIANTS.update({'local': {**modern, 'layers': 'L', **_window}, 'lllg': {**moder
                  'gate': {**modern, 'attn_gate': True}, 'nope': {**modern, 'layers': 'GGGN'},
                  'partial': {**modern, 'rope_fraction': 0.5},
                  'hybrid': {**modern, 'layers': 'DDDG'}, 'deltanet': {**modern, 'layers': 'D'}})
+VARIANTS.update({'kda-hybrid': {**modern, 'layers': 'KKKG'}, 'kda': {**modern, 'layers': 'K'}})  # Kimi Delta Attention
 
 # ----------------------------------------------------------------------------- checks first, then minutes of timing
 for name in ('batch_size', 'train_iters', 'decode_tokens', 'decode_batch', 'decode_prompt'):

@@ -817,6 +817,166 @@ HF_FAMILIES['qwen3_5_text'] = HFFamily(
     _QWEN3_NEXT_NAMES, _qwen3_5_text_read, _qwen3_5_text_write, _qwen3_5_split_q, _qwen3_5_join_q)
 
 
+# ----- Kimi Linear: Kimi Delta Attention layers ('K') and MLA without positions ('G', pos='none'), DeepSeek-V3's MoE
+
+_KIMI_LAYER_TYPES = {'linear_attention': 'K', 'full_attention': 'G'}
+
+
+def _kimi_linear_read(c):
+    if c.hidden_act != 'silu' or getattr(c, 'attention_bias', False):
+        raise ValueError("Kimi Linear checkpoints with attention_bias or an activation other than silu are not supported")
+    n = c.num_hidden_layers
+    unknown = set(c.layer_types[:n]) - set(_KIMI_LAYER_TYPES)
+    if unknown:
+        raise ValueError(f"layer_types {sorted(unknown)} are not supported (only "
+                         f"{', '.join(map(repr, _KIMI_LAYER_TYPES))})")
+    kinds = [_KIMI_LAYER_TYPES[t] for t in c.layer_types[:n]]
+    flags = dict(n_layer=n, n_head=c.num_attention_heads, n_embd=c.hidden_size, block_size=c.max_position_embeddings,
+                 vocab_size=c.vocab_size, bias=False, norm='rms', norm_eps=c.rms_norm_eps, mlp='swiglu',
+                 ffn_hidden=c.intermediate_size, tie_embeddings=bool(c.tie_word_embeddings), pos='none', attn='mla',
+                 kv_lora_rank=c.kv_lora_rank, q_lora_rank=c.q_lora_rank or None, qk_nope_head_dim=c.qk_nope_head_dim,
+                 qk_rope_head_dim=c.qk_rope_head_dim, v_head_dim=c.v_head_dim, layers=_tiling(kinds))
+    if 'K' in kinds:
+        flags.update(linear_n_key_head=c.linear_num_heads, linear_key_dim=c.linear_head_dim,
+                     linear_value_dim=c.linear_head_dim, linear_conv_kernel=c.linear_conv_kernel_dim)
+    dense = [t == 'dense' for t in c.mlp_layer_types[:n]]
+    first_sparse = dense.index(False) if False in dense else n
+    if any(dense[first_sparse:]):
+        raise ValueError(f"dense layers other than the first ones (mlp_layer_types={c.mlp_layer_types}) are not "
+                         f"supported")
+    if first_sparse < n:
+        groups = c.num_expert_group or 1
+        flags.update(mlp='moe', n_expert=c.num_experts, n_expert_active=c.num_experts_per_token,
+                     moe_hidden=c.moe_intermediate_size, n_shared_expert=c.num_shared_experts, router='sigmoid',
+                     router_norm_topk=bool(c.moe_renormalize), n_expert_group=groups,
+                     topk_group=(c.topk_group or 1) if groups > 1 else 1, routed_scaling=float(c.routed_scaling_factor),
+                     first_dense_layers=first_sparse)
+    return flags
+
+
+def _kimi_linear_write(cfg):
+    dims, linear, moe = cfg.mla_dims, cfg.linear_dims, cfg.mlp == 'moe'
+    if linear['k_dim'] != linear['v_dim']:
+        raise ValueError(f"kimi_linear has one head width for keys and values: linear_key_dim ({linear['k_dim']}) "
+                         f"!= linear_value_dim ({linear['v_dim']})")
+    return dict(vocab_size=cfg.vocab_size, hidden_size=cfg.n_embd, intermediate_size=cfg.mlp_width,
+                num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_head,
+                rms_norm_eps=cfg.norm_eps, hidden_act='silu', attention_dropout=cfg.dropout, attention_bias=False,
+                tie_word_embeddings=cfg.tie_embeddings, max_position_embeddings=cfg.block_size,
+                kv_lora_rank=dims['latent'], q_lora_rank=dims['q_latent'] or None, qk_nope_head_dim=dims['nope'],
+                qk_rope_head_dim=dims['rope'], v_head_dim=dims['v'],
+                layer_types=[{'K': 'linear_attention', 'G': 'full_attention'}[k] for k in cfg.layer_kinds],
+                linear_num_heads=linear['k_heads'], linear_head_dim=linear['k_dim'],
+                linear_conv_kernel_dim=cfg.linear_conv_kernel,
+                mlp_layer_types=['sparse' if moe and i >= cfg.first_dense_layers else 'dense' for i in range(cfg.n_layer)],
+                num_local_experts=cfg.n_expert, num_experts_per_tok=cfg.n_expert_active,
+                moe_intermediate_size=cfg.expert_hidden, n_shared_experts=cfg.n_shared_expert,
+                routed_scaling_factor=float(cfg.routed_scaling), n_group=cfg.n_expert_group, topk_group=cfg.topk_group,
+                norm_topk_prob=cfg.router_norm_topk, pad_token_id=None)  # its default is past a smaller vocabulary
+
+
+_TRANSFORMS['A_log (1, 1, H, 1)'] = (lambda t, c: t.reshape(-1), lambda t, c: t.view(1, 1, -1, 1))
+_KIMI_LINEAR_NAMES = [(ours, hf, None) for ours, hf, _ in _DEEPSEEK_NAMES] + [  # nothing rotates: rows as they are
+    ('transformer.h.{i}.attn.in_proj_qkv.weight', tuple(f'model.layers.{{i}}.self_attn.{n}_proj.weight' for n in 'qkv'),
+     None),
+    *[(f'transformer.h.{{i}}.attn.{ours}', f'model.layers.{{i}}.self_attn.{hf}', how) for ours, hf, how in (
+        ('conv1d.weight', 'conv1d.weight', None), ('in_proj_b.weight', 'b_proj.weight', None),
+        ('decay_a.weight', 'forget_gate.f_a_proj.weight', None), ('decay_b.weight', 'forget_gate.f_b_proj.weight', None),
+        ('dt_bias', 'forget_gate.dt_bias', None), ('A_log', 'forget_gate.A_log', 'A_log (1, 1, H, 1)'),
+        ('gate_a.weight', 'g_a_proj.weight', None), ('gate_b.weight', 'g_b_proj.weight', None),
+        ('norm', 'o_norm.weight', None))],
+]
+HF_FAMILIES['kimi_linear'] = HFFamily(
+    'kimi_linear', 'KimiLinearForCausalLM',
+    {**_SIZES, **_MOE, 'norm': ('rms',), 'bias': (False,), 'pos': ('none',), 'attn': ('mla',), 'layers': _made_of('KG'),
+     'mlp': ('swiglu', 'moe'), 'router': ('sigmoid',), 'router_norm_topk': ANY, 'n_shared_expert': lambda v: v >= 1,
+     'n_expert_group': ANY, 'topk_group': ANY, 'routed_scaling': ANY, 'first_dense_layers': ANY,
+     'moe_bias_update_rate': ANY,
+     **{k: ANY for k in ('kv_lora_rank', 'q_lora_rank', 'qk_nope_head_dim', 'qk_rope_head_dim', 'v_head_dim',
+                         'linear_n_key_head', 'linear_key_dim', 'linear_value_dim', 'linear_conv_kernel',
+                         'linear_chunk_size')}},
+    _KIMI_LINEAR_NAMES, _kimi_linear_read, _kimi_linear_write)
+
+
+# ----- OLMo hybrid: Gated DeltaNet layers ('D', pre-norm, beta in [0, 2]) and OLMo 3's attention layers ('G',
+# norms after each branch, QK-norm over all heads), with RoPE or none (its released checkpoints)
+
+def _olmo_hybrid_read(c):
+    if c.hidden_act != 'silu' or c.attention_bias:
+        raise ValueError("OLMo hybrid checkpoints with attention_bias or an activation other than silu are not supported")
+    unknown = set(c.layer_types[:c.num_hidden_layers]) - set(_LAYER_TYPES)
+    if unknown:
+        raise ValueError(f"layer_types {sorted(unknown)} are not supported (only {', '.join(map(repr, _LAYER_TYPES))})")
+    nope = (getattr(c, 'rope_parameters', None) or {}).get('rope_theta') is None  # no rotary embedding at all
+    flags = _llama_like_read(SimpleNamespace(**{**c.to_dict(), 'rope_parameters': None}) if nope else c)
+    if nope:
+        flags.update(pos='none', rope_theta=GPTConfig.rope_theta)
+    kinds = [_LAYER_TYPES[t] for t in c.layer_types[:c.num_hidden_layers]]
+    return {**flags, 'layers': _tiling(kinds), 'norm_position': 'after', 'qk_norm': True, 'qk_norm_all_heads': True,
+            'linear_n_key_head': c.linear_num_key_heads, 'linear_n_value_head': c.linear_num_value_heads,
+            'linear_key_dim': c.linear_key_head_dim, 'linear_value_dim': c.linear_value_head_dim,
+            'linear_conv_kernel': c.linear_conv_kernel_dim, 'linear_neg_eigval': bool(c.linear_allow_neg_eigval),
+            'linear_norm_eps': 1e-5, 'linear_norm_position': 'pre'}  # its DeltaNet's norm: FLA's epsilon
+
+
+def _olmo_hybrid_write(cfg):
+    dims = cfg.linear_dims
+    out = {**_llama_like_write(cfg), 'attention_bias': False, 'pad_token_id': None,
+           'layer_types': [{'D': 'linear_attention', 'G': 'full_attention'}[k] for k in cfg.layer_kinds],
+           'linear_num_key_heads': dims['k_heads'], 'linear_num_value_heads': dims['v_heads'],
+           'linear_key_head_dim': dims['k_dim'], 'linear_value_head_dim': dims['v_dim'],
+           'linear_conv_kernel_dim': cfg.linear_conv_kernel, 'linear_allow_neg_eigval': cfg.linear_neg_eigval}
+    if cfg.pos == 'none':
+        out.update(rope_parameters=None, rope_theta=None)  # no rotary embedding
+    return out
+
+
+def _olmo_hybrid_norms(cfg):
+    """(layer, its HF norm, the name our ln_1 or ln_2 row reads) per layer: a DeltaNet block's norms are before
+    each branch (input_layernorm, post_attention_layernorm), an attention block's after (post_attention_layernorm,
+    post_feedforward_layernorm): the same HF name is ln_1 in one kind and ln_2 in the other."""
+    for i, kind in enumerate(cfg.layer_kinds):
+        pre = f'model.layers.{i}.'
+        names = ('input_layernorm', 'post_attention_layernorm') if kind == 'D' else \
+            ('post_attention_layernorm', 'post_feedforward_layernorm')
+        for hf_name, ours in zip(names, ('ln_1', 'ln_2')):
+            yield pre + hf_name + '.weight', pre + ours + '.weight'
+
+
+def _olmo_hybrid_unpack(hf_state, cfg):
+    out = dict(hf_state)
+    out.update({ours: hf_state[hf_name] for hf_name, ours in _olmo_hybrid_norms(cfg)})
+    for hf_name, _ in _olmo_hybrid_norms(cfg):
+        del out[hf_name]
+    return out
+
+
+def _olmo_hybrid_pack(hf_state, cfg):
+    out = dict(hf_state)
+    out.update({hf_name: out.pop(ours) for hf_name, ours in _olmo_hybrid_norms(cfg)})
+    return out
+
+
+# the norms under the names unpack gives them (model.layers.{i}.ln_1.weight, ...)
+_OLMO_HYBRID_NAMES = _decoder_names([('ln_1', 'ln_1'), ('ln_2', 'ln_2')]) + [
+    ('transformer.h.{i}.attn.in_proj_qkv.weight', tuple(f'model.layers.{{i}}.linear_attn.{n}_proj.weight' for n in 'qkv'),
+     None),
+    *[(f'transformer.h.{{i}}.attn.{ours}', f'model.layers.{{i}}.linear_attn.{hf}', None) for ours, hf in (
+        ('in_proj_z.weight', 'g_proj.weight'), ('in_proj_b.weight', 'b_proj.weight'),
+        ('in_proj_a.weight', 'a_proj.weight'), ('conv1d.weight', 'conv1d.weight'), ('A_log', 'A_log'),
+        ('dt_bias', 'dt_bias'), ('norm', 'o_norm.weight'), ('c_proj.weight', 'o_proj.weight'))],
+]
+HF_FAMILIES['olmo_hybrid'] = HFFamily(
+    'olmo_hybrid', 'OlmoHybridForCausalLM',
+    {**_SIZES, 'rope_theta': ANY, 'norm': ('rms',), 'mlp': ('swiglu',), 'pos': ('rope', 'none'), 'n_kv_head': ANY,
+     'bias': (False,), 'norm_position': ('after',), 'qk_norm': (True,), 'qk_norm_all_heads': (True,),
+     'layers': lambda v: v is not None and set(v) == set('DG'), 'linear_norm_position': ('pre',),
+     'linear_norm_eps': (1e-5,), 'linear_neg_eigval': ANY,
+     **{k: ANY for k in ('linear_n_key_head', 'linear_n_value_head', 'linear_key_dim', 'linear_value_dim',
+                         'linear_conv_kernel', 'linear_chunk_size')}},
+    _OLMO_HYBRID_NAMES, _olmo_hybrid_read, _olmo_hybrid_write, _olmo_hybrid_unpack, _olmo_hybrid_pack)
+
+
 def _rows(family, config):
     """(our name, HF names, how) for every concrete tensor name of this config's depth."""
     for ours, hf, how in family.names:

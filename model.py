@@ -13,8 +13,9 @@ It reads top to bottom as the lesson goes. First the GPT-2 block and the four sw
 
 then each later chapter in a section of its own: mixture of experts (mlp='moe'), multi-head latent attention
 (attn='mla'), long context (rope_scaling), layers of several kinds (layers='LG', 'GGGN': sliding windows and
-NoPE), attention sinks (attn_sinks), linear attention (layers='DDDG': Gated DeltaNet); then the machinery (the
-swaps' table, old checkpoints' names, the config's checks as tables).
+NoPE), attention sinks (attn_sinks), linear attention (layers='DDDG': Gated DeltaNet), Kimi Delta Attention
+(layers='KKKG', pos='none'); then the machinery (the swaps' table, old checkpoints' names, the config's checks
+as tables).
 
 Every layer's token mixer (attention, latent attention, Gated DeltaNet, ...) is a TokenMixer that declares
 what it needs (its positions, its window, what a cache keeps for it, its FLOPs) and is entered in LAYER_KINDS
@@ -66,7 +67,7 @@ class GPTConfig:
     qkv_bias: bool = False  # biases on the q, k and v projections only (Qwen2), whatever `bias` says
     qk_norm: bool = False  # RMSNorm on each query and key head before RoPE (Qwen3, Gemma 3, GLM-4.5)
     sliding_window: Optional[int] = None  # each query sees only the last W keys, itself included (Mistral)
-    layers: Optional[str] = None  # each layer's attention, the string tiled over the layers: 'G' global, 'L' local (sliding_window), 'N' global without RoPE, 'D' Gated DeltaNet (linear attention); None: all 'G' (all 'L' with a sliding_window)
+    layers: Optional[str] = None  # each layer's attention, the string tiled over the layers: 'G' global, 'L' local (sliding_window), 'N' global without RoPE, 'D' Gated DeltaNet (linear attention), 'K' Kimi Delta Attention; None: all 'G' (all 'L' with a sliding_window)
     attn_sinks: bool = False  # a learned logit per head in the softmax's denominator, so a head may attend nowhere (gpt-oss)
     attn_gate: bool = False  # the attention output times sigmoid(a projection of the block input), per head dim (Qwen3-Next)
     qk_norm_all_heads: bool = False  # with qk_norm: normalize each token's whole query and key, all heads at once (OLMo 2, MiniMax-M2)
@@ -78,8 +79,14 @@ class GPTConfig:
     linear_value_dim: Optional[int] = None  # width of each value head; None: the attention's head width
     linear_conv_kernel: int = 4  # the causal depthwise convolution over q, k and v, in tokens
     linear_chunk_size: int = 64  # training and prefill work in chunks of this many tokens, parallel inside one
+    # Kimi Delta Attention ('K' layers: the 'D' layers' widths, conv and chunks, a decay per key channel)
+    kda_rank: Optional[int] = None  # width of the low-rank projections making a 'K' layer's decay and output gate; None: linear_key_dim's value
+    # OLMo hybrid's Gated DeltaNet ('D' and 'K' layers)
+    linear_neg_eigval: bool = False  # beta = 2 sigmoid(b(x)), in [0, 2]: a write may flip what the state holds for a key (negative eigenvalues of I - beta k k^T)
+    linear_norm_eps: Optional[float] = None  # epsilon of the RMSNorm on a 'D'/'K' layer's output; None: norm_eps (OLMo hybrid: 1e-5)
+    linear_norm_position: Optional[str] = None  # the norm placement (norm_position's values) of blocks with a 'D'/'K' layer; None: norm_position (OLMo hybrid: 'pre', its attention blocks 'after')
     # positions
-    pos: str = 'learned'  # a key of POSITIONS: 'learned' (GPT-2's table) or 'rope' (rotary)
+    pos: str = 'learned'  # a key of POSITIONS: 'learned' (GPT-2's table), 'rope' (rotary) or 'none' (Kimi Linear)
     rope_theta: float = 10000.0  # RoPE base: the slowest rotation's wavelength is about 2*pi*theta
     rope_local_theta: Optional[float] = None  # RoPE base of 'L' layers, which then take no rope_scaling (Gemma 3: 10k local, 1M global); None: as the others
     rope_fraction: float = 1.0  # share of each head's dims that rotate, the first ones (GLM-4.5 0.5, Qwen3-Next 0.25); the rest carry no position
@@ -168,13 +175,18 @@ class GPTConfig:
     @property
     def layer_kinds(self):
         """Each layer's letter in LAYER_KINDS: 'G' global attention, 'L' local (sliding_window), 'N' global
-        without RoPE, 'D' Gated DeltaNet."""
+        without RoPE, 'D' Gated DeltaNet, 'K' Kimi Delta Attention."""
         pattern = self.layers or ('L' if self.sliding_window is not None else 'G')
         return [pattern[i % len(pattern)] for i in range(self.n_layer)]
 
     def window_of(self, layer):
         """The sliding window of a layer, None for full attention."""
         return self.sliding_window if self.layer_kinds[layer] == 'L' else None
+
+    def norm_position_of(self, layer):
+        """Where a layer's block puts its norms: linear_norm_position for 'D' and 'K' layers when set."""
+        linear = self.layer_kinds[layer] in ('D', 'K') and self.linear_norm_position is not None
+        return self.linear_norm_position if linear else self.norm_position
 
     def mlp_of(self, layer):
         """The MLP kind of a layer: an MoE model's first_dense_layers keep a dense SwiGLU."""
@@ -566,7 +578,7 @@ class Block(nn.Module):
 
     def __init__(self, config, layer=0):
         super().__init__()
-        self.norm_position = config.norm_position
+        self.norm_position = config.norm_position_of(layer)
         # layers of one part (Nemotron-H): a '-' layer has no token mixer; with mlp_with_mixer=False a mixer no MLP
         has_mixer = config.layer_kinds[layer] != '-'
         has_mlp = config.mlp_with_mixer or not has_mixer
@@ -1151,33 +1163,34 @@ def l2_normalize(x, eps=1e-6):
 
 def gated_delta_chunked(q, k, v, g, beta, chunk, state=None, final=False):
     """The gated delta rule over a sequence, chunk tokens at a time: inside a chunk in parallel, the state
-    carried from chunk to chunk. q, k (B, H, T, dk), v (B, H, T, dv), log-decays g and write strengths beta
-    (B, H, T), all fp32; state (B, H, dk, dv) or None (zeros). Returns the outputs (B, H, T, dv) and, with
-    final=True, the state after the last token.
+    carried from chunk to chunk. q, k (B, H, T, dk), v (B, H, T, dv), write strengths beta (B, H, T) and
+    log-decays g, one per token (B, H, T) or one per token and key channel (B, H, T, dk: Kimi Delta Attention),
+    all fp32; state (B, H, dk, dv) or None (zeros). Returns the outputs (B, H, T, dv) and, with final=True, the
+    state after the last token.
 
-    Per token t (the recurrent form): S = e^g_t S; S += k_t (beta_t (v_t - S^T k_t))^T; o_t = S^T q_t. Unrolled
-    inside a chunk, with G_t the decay summed from the chunk's start and S0 the state before it, the writes
-    u_t = beta_t (v_t - S^T k_t) solve the unit lower triangular system (I + A) u = beta v - beta e^G k S0 with
-    A_tj = beta_t e^(G_t - G_j) k_t.k_j (j < t), so that o_t = e^G_t S0^T q_t + sum_(j<=t) e^(G_t - G_j) (q_t.k_j) u_j."""
+    Per token t (the recurrent form): S = e^g_t S (row c of S by e^g_tc with a decay per channel);
+    S += k_t (beta_t (v_t - S^T k_t))^T; o_t = S^T q_t. Unrolled inside a chunk, with G_t the decay summed from
+    the chunk's start and S0 the state before it, the writes u_t = beta_t (v_t - S^T k_t) solve the unit lower
+    triangular system (I + A) u = beta v - beta (e^G * k) S0 with A_tj = beta_t k_t.(e^(G_t - G_j) * k_j) (j < t),
+    so that o_t = (e^G_t * q_t) S0 + sum_(j<=t) q_t.(e^(G_t - G_j) * k_j) u_j."""
     B, H, T, dk = k.shape
     dv = v.shape[-1]
     C = min(chunk, T)
     n = -(-T // C)
     pad = n * C - T  # padded tokens write nothing (k = 0, beta = 0) and do not decay (g = 0)
     q, k, v = (F.pad(x, (0, 0, 0, pad)).view(B, H, n, C, -1) for x in (q, k, v))
-    g, beta = (F.pad(x, (0, pad)).view(B, H, n, C) for x in (g, beta))
-    g = g.cumsum(-1)  # G: the decay from the chunk's start to each token, itself included
+    g = F.pad(g if g.dim() == 4 else g[..., None], (0, 0, 0, pad)).view(B, H, n, C, -1)  # (..., C, 1 or dk)
+    beta = F.pad(beta, (0, pad)).view(B, H, n, C)
+    g = g.cumsum(-2)  # G: the decay from the chunk's start to each token, itself included
     below = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    decay = (g[..., :, None] - g[..., None, :]).masked_fill(~below, float('-inf')).exp()  # e^(G_t - G_j), j <= t
     k_beta = k * beta[..., None]
     # the diagonal is taken as 1 (unitriangular), so A's own diagonal does not matter
-    uw = torch.linalg.solve_triangular((k_beta @ k.transpose(-1, -2)) * decay,
-                                       torch.cat((v * beta[..., None], k_beta * g.exp()[..., None]), dim=-1),
+    A, scores = _decayed_dots((k_beta, q), k, g, below)
+    uw = torch.linalg.solve_triangular(A, torch.cat((v * beta[..., None], k_beta * g.exp()), dim=-1),
                                        upper=False, unitriangular=True)
     u, w = uw.split([dv, dk], dim=-1)  # the writes are u - w S0
-    scores = (q @ k.transpose(-1, -2)) * decay
-    q_decayed = q * g.exp()[..., None]  # reads S0 decayed to each token
-    k_decayed = k * (g[..., -1:] - g).exp()[..., None]  # writes decayed to the chunk's end
+    q_decayed = q * g.exp()  # reads S0 decayed to each token
+    k_decayed = k * (g[..., -1:, :] - g).exp()  # writes decayed to the chunk's end
     out = []
     for i in range(n):
         if state is None:  # a zero state reads and corrects nothing
@@ -1188,8 +1201,19 @@ def gated_delta_chunked(q, k, v, g, beta, chunk, state=None, final=False):
             out.append(q_decayed[:, :, i] @ state + scores[:, :, i] @ u_i)
         if i < n - 1 or final:
             written = k_decayed[:, :, i].transpose(-1, -2) @ u_i
-            state = written if state is None else state * g[:, :, i, -1, None, None].exp() + written
+            state = written if state is None else state * g[:, :, i, -1, :, None].exp() + written
     return torch.stack(out, dim=2).view(B, H, n * C, dv)[:, :, :T], state
+
+
+def _decayed_dots(queries, b, g, below):
+    """For each a of queries: a_t.(e^(G_t - G_j) * b_j) for j <= t, 0 above, per chunk: a, b (..., C, dk), G
+    (..., C, 1 or dk) summed from the chunk's start; the decays computed once for all. One decay per token
+    factors out of the dot product: a matmul. One per channel stays inside it, and the factored form
+    (e^G_t * a_t).(e^-G_j * b_j) would overflow: _channel_decayed_dots."""
+    if g.size(-1) > 1:
+        return _channel_decayed_dots(queries, b, g)
+    decay = (g[..., :, None, :] - g[..., None, :, :]).masked_fill(~below[..., None], float('-inf')).exp()[..., 0]
+    return [(a @ b.transpose(-1, -2)) * decay for a in queries]
 
 
 def gated_delta_recurrent(q, k, v, g, beta, state=None):
@@ -1197,14 +1221,23 @@ def gated_delta_recurrent(q, k, v, g, beta, state=None):
     B, H, T, dk = k.shape
     if state is None:
         state = q.new_zeros(B, H, dk, v.shape[-1])
+    g = g if g.dim() == 4 else g[..., None]  # a decay per key channel, or one for all (B, H, T, 1)
     out = []
     for t in range(T):
-        state = state * g[:, :, t, None, None].exp()
+        state = state * g[:, :, t, :, None].exp()
         remembered = (state * k[:, :, t, :, None]).sum(-2)  # S^T k: what the state already says for this key
         delta = beta[:, :, t, None] * (v[:, :, t] - remembered)
         state = state + k[:, :, t, :, None] * delta[:, :, None, :]
         out.append((state * q[:, :, t, :, None]).sum(-2))
     return torch.stack(out, dim=2), state
+
+
+def decay_parameters(heads, channels):
+    """A_log (one decay rate A per head) and dt_bias (a time step per channel of the decay), as Mamba
+    initializes them: A in [1, 16] and softplus(dt_bias) in [1e-3, 0.1], log-uniform."""
+    A_log = nn.Parameter(torch.empty(heads).uniform_(1, 16).log())
+    dt = torch.empty(channels).uniform_(math.log(1e-3), math.log(0.1)).exp()
+    return A_log, nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
 
 
 class GatedDeltaNet(TokenMixer):
@@ -1219,17 +1252,16 @@ class GatedDeltaNet(TokenMixer):
         super().__init__()
         dims = config.linear_dims
         self.k_heads, self.v_heads, self.k_dim, self.v_dim = dims['k_heads'], dims['v_heads'], dims['k_dim'], dims['v_dim']
-        self.kernel, self.chunk, self.eps = config.linear_conv_kernel, config.linear_chunk_size, config.norm_eps
+        self.kernel, self.chunk = config.linear_conv_kernel, config.linear_chunk_size
+        self.eps = config.norm_eps if config.linear_norm_eps is None else config.linear_norm_eps
+        self.beta_scale = 2.0 if config.linear_neg_eigval else 1.0  # beta in [0, 2] or [0, 1]
         d, width = config.n_embd, self.conv_width
         self.in_proj_qkv = nn.Linear(d, width, bias=False)
         self.in_proj_z = nn.Linear(d, self.v_heads * self.v_dim, bias=False)
         self.in_proj_b = nn.Linear(d, self.v_heads, bias=False)
         self.in_proj_a = nn.Linear(d, self.v_heads, bias=False)
         self.conv1d = nn.Conv1d(width, width, self.kernel, groups=width, bias=False)
-        # decay rates A in [1, 16] and time steps softplus(dt_bias) in [1e-3, 0.1], log-uniform (Mamba's init)
-        self.A_log = nn.Parameter(torch.empty(self.v_heads).uniform_(1, 16).log())
-        dt = torch.empty(self.v_heads).uniform_(math.log(1e-3), math.log(0.1)).exp()
-        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+        self.A_log, self.dt_bias = decay_parameters(self.v_heads, self.v_heads)
         self.norm = nn.Parameter(torch.ones(self.v_dim))  # the gated RMSNorm's gain, shared by the heads
         self.c_proj = nn.Linear(self.v_heads * self.v_dim, d, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
@@ -1276,8 +1308,8 @@ class GatedDeltaNet(TokenMixer):
         if Hv != Hk:  # consecutive value heads share a key head
             q, k = q.repeat_interleave(Hv // Hk, dim=1), k.repeat_interleave(Hv // Hk, dim=1)
         v = v.view(B, T, Hv, dv).transpose(1, 2).float()
-        beta = torch.sigmoid(self.in_proj_b(x).float()).transpose(1, 2)  # (B, Hv, T)
-        g = (-self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())).transpose(1, 2)
+        beta = self.beta_scale * torch.sigmoid(self.in_proj_b(x).float()).transpose(1, 2)  # (B, Hv, T)
+        g = self.decay(x)
         state = None if fresh else cache.stores['state']
         if cache is not None and T == 1:
             y, state = gated_delta_recurrent(q, k, v, g, beta, state)
@@ -1287,8 +1319,16 @@ class GatedDeltaNet(TokenMixer):
             cache.stores['state'].copy_(state)
         y = y.transpose(1, 2)  # (B, T, Hv, dv)
         y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm.float()
-        y = y * F.silu(self.in_proj_z(x).view(B, T, Hv, dv).float())
+        y = y * self.output_gate(x).view(B, T, Hv, dv)
         return self.resid_dropout(self.c_proj(y.reshape(B, T, Hv * dv).to(x.dtype)))
+
+    def decay(self, x):
+        """Each token's log-decay g = -exp(A_log) softplus(a(x) + dt_bias), one per value head (B, Hv, T)."""
+        return (-self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())).transpose(1, 2)
+
+    def output_gate(self, x):
+        """What the normalized output is multiplied by, per value channel: silu(z(x)), fp32 (B, T, Hv * dv)."""
+        return F.silu(self.in_proj_z(x).float())
 
 
 LAYER_KINDS['D'] = ('Gated DeltaNet', GatedDeltaNet)
@@ -1508,6 +1548,93 @@ class NoMixer(TokenMixer):
 
 
 LAYER_KINDS['-'] = ('no mixer: the MLP alone', NoMixer)
+# ----------------------------------------------------------------------------- Kimi Delta Attention (layers='KKKG', pos='none')
+
+KDA_SUBCHUNK = 16  # a chunk's sub-chunks, for the decay per channel (when they divide the chunk)
+
+
+def kda_subchunk(chunk):
+    return KDA_SUBCHUNK if chunk % KDA_SUBCHUNK == 0 else chunk
+
+
+def _channel_decayed_dots(queries, b, g):
+    """_decayed_dots with a decay per channel, in sub-chunks of s tokens (as flash-linear-attention's kernels).
+    A key j in an earlier sub-chunk than query t factors through the start r of t's sub-chunk,
+    e^(G_t - G_j) = e^(G_t - G_r) e^(G_r - G_j), both at most 1 (G falls): one matmul per sub-chunk of queries.
+    Inside a sub-chunk each query gets its own decayed copy of the keys, (s, s, dk) elementwise, then a matmul."""
+    C = b.size(-2)
+    s = kda_subchunk(C)
+    m = C // s
+    b, g = b.unflatten(-2, (m, s)), g.unflatten(-2, (m, s))  # (..., m, s, dk)
+    start = g[..., :1, :]  # G_r of each sub-chunk
+    earlier = torch.arange(m, device=b.device)[:, None] > torch.arange(C, device=b.device)[None, :] // s  # (m, C)
+    to_start = (start - g.flatten(-3, -2)[..., None, :, :]).masked_fill(~earlier[..., None], float('-inf')).exp()
+    keys_across = (b.flatten(-3, -2)[..., None, :, :] * to_start).transpose(-1, -2)  # (..., m, dk, C)
+    from_start = (g - start).exp()
+    below = torch.ones(s, s, dtype=torch.bool, device=b.device).tril()
+    keys_inside = b[..., None, :, :] * (g[..., :, None, :] - g[..., None, :, :]).masked_fill(
+        ~below[..., None], float('-inf')).exp()  # (..., m, s, s, dk): each query's decayed copy
+    same = torch.eye(m, dtype=torch.bool, device=b.device)[:, None, :, None]  # query and key sub-chunk alike
+    out = []
+    for a in queries:
+        a = a.unflatten(-2, (m, s))
+        across = ((a * from_start) @ keys_across).unflatten(-1, (m, s))  # (..., m, s, m, s)
+        inside = (keys_inside @ a[..., :, :, None]).squeeze(-1)  # (..., m, s, s)
+        out.append(torch.where(same, inside.unsqueeze(-2), across).flatten(-4, -3).flatten(-2, -1))
+    return out
+
+
+class KimiDeltaAttention(GatedDeltaNet):
+    """Kimi Delta Attention (Kimi Linear), a 'K' layer: a Gated DeltaNet whose state forgets at a rate per key
+    channel instead of one per head, g = -exp(A_log) softplus(f(x) + dt_bias), with f a low-rank projection
+    (n_embd -> kda_rank -> heads * key dim), A per head and dt_bias per channel; its output gate is
+    sigmoid(a low-rank projection) instead of silu(z(x)). The rest is the 'D' layer's: the short convolution
+    over q, k and v, L2-normalized q and k, beta = sigmoid(b(x)), the RMS-normalized output, the cache, and
+    the chunked and recurrent forms (gated_delta_chunked takes a decay per channel)."""
+
+    def __init__(self, config, layer=0):
+        super().__init__(config, layer)
+        del self.in_proj_z, self.in_proj_a  # the 'D' layer's gate and decay, per head: replaced by low-rank ones
+        d, rank = config.n_embd, config.kda_rank or self.k_dim
+        self.A_log, self.dt_bias = decay_parameters(self.v_heads, self.v_heads * self.k_dim)
+        self.decay_a = nn.Linear(d, rank, bias=False)
+        self.decay_b = nn.Linear(rank, self.v_heads * self.k_dim, bias=False)
+        self.gate_a = nn.Linear(d, rank, bias=False)
+        self.gate_b = nn.Linear(rank, self.v_heads * self.v_dim, bias=False)
+
+    def decay(self, x):
+        """Each token's log-decay per value head and key channel (B, Hv, T, dk)."""
+        B, T, _ = x.size()
+        f = (self.decay_b(self.decay_a(x)).float() + self.dt_bias.float()).view(B, T, self.v_heads, self.k_dim)
+        return (-self.A_log.float().exp()[:, None] * F.softplus(f)).transpose(1, 2)
+
+    def output_gate(self, x):
+        return torch.sigmoid(self.gate_b(self.gate_a(x)).float())
+
+    def token_flops(self, seq_len):
+        """The 'D' layer's, and for each of the two score matrices of a chunk, its diagonal blocks again: each
+        query times its own decayed copy of its sub-chunk's keys (_channel_decayed_dots)."""
+        C = min(self.chunk, seq_len)
+        n = -(-seq_len // C)
+        inside = 3 * n * 2 * 2 * C * kda_subchunk(C) * self.k_dim
+        return super().token_flops(seq_len) + self.v_heads * inside / seq_len
+
+
+LAYER_KINDS['K'] = ('Kimi Delta Attention', KimiDeltaAttention)
+
+
+class NoPositions(nn.Module):
+    """pos='none': no position information at all, neither a table nor rotations (Kimi Linear, whose recurrent
+    layers know the order and whose attention is MLA without RoPE: its 'rotated' part, if any, is not rotated)."""
+
+    def __init__(self, config):
+        super().__init__()
+
+    def forward(self, x, start):
+        return x, None
+
+
+POSITIONS['none'] = NoPositions
 
 
 # ============================================================================= machinery
@@ -1595,6 +1722,11 @@ FIELD_TYPES = {
     **_kinds('ssm_state_dim ssm_n_groups ssm_conv_kernel ssm_chunk_size', (lambda v, c: _int(v), 'an int >= 1')),
     'ssm_dt_min': NON_NEGATIVE_NUMBER,
     'mlp_with_mixer': BOOL,
+    'kda_rank': OPTIONAL_POSITIVE_INT,
+    'linear_neg_eigval': BOOL,
+    'linear_norm_eps': POSITIVE_NUMBER,
+    'linear_norm_position': (lambda v, c: v is None or v in NORM_POSITIONS,
+                             f"None or one of {', '.join(map(repr, NORM_POSITIONS))}"),
     'rope_fraction': (lambda v, c: _number(v) and 0 < v <= 1, 'in (0, 1]'),
     'dropout': (lambda v, c: _number(v) and 0 <= v < 1, 'in [0, 1)'),
     **_kinds('norm_eps rope_theta rope_factor rope_low_freq_factor rope_high_freq_factor yarn_beta_fast '
@@ -1636,7 +1768,8 @@ def _mla_cannot(c):
 
 MLA_FIELDS = ('kv_lora_rank', 'q_lora_rank', 'qk_nope_head_dim', 'qk_rope_head_dim', 'v_head_dim')
 LINEAR_FIELDS = ('linear_n_key_head', 'linear_n_value_head', 'linear_key_dim', 'linear_value_dim',
-                 'linear_conv_kernel', 'linear_chunk_size')
+                 'linear_conv_kernel', 'linear_chunk_size', 'linear_neg_eigval', 'linear_norm_eps',
+                 'linear_norm_position')
 SSM_FIELDS = ('ssm_n_head', 'ssm_head_dim', 'ssm_state_dim', 'ssm_n_groups', 'ssm_conv_kernel', 'ssm_chunk_size',
               'ssm_dt_min')
 EXPERT_ONLY_FIELDS = ('moe_bias', 'swiglu_limit')  # the experts' own: MoE only, even with dense layers first
@@ -1701,9 +1834,16 @@ DEPENDS = [
     (lambda c: c.linear_dims['v_heads'] % c.linear_dims['k_heads'] != 0,
      lambda c: f"linear_n_value_head ({c.linear_dims['v_heads']}) must be a multiple of linear_n_key_head "
                f"({c.linear_dims['k_heads']}): each key head serves a group of value heads"),
-    (lambda c: _changed(c, LINEAR_FIELDS) and 'D' not in c.layer_kinds,
-     lambda c: f"{', '.join(_changed(c, LINEAR_FIELDS))} apply to Gated DeltaNet ('D') layers and layers={c.layers!r} "
-               f"has none: add 'D' to layers or leave them at their defaults"),
+    (lambda c: _changed(c, LINEAR_FIELDS) and not set('DK') & set(c.layer_kinds),
+     lambda c: f"{', '.join(_changed(c, LINEAR_FIELDS))} apply to Gated DeltaNet ('D') and Kimi Delta Attention ('K') "
+               f"layers and layers={c.layers!r} has none: add 'D' or 'K' to layers or leave them at their defaults"),
+    (lambda c: c.linear_norm_position not in (None, c.norm_position) and 'post' in (c.norm_position,
+                                                                         c.linear_norm_position),
+     lambda c: f"linear_norm_position={c.linear_norm_position!r} with norm_position={c.norm_position!r}: a 'post' "
+               f"block ends in its own norm and the others need a final one; use 'post' for both or neither"),
+    (lambda c: c.kda_rank is not None and 'K' not in c.layer_kinds,
+     lambda c: f"kda_rank={c.kda_rank} applies to Kimi Delta Attention ('K') layers and layers={c.layers!r} has none: "
+               f"add 'K' to layers or set --kda_rank=None"),
     (lambda c: c.pos == 'rope' and (c.rope_dim % 2 != 0 or c.rope_dim < 2),
      lambda c: f"pos='rope' needs an even number of rotated dims per head (head_dim * rope_fraction, or "
                f"qk_rope_head_dim with MLA), got {c.rope_dim}"),

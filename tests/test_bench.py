@@ -330,3 +330,15 @@ def test_decoding_against_hugging_face_on_the_same_weights(tmp_path):
 
 def test_vs_hf_batches_that_are_not_ints_are_one_error_line():
     expect_one_error(bench('--vs_hf=True', '--vs_hf_batches=1,x', cwd=REPO_ROOT), 'vs_hf_batches', "'1,x'")
+
+
+def test_kda_rows_keep_the_deltanets_cache(tmp_path):
+    """Kimi Delta Attention keeps what a Gated DeltaNet of the same widths keeps: 'KKKG' the cache of 'DDDG',
+    all 'K' four conv inputs and states (3 x 32 channels x 3 positions, 2 heads x 16 x 16), whatever the length."""
+    result = bench('--variants=kda-hybrid,kda', '--n_layer=4', '--json=b.json', '--decode_uncached=False', cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = {r['variant']: r for r in json.loads((tmp_path / 'b.json').read_text())['rows']}
+    state = (3 * 32 * 3 + 2 * 16 * 16) * 4
+    assert rows['kda']['kv_bytes_per_sequence'] == 4 * state
+    assert rows['kda-hybrid']['kv_bytes_per_sequence'] == 2 * 1 * 16 * 16 * 4 + 3 * state  # and one global layer's K/V
+    assert rows['kda']['decode_tokens_per_s_cached'] > 0 and rows['kda-hybrid']['train_ms_per_iter'] > 0

@@ -412,6 +412,12 @@ def test_a_decoding_step_masks_attention_after_a_recurrent_layer_of_the_same_pos
     masks the attention's unwritten slots (the recurrent layer, first, has none to mask)."""
     model = build(pos='rope', layers=layers, ssm_state_dim=4) if layers == 'SN' else build(pos='rope', layers=layers)
     seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(83))
+@torch.no_grad()
+def test_a_decoding_step_of_kimi_delta_attention_and_mla_without_positions():
+    """Kimi Linear's shape ('K' layers, MLA with pos='none'): decode_step, writing each token into the cache in
+    place, gives at every position the logits of a full forward."""
+    model = build(pos='none', layers='KG', attn='mla', linear_key_dim=4, linear_value_dim=4, linear_chunk_size=3)
+    seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(62))
     cache = G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
     model(seq[:, :3], cache=cache)
     for i in range(3, BLOCK):

@@ -1909,3 +1909,200 @@ def test_bad_one_part_settings_are_one_line_naming_them(overrides, message):
     with pytest.raises(ValueError) as e:
         tiny_config(**overrides)
     assert message in str(e.value) and '\n' not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- Kimi Delta Attention ('K'), pos='none'
+
+def kda_inputs(B, H, T, dk, dv, seed):
+    """q, k, v, a decay per key channel and beta, as a 'K' layer makes them."""
+    gen = torch.Generator().manual_seed(seed)
+    q = M.l2_normalize(torch.randn(B, H, T, dk, generator=gen)) * dk ** -0.5
+    k = M.l2_normalize(torch.randn(B, H, T, dk, generator=gen))
+    v = torch.randn(B, H, T, dv, generator=gen)
+    g = -3 * torch.rand(B, H, T, dk, generator=gen)  # some channels keep almost all, others forget fast
+    beta = torch.rand(B, H, T, generator=gen)
+    return q, k, v, g, beta, torch.randn(B, H, dk, dv, generator=gen)
+
+
+@pytest.mark.parametrize('B, H, T, dk, dv, chunk', [(2, 3, 13, 8, 6, 4), (1, 2, 7, 4, 5, 64), (2, 2, 17, 6, 8, 8),
+                                                      (1, 1, 1, 4, 4, 3), (1, 2, 75, 4, 6, 32), (1, 1, 40, 4, 4, 48)])
+def test_kimi_delta_chunked_equals_recurrent_with_a_decay_per_channel(B, H, T, dk, dv, chunk):
+    """A decay per key channel: the chunked form and the recurrent one agree on outputs and final state, from
+    zeros or a carried state, at odd lengths and chunks that do not divide them, chunks of one sub-chunk or of
+    several (32, 48: sub-chunks of 16, a key factored through its query's sub-chunk start, decays summed to -70)."""
+    q, k, v, g, beta, carried = kda_inputs(B, H, T, dk, dv, B * 100 + T)
+    for state in (None, carried):
+        chunked, chunked_state = M.gated_delta_chunked(q, k, v, g, beta, chunk, state, final=True)
+        recurrent, recurrent_state = M.gated_delta_recurrent(q, k, v, g, beta, state)
+        assert_close(chunked, recurrent, atol=1e-5)
+        assert_close(chunked_state, recurrent_state, atol=1e-5)
+
+
+def test_kimi_delta_decays_each_channel_of_the_state_at_its_own_rate():
+    """One head, two tokens, by hand: row c of the state decays by e^g_c before the second write; and a decay
+    equal over the channels is the per-head rule."""
+    q, k, v, g, beta, _ = kda_inputs(1, 1, 2, 3, 2, 9)
+    S1 = torch.outer(k[0, 0, 0], beta[0, 0, 0] * v[0, 0, 0])
+    decayed = g[0, 0, 1].exp()[:, None] * S1
+    S2 = decayed + torch.outer(k[0, 0, 1], beta[0, 0, 1] * (v[0, 0, 1] - decayed.T @ k[0, 0, 1]))
+    expected = torch.stack((S1.T @ q[0, 0, 0], S2.T @ q[0, 0, 1]))
+    for out, state in (M.gated_delta_chunked(q, k, v, g, beta, 2, final=True), M.gated_delta_recurrent(q, k, v, g, beta)):
+        assert_close(out[0, 0], expected, atol=1e-6)
+        assert_close(state[0, 0], S2, atol=1e-6)
+    per_head = g[..., 0]
+    assert_close(M.gated_delta_chunked(q, k, v, per_head[..., None].expand_as(g), beta, 2)[0],
+                 M.gated_delta_chunked(q, k, v, per_head, beta, 2)[0], atol=1e-6)
+
+
+KDA = dict(layers='KG', pos='none', attn='mla', norm='rms', mlp='swiglu', linear_chunk_size=5)  # Kimi Linear's shape
+
+
+def test_a_kda_model_trains_and_every_part_gets_a_gradient():
+    model = build(**KDA)
+    attn = model.transformer.h[0].attn
+    assert type(attn) is M.KimiDeltaAttention and not hasattr(attn, 'in_proj_z') and not hasattr(attn, 'in_proj_a')
+    assert attn.dt_bias.shape == (N_HEAD * (N_EMBD // N_HEAD),) and attn.A_log.shape == (N_HEAD,)
+    check_backward(model)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    data = torch.randint(0, VOCAB, (4, BLOCK + 1), generator=torch.Generator().manual_seed(3))
+    losses = []
+    for _ in range(8):
+        _, loss = model(data[:, :-1], data[:, 1:])
+        losses.append(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert losses[-1] < losses[0] - 0.5
+
+
+@torch.no_grad()
+def test_kda_decoding_matches_full_forwards_past_block_size():
+    """'K' layers under MLA without positions: each cached step's logits are a full forward's (prefill, a chunk,
+    single tokens), and greedy decoding through context shifts equals decoding without the cache."""
+    model = build(**KDA, kda_rank=4, linear_n_key_head=2, linear_n_value_head=4, linear_key_dim=6)
+    check_causal(model)
+    check_cache_logits(model)
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(8))
+    cached, cached_logits = generate_recording_logits(model, prompt, 40, use_cache=True)
+    plain, plain_logits = generate_recording_logits(model, prompt, 40, use_cache=False)
+    assert torch.equal(cached, reference_greedy(model, prompt, 40)) and torch.equal(cached, plain)
+    assert_close(cached_logits, plain_logits, atol=1e-5)
+
+
+@pytest.mark.parametrize('chunk, T', [(5, 12), (32, 40)])  # one sub-chunk per chunk; two of 16, and a short chunk
+def test_kda_flops_per_token_equals_the_counted_flops(chunk, T, monkeypatch):
+    """The per-channel scores' matmuls (across sub-chunks, and each query's own inside one): what torch counts."""
+    model = build(**{**KDA, 'linear_chunk_size': chunk}, block_size=T)
+    idx = torch.randint(0, VOCAB, (2, T), generator=torch.Generator().manual_seed(40))
+    assert model.flops_per_token(seq_len=T) * 2 * T == counted_training_flops(model, idx, monkeypatch)
+
+
+def test_kda_cache_is_the_deltanets_whatever_the_length():
+    """A 'K' layer keeps what a 'D' layer of the same widths keeps: conv inputs and the state, at any length."""
+    kimi, delta = build(**KDA), build(**{**KDA, 'layers': 'DG'})
+    for seq_len in (3, 9, BLOCK):
+        assert kimi.kv_cache_bytes(2, seq_len) == delta.kv_cache_bytes(2, seq_len)
+        cache = G.KVCache(kimi, 2, seq_len, torch.float32, torch.device('cpu'))
+        assert sum(t.numel() * t.element_size() for layer in cache.layers for t in layer.stores.values()) \
+            == kimi.kv_cache_bytes(2, seq_len)
+    only_kda = build(**{**KDA, 'layers': 'K'})
+    assert only_kda.kv_cache_bytes(2, 3) == only_kda.kv_cache_bytes(2, BLOCK) > 0  # the MLA layer's grows
+
+
+@torch.no_grad()
+@pytest.mark.parametrize('rope_width', [0, 4])
+def test_mla_without_positions_is_blind_to_order_and_decodes(rope_width):
+    """pos='none': no table, no rotation; MLA's shared key part (width 0, or 4 and not rotated) carries no
+    position, so permuting earlier tokens changes nothing; cached decoding (the absorbed form) is exact."""
+    model = build(n_layer=1, pos='none', attn='mla', qk_rope_head_dim=rope_width)  # one layer: causality below
+    assert model.config.mla_dims['rope'] == rope_width and not list(model.transformer.wpe.parameters())  # would tell
+    idx = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(54))
+    swapped = idx.clone()
+    swapped[0, [3, 5]] = idx[0, [5, 3]]
+    assert_close(model(swapped)[0][0, -1], model(idx)[0][0, -1], atol=1e-5)
+    check_cache_logits(model)
+
+
+@pytest.mark.parametrize('overrides, field', [
+    (dict(kda_rank=4), 'kda_rank'),  # no 'K' layer
+    (dict(layers='DG', kda_rank=4), 'kda_rank'),
+    (dict(layers='KG', kda_rank=0), 'kda_rank'),
+    (dict(layers='KG', linear_n_key_head=2, linear_n_value_head=3), 'linear_n_value_head'),
+    (dict(layers='KG', pos='bogus'), 'pos'),
+])
+def test_bad_kda_settings_are_one_line_naming_the_field(overrides, field):
+    with pytest.raises(ValueError) as e:
+        tiny_config(**overrides)
+    assert field in str(e.value) and '\n' not in str(e.value)
+    tiny_config(layers='KG', linear_chunk_size=8, kda_rank=4)  # linear_* settings apply to 'K' layers too
+
+
+def test_kimi_delta_chunked_stays_finite_where_decays_are_strong():
+    """Decays summing to -1000 inside a chunk: no factor e^-G overflows (NaN), and the forms still agree."""
+    q, k, v, g, beta, state = kda_inputs(1, 2, 40, 4, 4, 11)
+    g = g * 10  # -30 per token at most: e^-G over a chunk of 32 would be e^960
+    chunked, chunked_state = M.gated_delta_chunked(q, k, v, g, beta, 32, state, final=True)
+    recurrent, recurrent_state = M.gated_delta_recurrent(q, k, v, g, beta, state)
+    assert torch.isfinite(chunked).all()
+    assert_close(chunked, recurrent, atol=1e-5)
+    assert_close(chunked_state, recurrent_state, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- OLMo hybrid's Gated DeltaNet
+
+@pytest.mark.parametrize('per_channel', [False, True])
+def test_delta_rule_forms_agree_with_negative_eigenvalues(per_channel):
+    """beta in [0, 2] (linear_neg_eigval): I - beta k k^T may flip a direction; the chunked and recurrent forms
+    still agree (chunks of 4 over 13 tokens, a carried state)."""
+    q, k, v, g, beta, state = kda_inputs(2, 2, 13, 6, 5, 12)
+    g = g if per_channel else g[..., 0]
+    beta = 2 * beta
+    chunked, chunked_state = M.gated_delta_chunked(q, k, v, g, beta, 4, state, final=True)
+    recurrent, recurrent_state = M.gated_delta_recurrent(q, k, v, g, beta, state)
+    assert_close(chunked, recurrent, atol=1e-5)
+    assert_close(chunked_state, recurrent_state, atol=1e-5)
+
+
+OLMO_HYBRID = dict(layers='DG', pos='rope', norm='rms', mlp='swiglu', bias=False, norm_position='after', qk_norm=True,
+                   qk_norm_all_heads=True, linear_neg_eigval=True, linear_norm_eps=1e-5, linear_norm_position='pre',
+                   linear_chunk_size=5)
+
+
+@torch.no_grad()
+def test_olmo_hybrid_blocks_place_norms_by_kind_double_beta_and_decode_exactly(monkeypatch):
+    """linear_norm_position: the 'D' block pre-norm, the attention block as norm_position says; the 'D' layer's
+    output norm has its own epsilon and beta doubled (its write strengths reach past 1); cached decoding equals
+    full forwards past block_size."""
+    model = build(**OLMO_HYBRID)
+    deltanet, attention = model.transformer.h
+    assert deltanet.norm_position == 'pre' and attention.norm_position == 'after'
+    assert deltanet.attn.eps == 1e-5 and deltanet.attn.beta_scale == 2.0
+    betas, original = [], M.gated_delta_chunked
+
+    def recording(q, k, v, g, beta, *args, **kwargs):
+        betas.append(beta)
+        return original(q, k, v, g, beta, *args, **kwargs)
+    monkeypatch.setattr(M, 'gated_delta_chunked', recording)
+    model(torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(5)))
+    monkeypatch.undo()
+    assert betas[0].max() > 1 and betas[0].min() >= 0
+    check_causal(model)
+    check_cache_logits(model)
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(8))
+    cached = model.generate(prompt, 2 * BLOCK, temperature=0.0)
+    assert torch.equal(cached, reference_greedy(model, prompt, 2 * BLOCK))
+
+
+@pytest.mark.parametrize('overrides, field', [
+    (dict(linear_neg_eigval=True), 'linear_neg_eigval'),  # no 'D' or 'K' layer
+    (dict(layers='DG', linear_neg_eigval=1), 'linear_neg_eigval'),
+    (dict(layers='DG', linear_norm_eps=0.0), 'linear_norm_eps'),
+    (dict(layers='DG', linear_norm_position='middle'), 'linear_norm_position'),
+    (dict(layers='DG', linear_norm_position='post'), 'linear_norm_position'),  # only some blocks ending in a norm
+    (dict(layers='DG', norm_position='post', linear_norm_position='pre'), 'linear_norm_position'),
+])
+def test_bad_olmo_hybrid_settings_are_one_line_naming_the_field(overrides, field):
+    with pytest.raises(ValueError) as e:
+        tiny_config(**overrides)
+    assert field in str(e.value) and '\n' not in str(e.value)
