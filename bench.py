@@ -19,7 +19,7 @@ decode_prompt: decoding starts after this many prompt tokens (the cache already 
 nanogpt_dir: a checkout of karpathy/nanoGPT; its GPT, at the same sizes, is timed as an extra row.
 vs_hf: greedy decoding of each variant against Hugging Face generate on the same weights (bench_decode.py):
 
-    python bench.py --vs_hf=True --variants=vanilla,modern --threads=2 --device=cpu
+    python bench.py --vs_hf=True --variants=vanilla,modern --threads=2 --device=cpu --vs_hf_dtype=float32,bfloat16
     python bench.py --vs_hf=True --variants=mha,modern,mla --decode_prompt=1024 --block_size=1280 --threads=2
 Training times full steps (forward, backward, AdamW) on random tokens; decoding samples decode_tokens new
 tokens (temperature 1) from a one-token prompt. peak_flops 0: a known GPU's datasheet, else a measured matmul.
@@ -72,6 +72,7 @@ vs_hf = False
 vs_hf_batches = '1,8'
 vs_hf_repeats = 3  # the runs of each side, interleaved (ours, ours compiled, HF, ours, ...): the best is kept
 vs_hf_profile = False  # also the top operators of a decoding step, ours eager and compiled (torch.profiler)
+vs_hf_dtype = 'float32'  # both sides' weights and KV caches; a list (float32,bfloat16) gives rows for each
 threads = 0  # intra-op threads; 0: torch's default
 # a bare --json means the default file
 argv = ['--json=bench.json' if arg == '--json' else arg for arg in sys.argv[1:]]
@@ -165,7 +166,11 @@ if vs_hf:
     if min(batches) < 1 or vs_hf_repeats < 1:
         die(f"vs_hf_batches must be a comma-separated list of ints >= 1 and vs_hf_repeats >= 1, got "
             f"{vs_hf_batches!r} and {vs_hf_repeats}")
-    compare_with_hf(configs, batches, decode_prompt, decode_tokens, vs_hf_repeats, device, seed, json, vs_hf_profile)
+    vs_hf_dtypes = [d.strip() for d in vs_hf_dtype.split(',')]
+    if not all(d in DTYPES for d in vs_hf_dtypes):
+        die(f"vs_hf_dtype must be a comma-separated list of {', '.join(DTYPES)}; got {vs_hf_dtype!r}")
+    compare_with_hf(configs, batches, decode_prompt, decode_tokens, vs_hf_repeats, device, seed, json, vs_hf_profile,
+                    vs_hf_dtypes)
     sys.exit(0)
 if compile is None:
     compile = device_type == 'cuda'

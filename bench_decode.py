@@ -1,14 +1,24 @@
 """
 Greedy decoding against Hugging Face generate on the same weights, for bench.py --vs_hf=True (its settings
-give the variants, the prompt, the new tokens and the device):
+give the variants, the prompt, the new tokens, the device and the dtypes):
 
     python bench.py --vs_hf=True --variants=vanilla,modern --threads=2 --device=cpu
+    python bench.py --vs_hf=True --variants=vanilla,modern --threads=2 --device=cpu --vs_hf_dtype=float32,bfloat16
 
-Each variant is built with random weights and exported to its Hugging Face family (export.to_hf); three
-decoders then run whole generate calls in turn, the best of vs_hf_repeats kept for each: ours eager, ours
-with compile_decoding() (the compile is a warm-up call, not timed) and transformers' generate. Tokens/s count
-the new tokens of the batch over the whole call, prefill included, the same work on both sides; the tokens of
-all three must be identical. --vs_hf_profile=True adds the top operators of a decoding step (torch.profiler).
+Each variant is built with random weights and exported to its Hugging Face family (export.to_hf); both models are
+then cast to each of vs_hf_dtype (weights and so the KV cache: each side keeps it in its weights' dtype) and three
+decoders run whole generate calls in turn, the best of vs_hf_repeats kept for each: ours eager, ours with
+compile_decoding() (the compile is a warm-up call, not timed) and transformers' generate. Tokens/s count the new
+tokens of the batch over the whole call, prefill included, the same work on both sides. In float32 the tokens of
+all three must be identical; in a 16-bit dtype the two sides round different sums differently, and a greedy
+choice between near-equal logits can go either way, so the row says how many new tokens match HF's.
+
+What bounds a step: each row gives the bytes a decoding step reads (every weight it multiplies by and the KV cache
+at the last step's length, in that dtype) and the time this machine takes to read that many bytes, measured in the
+same run (a sum over a tensor of that size: from the caches when it fits in them, as the weights then are); the
+header gives the main-memory read bandwidth (a sum over 256 MB). A step near its read floor is bound by bytes; one
+well above it, by compute or by fixed costs per step. --vs_hf_profile=True adds the top operators of a decoding
+step (torch.profiler).
 """
 
 import copy
@@ -17,10 +27,13 @@ import math
 import time
 
 import torch
+from torch import nn
 
 from common import write_output
 from export import to_hf
 from model import GPT
+
+DECODERS = ('ours eager', 'ours compiled', 'HF generate')
 
 
 def _sync(device):
@@ -37,6 +50,31 @@ def _decoders(ours, fast, hf, idx, new_tokens):
                                                eos_token_id=None, pad_token_id=0)}
 
 
+def step_bytes(model, batch, seq_len):
+    """(weight bytes, KV cache bytes) one decoding step of `batch` sequences reads at seq_len positions, in the
+    model's dtype: every weight a step multiplies by (a tied head reads the whole token table; an embedding table
+    used only for lookups is a row per token: left out; with MoE all experts, an upper bound) and the whole cache
+    (a step's attention reads every slot of it, the masked ones too)."""
+    weights = {id(p): p for m in model.modules() if not isinstance(m, nn.Embedding)  # learned positions are one too
+               for p in m.parameters(recurse=False)}
+    weight_bytes = sum(p.numel() * p.element_size() for p in weights.values())
+    return weight_bytes, model.kv_cache_bytes(batch, seq_len, model.lm_head.weight.dtype)
+
+
+def read_seconds(nbytes, device, repeats=20):
+    """The best of `repeats` times this machine takes to read nbytes once: a sum over an fp32 tensor of that size
+    (one that fits in the caches is read from them after the first pass, as a step's weights are)."""
+    data = torch.ones(max(1, nbytes // 4), device=device)
+    best = math.inf
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        data.sum()
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def step_profile(model, idx, steps=50, rows=10):
     """The top operators (self CPU time) of `steps` decoding steps after a prefill, as torch.profiler's table, and
     the wall ms per step."""
@@ -51,53 +89,99 @@ def step_profile(model, idx, steps=50, rows=10):
     return prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=rows), ms
 
 
-def compare_with_hf(configs, batches, prompt_len, new_tokens, repeats, device, seed, json_path='', profile=False):
-    """Print a Markdown table of tokens/s per variant and batch (ours eager, ours compiled, HF, the ratios to HF)
-    and whether the tokens are identical; return its rows."""
+def _time_decoders(decoders, repeats, device):
+    """The tokens of each decoder (a warm-up call: compiles, allocates) and the best of `repeats` interleaved calls."""
+    with torch.no_grad():
+        tokens = {k: run() for k, run in decoders.items()}
+        best = dict.fromkeys(decoders, math.inf)
+        for _ in range(repeats):
+            for k, run in decoders.items():
+                _sync(device)
+                t0 = time.perf_counter()
+                run()
+                _sync(device)
+                best[k] = min(best[k], time.perf_counter() - t0)
+    return tokens, best
+
+
+def _matches(tokens, prompt_len):
+    """The new tokens of each decoder equal to HF's at the same place (after a first difference greedy decoding
+    continues different texts, so it is also where the rows part)."""
+    ref = tokens['HF generate'][:, prompt_len:].cpu()
+    return {k: int((t[:, prompt_len:].cpu() == ref).sum()) for k, t in tokens.items()}
+
+
+def _row(name, hf, dtype, batch, prompt_len, new_tokens, ours, tokens, best, device):
+    weight_bytes, cache_bytes = step_bytes(ours, batch, prompt_len + new_tokens)
+    tps = {k: batch * new_tokens / t for k, t in best.items()}
+    matching = _matches(tokens, prompt_len)
+    return {'variant': name, 'hf_class': type(hf).__name__, 'dtype': dtype, 'batch': batch, **tps,
+            'eager_vs_hf': tps['ours eager'] / tps['HF generate'],
+            'compiled_vs_hf': tps['ours compiled'] / tps['HF generate'],
+            'tokens_identical': min(matching.values()) == batch * new_tokens,
+            'matching_tokens': matching, 'new_tokens_total': batch * new_tokens,
+            'step_weight_bytes': weight_bytes, 'step_cache_bytes': cache_bytes,
+            'step_bytes': weight_bytes + cache_bytes,
+            'read_floor_ms': 1000 * read_seconds(weight_bytes + cache_bytes, device),
+            'step_ms': {k: 1000 * t / new_tokens for k, t in best.items()}}
+
+
+def _agreement(r):
+    if r['tokens_identical']:
+        return 'yes'
+    m = r['matching_tokens']
+    return (f"NO: eager {m['ours eager']}, compiled {m['ours compiled']} of {r['new_tokens_total']}"
+            if r['dtype'] == 'float32' else f"{min(m['ours eager'], m['ours compiled'])}/{r['new_tokens_total']}")
+
+
+def print_table(rows):
+    print('| variant | HF class | dtype | batch | MB read/step | read floor ms | compiled ms/step | HF ms/step | '
+          'ours eager tok/s | ours compiled tok/s | HF generate tok/s | eager / HF | compiled / HF | '
+          'tokens as HF |')
+    print('|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|')
+    for r in rows:
+        print(f"| {r['variant']} | {r['hf_class']} | {r['dtype']} | {r['batch']} | {r['step_bytes'] / 1e6:.1f} | "
+              f"{r['read_floor_ms']:.2f} | {r['step_ms']['ours compiled']:.2f} | {r['step_ms']['HF generate']:.2f} | "
+              f"{r['ours eager']:,.0f} | {r['ours compiled']:,.0f} | {r['HF generate']:,.0f} | "
+              f"{r['eager_vs_hf']:.2f}x | {r['compiled_vs_hf']:.2f}x | {_agreement(r)} |")
+
+
+def compare_with_hf(configs, batches, prompt_len, new_tokens, repeats, device, seed, json_path='', profile=False,
+                    dtypes=('float32',)):
+    """Print a Markdown table of tokens/s per variant, dtype and batch (ours eager, ours compiled, HF, the ratios to
+    HF), the bytes a step reads against the time to read them here, and how many tokens match HF's; return its rows."""
     import transformers
     transformers.logging.set_verbosity_error()  # generate's notes on random weights' generation config
+    bandwidth = 2 ** 28 / read_seconds(2 ** 28, device, repeats=5)
     print(f"greedy decoding of {new_tokens} tokens after a {prompt_len}-token prompt, {device}, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}, transformers {transformers.__version__}; "
-          f"best of {repeats} interleaved runs of whole generate calls", flush=True)
+          f"best of {repeats} interleaved runs of whole generate calls; main-memory read bandwidth "
+          f"{bandwidth / 1e9:.1f} GB/s (a sum over 256 MB)", flush=True)
     rows = []
-    for name, cfg in configs:
-        torch.manual_seed(seed)
-        ours = GPT(cfg).to(device).eval()
-        hf = to_hf(ours).to(device).eval()
-        fast = copy.deepcopy(ours).compile_decoding()
-        for batch in batches:
-            idx = torch.randint(cfg.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
-            idx = idx.to(device)
-            decoders = _decoders(ours, fast, hf, idx, new_tokens)
-            with torch.no_grad():
-                tokens = {k: run() for k, run in decoders.items()}  # warm-up: compiles, allocates
-                best = dict.fromkeys(decoders, math.inf)
-                for _ in range(repeats):
-                    for k, run in decoders.items():
-                        _sync(device)
-                        t0 = time.perf_counter()
-                        run()
-                        _sync(device)
-                        best[k] = min(best[k], time.perf_counter() - t0)
-            tps = {k: batch * new_tokens / t for k, t in best.items()}
-            same = all(torch.equal(t.cpu(), tokens['HF generate'].cpu()) for t in tokens.values())
-            rows.append({'variant': name, 'hf_class': type(hf).__name__, 'batch': batch, **tps,
-                         'eager_vs_hf': tps['ours eager'] / tps['HF generate'],
-                         'compiled_vs_hf': tps['ours compiled'] / tps['HF generate'], 'tokens_identical': same})
-            print(f"{name} batch {batch}: " + ', '.join(f"{k} {v:,.0f} tok/s" for k, v in tps.items()) +
-                  f"; tokens identical: {same}", flush=True)  # a long run's figures as they come
-            if profile:
-                for k, model in (('ours eager', ours), ('ours compiled', fast)):
-                    table, ms = step_profile(model, idx)
-                    print(f"\n{name} batch {batch}, {k}: {ms:.2f} ms per decoding step (under the profiler)\n{table}")
-    print('| variant | HF class | batch | ours eager tok/s | ours compiled tok/s | HF generate tok/s | eager / HF | '
-          'compiled / HF | tokens identical |')
-    print('|---|---|---:|---:|---:|---:|---:|---:|---|')
-    for r in rows:
-        print(f"| {r['variant']} | {r['hf_class']} | {r['batch']} | {r['ours eager']:,.0f} | "
-              f"{r['ours compiled']:,.0f} | {r['HF generate']:,.0f} | {r['eager_vs_hf']:.2f}x | "
-              f"{r['compiled_vs_hf']:.2f}x | {'yes' if r['tokens_identical'] else 'NO'} |")
+    for dtype in dtypes:
+        for name, cfg in configs:
+            torch.manual_seed(seed)
+            ours = GPT(cfg).to(device).eval()
+            hf = to_hf(ours).to(device).eval()  # exported in fp32, then both cast alike: the same rounded weights
+            ours, hf = ours.to(getattr(torch, dtype)), hf.to(getattr(torch, dtype))
+            fast = copy.deepcopy(ours).compile_decoding()
+            for batch in batches:
+                idx = torch.randint(cfg.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
+                idx = idx.to(device)
+                tokens, best = _time_decoders(_decoders(ours, fast, hf, idx, new_tokens), repeats, device)
+                rows.append(_row(name, hf, dtype, batch, prompt_len, new_tokens, ours, tokens, best, device))
+                r = rows[-1]
+                print(f"{name} {dtype} batch {batch}: " + ', '.join(f"{k} {r[k]:,.0f} tok/s" for k in DECODERS) +
+                      f"; {r['step_bytes'] / 1e6:.1f} MB a step, read in {r['read_floor_ms']:.2f} ms here; "
+                      f"tokens as HF: {_agreement(r)}", flush=True)  # a long run's figures as they come
+                if profile:
+                    for k, model in (('ours eager', ours), ('ours compiled', fast)):
+                        table, ms = step_profile(model, idx)
+                        print(f"\n{name} {dtype} batch {batch}, {k}: {ms:.2f} ms per decoding step (under the "
+                              f"profiler)\n{table}")
+    print_table(rows)
     if json_path:
         write_output(json_path, json.dumps({'prompt': prompt_len, 'new_tokens': new_tokens,
-                                            'threads': torch.get_num_threads(), 'rows': rows}, indent=2), '--json')
+                                            'threads': torch.get_num_threads(), 'read_bandwidth_bytes_per_s': bandwidth,
+                                            'rows': rows}, indent=2), '--json')
     return rows

@@ -324,8 +324,8 @@ def test_decoding_against_hugging_face_on_the_same_weights(tmp_path):
     for r in rows:
         assert r['tokens_identical'] and min(r['ours eager'], r['ours compiled'], r['HF generate']) > 0
         assert r['compiled_vs_hf'] == pytest.approx(r['ours compiled'] / r['HF generate'])
-        assert f"| {r['variant']} | {r['hf_class']} | 2 | " in result.stdout
-    assert '| yes |' in result.stdout and '| NO |' not in result.stdout
+        assert f"| {r['variant']} | {r['hf_class']} | float32 | 2 | " in result.stdout
+    assert '| yes |' in result.stdout and '| NO' not in result.stdout
 
 
 def test_vs_hf_batches_that_are_not_ints_are_one_error_line():

@@ -1,0 +1,65 @@
+"""bench_decode.py (bench.py --vs_hf=True): the dtype reaching both sides, the bytes a step reads, a bad dtype."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+import bench_decode  # noqa: E402
+from model import GPT, GPTConfig, swap_flags  # noqa: E402
+from test_bench import bench, expect_one_error  # noqa: E402
+
+TINY = dict(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=65, bias=False)
+
+
+def test_vs_hf_dtype_reaches_our_model_and_hugging_faces(monkeypatch):
+    """Both sides decode in bfloat16: every weight of ours, of the copy compile_decoding would compile and of HF's
+    (not compiled here: the dtype is what is checked, and a compile takes tens of seconds)."""
+    pytest.importorskip('transformers')
+    seen = []
+    make_decoders = bench_decode._decoders
+
+    def recording(ours, fast, hf, idx, new_tokens):
+        seen.append({name: {p.dtype for p in m.parameters()} for name, m in
+                     (('ours', ours), ('fast', fast), ('hf', hf))})
+        return make_decoders(ours, fast, hf, idx, new_tokens)
+    monkeypatch.setattr(bench_decode, '_decoders', recording)
+    monkeypatch.setattr(GPT, 'compile_decoding', lambda self: self)
+    cfg = GPTConfig(**TINY, **swap_flags('modern', TINY))
+    rows = bench_decode.compare_with_hf([('modern', cfg)], [2], 1, 3, 1, 'cpu', 0, dtypes=('bfloat16',))
+    assert seen == [{'ours': {torch.bfloat16}, 'fast': {torch.bfloat16}, 'hf': {torch.bfloat16}}]
+    assert [(r['dtype'], r['hf_class'], r['new_tokens_total']) for r in rows] == [('bfloat16', 'LlamaForCausalLM', 6)]
+    assert set(rows[0]['matching_tokens']) == {'ours eager', 'ours compiled', 'HF generate'}
+    assert rows[0]['matching_tokens']['HF generate'] == 6
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+def test_step_bytes_are_the_weights_a_step_multiplies_by_and_the_whole_cache(dtype):
+    """GPT-2's block without biases, counted from its shapes: per layer two norms, the qkv and output projections
+    (4 C^2) and the MLP (8 C^2); the final norm; the head, which is the token table (tied): the table is read whole
+    once, the position table only a row (left out). The cache: keys and values of every layer at every position."""
+    C, L, V, B, T = TINY['n_embd'], TINY['n_layer'], TINY['vocab_size'], 3, 10
+    model = GPT(GPTConfig(**TINY)).to(dtype)
+    weights, cache = bench_decode.step_bytes(model, B, T)
+    size = torch.empty((), dtype=dtype).element_size()
+    assert weights == (L * (2 * C + 12 * C * C) + C + V * C) * size
+    assert cache == 2 * L * B * T * C * size
+
+
+def test_step_bytes_count_an_untied_head_and_grouped_keys_once():
+    """The modern block: an untied head is read, the token table it is not tied to is a lookup; GQA's cache holds
+    its n_kv_head heads only."""
+    cfg = GPTConfig(**TINY, **swap_flags('modern', TINY), tie_embeddings=False)
+    model = GPT(cfg)
+    weights, cache = bench_decode.step_bytes(model, 2, 8)
+    every = sum(p.numel() for p in model.parameters()) * 4
+    assert weights == every - model.transformer.wte.weight.numel() * 4
+    assert cache == 2 * TINY['n_layer'] * 2 * 8 * cfg.kv_heads * (TINY['n_embd'] // TINY['n_head']) * 4
+
+
+def test_a_bad_vs_hf_dtype_is_one_error_line():
+    expect_one_error(bench('--vs_hf=True', '--vs_hf_dtype=float32,int8', cwd=REPO_ROOT), 'vs_hf_dtype',
+                     "'float32,int8'", 'bfloat16')
