@@ -70,12 +70,12 @@ def test_the_explicit_attention_is_the_models_own(overrides):
             recorded, _ = model(idx)
     assert model_module.attend is attend
     torch.testing.assert_close(recorded, expected, rtol=1e-4, atol=1e-5)
-    softmax_layers = [i for i, kind in enumerate(model.layer_kinds) if kind != 'D']
+    softmax_layers = [i for i, kind in enumerate(model.config.layer_kinds) if kind != 'D']
     assert sorted(records) == softmax_layers
     for weights, _ in records.values():
         assert weights.shape == (3, 2, 12, 12) and torch.all(weights.triu(1) == 0)  # causal
     report = probe(model, idx)
-    assert [s is None for s in report['sink_share']] == [kind == 'D' for kind in model.layer_kinds]
+    assert [s is None for s in report['sink_share']] == [kind == 'D' for kind in model.config.layer_kinds]
 
 
 def test_massive_activations_find_a_planted_value():
