@@ -13,7 +13,8 @@ It reads top to bottom as the lesson goes. First the GPT-2 block and the four sw
 
 then each later chapter in a section of its own: mixture of experts (mlp='moe'), multi-head latent attention
 (attn='mla'), long context (rope_scaling), layers of several kinds (layers='LG', 'GGGN': sliding windows and
-NoPE), attention sinks (attn_sinks), linear attention (layers='DDDG': Gated DeltaNet); then the machinery (the
+NoPE), attention sinks (attn_sinks), linear attention (layers='DDDG': Gated DeltaNet), sparse attention
+(index_topk: DeepSeek's lightning indexer); then the machinery (the
 swaps' table, old checkpoints' names, the config's checks as tables).
 
 Every layer's token mixer (attention, latent attention, Gated DeltaNet, ...) is a TokenMixer that declares
@@ -117,6 +118,12 @@ class GPTConfig:
     moe_bias_update_rate: float = 0.001  # sigmoid router: step of the balancing bias per iteration; 0: frozen
     moe_bias: bool = False  # biases on the router and in the experts (gpt-oss)
     swiglu_limit: Optional[float] = None  # experts' clamped SwiGLU (gpt-oss: 7): (clamp(up)+1) * g*sigmoid(1.702g), g = min(gate, limit); None: plain SwiGLU
+    # DeepSeek Sparse Attention (index_topk): a lightning indexer picks the past tokens each query reads (DeepSeek-V3.2, GLM-5)
+    index_topk: Optional[int] = None  # each query of a global attention layer reads only the k past tokens its indexer scores highest; None: all (dense)
+    index_n_heads: int = 4  # the indexer's query heads (DeepSeek-V3.2: 64)
+    index_head_dim: int = 32  # width of the indexer's query heads and of its one key per token; the first rope_dim dims rotate (DeepSeek-V3.2: 128)
+    index_stage: str = 'sparse'  # 'dense': warm-up, attention reads every past token while the indexer learns to score them; 'sparse': it reads the top-k
+    index_loss_coef: float = 1.0  # the indexer's KL loss toward the main attention, times this, joins the training loss; 0: the indexer does not learn
 
     def __post_init__(self):
         check_config(self)  # against the tables at the end of the file
@@ -425,13 +432,16 @@ class CausalSelfAttention(TokenMixer):
         self.scale = config.attn_scale
         self.resid_dropout = nn.Dropout(config.dropout)
         self.dropout = config.dropout
+        self.indexer = None  # DeepSeek Sparse Attention's, on global layers with index_topk (its chapter)
 
     def cache_entries(self):
-        return {'k': (self.n_kv_head, self.head_size), 'v': (self.n_kv_head, self.head_size)}
+        return {'k': (self.n_kv_head, self.head_size), 'v': (self.n_kv_head, self.head_size),
+                **(self.indexer.cache_entries() if self.indexer is not None else {})}
 
     def token_flops(self, seq_len):
-        """q.k and att.v over seq_len keys (at most the window)."""
-        return 3 * 2 * 2 * self.n_head * self.head_size * min(seq_len, self.window or seq_len)
+        """q.k and att.v over seq_len keys (at most the window); and an indexer's."""
+        index = self.indexer.token_flops(seq_len, self.n_head * self.head_size) if self.indexer is not None else 0
+        return 3 * 2 * 2 * self.n_head * self.head_size * min(seq_len, self.window or seq_len) + index
 
     def forward(self, x, rope=None, mask=None, cache=None):
         B, T, _ = x.size()
@@ -448,6 +458,9 @@ class CausalSelfAttention(TokenMixer):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k, v = cache.update(k=k, v=v)
+        if self.indexer is not None:  # DeepSeek Sparse Attention: each query reads the keys its indexer picks
+            mask, k, v = self.indexer.narrow(x, x, rope, mask, cache, k, v)
+            self.indexer.learn(q, k, self.scale)
         y = attend(q, k, v, mask, self.dropout if self.training else 0.0, self.scale, self.sinks)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * hs)
         if self.c_gate is not None:
@@ -597,6 +610,9 @@ class GPT(nn.Module):
             balancing = [m.loss for m in self.moe_layers() if m.loss is not None]
             if balancing:  # the mean over layers: a coefficient means the same at any depth
                 loss = loss + sum(balancing) / len(balancing)
+            index_losses = [m.loss for m in self.indexers() if m.loss is not None]
+            if index_losses:  # DSA's indexers learn from their own loss alone (their inputs are detached)
+                loss = loss + self.config.index_loss_coef * sum(index_losses) / len(index_losses)
         return logits, loss
 
     def embed(self, idx, start=0):
@@ -728,6 +744,19 @@ class GPT(nn.Module):
     def moe_counters(self):
         """The MoE layers' running counts (load, losses): what DDP ranks sum before using them."""
         return [t for m in self.moe_layers() for t in (m.load, m.losses)]
+
+    # ------------------------------------------------------------------------- the indexers' loss (DSA)
+
+    def indexers(self):
+        return [block.attn.indexer for block in self.transformer.h if getattr(block.attn, 'indexer', None) is not None]
+
+    def index_loss_and_reset(self):
+        """The indexers' mean KL loss over the training forwards since the last call (None if none), then
+        the counts restart: what train.py logs apart from the main loss."""
+        totals = sum((m.losses.cpu() for m in self.indexers()), torch.zeros(2))
+        for m in self.indexers():
+            m.losses.zero_()
+        return (totals[0] / totals[1]).item() if totals[1] else None
 
 
 # ============================================================================= the later chapters
@@ -954,20 +983,25 @@ class LatentAttention(TokenMixer):
         if config.rope_scaling and config.yarn_mscale_all_dim:
             self.scale *= _yarn_mscale(config.rope_scale, config.yarn_mscale_all_dim) ** 2
         self.absorb = True  # cached decoding in the absorbed form (False: rebuild keys and values; bench.py)
+        self.indexer = None  # DeepSeek Sparse Attention's, with index_topk (its chapter)
 
     def cache_entries(self):
-        """The latent and the shared rotated key, for all heads."""
-        return {'latent': (1, self.latent_dim + self.rope_dim)}  # [latent | rotated key], as decoding reads them
+        """The latent and the shared rotated key, for all heads (and an indexer's key)."""
+        return {'latent': (1, self.latent_dim + self.rope_dim),  # [latent | rotated key], as decoding reads them
+                **(self.indexer.cache_entries() if self.indexer is not None else {})}
 
     def token_flops(self, seq_len):
-        """q.k and att.v over seq_len rebuilt keys (training's form)."""
+        """q.k and att.v over seq_len rebuilt keys (training's form); and an indexer's."""
         width = self.nope_dim + self.rope_dim + self.v_dim
-        return 3 * 2 * self.n_head * width * min(seq_len, self.window or seq_len)
+        index = self.indexer.token_flops(seq_len, self.n_head * (self.nope_dim + self.rope_dim)) \
+            if self.indexer is not None else 0
+        return 3 * 2 * self.n_head * width * min(seq_len, self.window or seq_len) + index
 
     def forward(self, x, rope=None, mask=None, cache=None):
         B, T, _ = x.size()
         H = self.n_head
-        q = self.q_b(self.q_a_norm(self.q_a(x))) if self.q_proj is None else self.q_proj(x)
+        q_in = self.q_a_norm(self.q_a(x)) if self.q_proj is None else x  # what DSA's indexer makes its queries of too
+        q = self.q_b(q_in) if self.q_proj is None else self.q_proj(x)
         q = q.view(B, T, H, self.nope_dim + self.rope_dim).transpose(1, 2)
         q_nope, q_rope = q.split([self.nope_dim, self.rope_dim], dim=-1)
         latent, k_rope = self.kv_a(x).split([self.latent_dim, self.rope_dim], dim=-1)
@@ -978,6 +1012,8 @@ class LatentAttention(TokenMixer):
         keys = torch.cat((latent, k_rope), dim=-1)  # what the cache keeps of each token
         if cache is not None:
             keys, = cache.update(latent=keys)
+        if self.indexer is not None:  # DeepSeek Sparse Attention: each query reads the keys its indexer picks
+            mask, keys = self.indexer.narrow(x, q_in, rope, mask, cache, keys)
         if cache is not None and T == 1 and self.absorb:
             y = self._absorbed(q_nope, q_rope, keys, mask)
         else:
@@ -985,8 +1021,10 @@ class LatentAttention(TokenMixer):
             kv = self.kv_b(latent.squeeze(1)).view(B, -1, H, self.nope_dim + self.v_dim).transpose(1, 2)
             k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)
             k = torch.cat((k_nope, k_rope.expand(-1, H, -1, -1)), dim=-1)
-            y = attend(torch.cat((q_nope, q_rope), dim=-1), k, v, mask, self.dropout if self.training else 0.0,
-                       self.scale)
+            q = torch.cat((q_nope, q_rope), dim=-1)
+            if self.indexer is not None:
+                self.indexer.learn(q, k, self.scale)
+            y = attend(q, k, v, mask, self.dropout if self.training else 0.0, self.scale)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, H * self.v_dim)))
 
     def _absorbed(self, q_nope, q_rope, keys, mask):
@@ -1232,6 +1270,124 @@ class GatedDeltaNet(TokenMixer):
 LAYER_KINDS['D'] = ('Gated DeltaNet', GatedDeltaNet)
 
 
+# ----------------------------------------------------------------------------- sparse attention: DeepSeek's lightning indexer (index_topk)
+
+def visible_keys(mask, T, S, device):
+    """attend's mask as a boolean (T, S) tensor (or the (1, S) of a decoding step): which keys each query sees."""
+    if isinstance(mask, torch.Tensor):
+        return mask
+    if mask is False or (mask is None and T == 1):
+        return torch.ones(T, S, dtype=torch.bool, device=device)
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)  # causal: query i is key S - T + i
+
+
+class LightningIndexer(nn.Module):
+    """DeepSeek Sparse Attention's indexer (DeepSeek-V3.2): a cheap score of every past token for each query, so
+    the layer's attention reads only the index_topk highest. Its own small query heads (from the queries' input),
+    one key per token (LayerNorm'd), the first rope_dim dims of both rotated; score(query t, token s) = sum over
+    its heads h of w_h(t) * ReLU(q_h(t).k(s)), the weights w from the token too. A cache keeps its keys.
+
+    It learns from its own loss (learn): the KL divergence from the main attention's distribution (summed over
+    heads, renormalized, outside the gradient) to the softmax of its scores, over the keys the attention reads.
+    Its inputs are detached, so the loss moves the indexer alone and the language-model loss the rest.
+    index_stage='dense' is the warm-up: the attention reads every past token while the indexer learns to score
+    them; 'sparse' reads the top-k."""
+
+    def __init__(self, config, query_width):
+        super().__init__()
+        self.n_head, self.head_dim, self.topk = config.index_n_heads, config.index_head_dim, config.index_topk
+        self.dense, self.loss_coef = config.index_stage == 'dense', config.index_loss_coef
+        self.wq = nn.Linear(query_width, self.n_head * self.head_dim, bias=False)
+        self.wk = nn.Linear(config.n_embd, self.head_dim, bias=False)
+        self.k_norm = nn.LayerNorm(self.head_dim, eps=1e-6)  # DeepSeek's: a LayerNorm with a bias
+        self.weights = nn.Linear(config.n_embd, self.n_head, bias=False)
+        self.register_buffer('losses', torch.zeros(2), persistent=False)  # KL summed, forwards
+        self.loss = None  # what this forward adds to the training loss (times index_loss_coef)
+        self._scores = self._reads = None  # this forward's, for learn
+
+    def cache_entries(self):
+        return {'index_k': (1, self.head_dim)}
+
+    def token_flops(self, seq_len, qk_width):
+        """Its scores over seq_len keys (forward and backward), and the main attention's q.k once more for the
+        loss's target (forward only); the attention itself reads every key in training (masked). GPT counts 6 per
+        weight of every Linear: the indexer's inputs are detached, so its Linears take no input gradient (4 per
+        weight), and without its loss (index_loss_coef=0) nothing of it runs backward (2)."""
+        learns = bool(self.loss_coef)
+        weights = sum(m.weight.numel() for m in (self.wq, self.wk, self.weights))
+        scores = (3 if learns else 1) * 2 * self.n_head * self.head_dim * seq_len
+        target = 2 * qk_width * seq_len if learns else 0
+        return scores + target - (2 if learns else 4) * weights
+
+    def scores(self, x, q_in, rope, cache):
+        """(B, T, S): every new query's score of every key it may see (a cache's too)."""
+        B, T, _ = x.shape
+        x, q_in = x.detach(), q_in.detach()
+        q = self.wq(q_in).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_norm(self.wk(x)).unsqueeze(1)  # (B, 1, T, D): one key for all heads
+        if rope is not None:  # the tables' width: the first rope_dim dims turn, the rest pass
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if cache is not None:
+            k, = cache.update(index_k=k)
+        dots = F.relu(q.float() @ k.float().transpose(-1, -2)) * self.head_dim ** -0.5  # (B, H, T, S)
+        w = self.weights(x).float() * self.n_head ** -0.5  # (B, T, H)
+        return (w.transpose(1, 2).unsqueeze(-1) * dots).sum(1)
+
+    def narrow(self, x, q_in, rope, mask, cache, *keys):
+        """The attention's mask for the picked keys, and its keys (B, heads, S, dim): as they are, or in a
+        decoding step (one query, a cache) only the index_topk picked, so the step reads k entries, not S."""
+        scores = self.scores(x, q_in, rope, cache)
+        B, T, S = scores.shape
+        reads = visible_keys(mask, T, S, x.device)
+        self._scores, self._reads = scores, reads
+        if self.dense or self.topk >= S:  # every visible key is picked: the dense attention, as it is
+            return (mask, *keys)
+        # the k best; of equal scores (ReLU makes zeros common) the earliest keys, so a decoding step over the
+        # cache's slots picks what a forward over the sequence picks (a key's slot is its position)
+        picked = scores.masked_fill(~reads, float('-inf')).sort(dim=-1, descending=True, stable=True).indices
+        picked = picked[..., :self.topk]  # (B, T, k)
+        if T == 1 and cache is not None:
+            index = picked[:, None, 0, :, None]  # (B, 1, k, 1)
+            keys = [t.gather(2, index.expand(-1, t.size(1), -1, t.size(-1))) for t in keys]
+            seen = reads.expand(B, S).gather(1, picked[:, 0])  # a pick among unwritten slots sees nothing
+            return (seen[:, None, None, :], *keys)
+        reads = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, picked, True) & reads
+        self._reads = reads
+        return (reads[:, None], *keys)
+
+    def learn(self, q, k, scale):
+        """In training, the KL loss of this forward (self.loss) from the main attention's queries q (B, H, T, dim)
+        and keys k (B, H or fewer, S, dim), over the keys the attention read."""
+        self.loss = None
+        if not (self.training and self.loss_coef):
+            return
+        reads, log_index = self._reads, self._scores.masked_fill(~self._reads, float('-inf')).log_softmax(-1)
+        with torch.no_grad():
+            k = k.repeat_interleave(q.size(1) // k.size(1), dim=1) if k.size(1) != q.size(1) else k
+            logits = (q.float() @ k.float().transpose(-1, -2)) * (q.size(-1) ** -0.5 if scale is None else scale)
+            target = logits.masked_fill(~reads.unsqueeze(-3), float('-inf')).softmax(-1).sum(1)
+            target = target / target.sum(-1, keepdim=True)
+        kl = (torch.xlogy(target, target) - target * log_index.masked_fill(~reads, 0.0)).sum(-1).mean()
+        self.losses += torch.stack((kl.detach(), torch.ones_like(kl.detach())))
+        self.loss = kl
+
+
+def _with_indexer(build):
+    """A layer kind's builder whose global attention layers get an indexer when index_topk is set."""
+    def build_layer(config, layer):
+        mixer = build(config, layer)
+        if config.index_topk is not None and mixer.window is None:
+            q_width = config.mla_dims['q_latent'] if config.attn == 'mla' else 0
+            mixer.indexer = LightningIndexer(config, q_width or config.n_embd)
+        return mixer
+    return build_layer
+
+
+for _letter in ('G', 'N'):  # global attention, with RoPE or without (local layers read their window already)
+    LAYER_KINDS[_letter] = (LAYER_KINDS[_letter][0], _with_indexer(LAYER_KINDS[_letter][1]))
+INDEX_STAGES = ('dense', 'sparse')
+
+
 # ============================================================================= machinery
 
 # Each swap: the flag it sets, GPT-2's value, and the modern (Llama/Qwen-style) value; a callable value
@@ -1268,7 +1424,7 @@ def swap_flags(names, flags, modern=True):
 # these (a longer context with RoPE scaling or a window, dropout), so the scripts take them from the run.
 RUNTIME_FLAGS = ('block_size', 'dropout', 'sliding_window', 'rope_scaling', 'rope_factor', 'rope_original_length',
                  'rope_low_freq_factor', 'rope_high_freq_factor', 'yarn_beta_fast', 'yarn_beta_slow', 'yarn_mscale',
-                 'yarn_mscale_all_dim', 'rope_attention_factor', 'yarn_truncate')
+                 'yarn_mscale_all_dim', 'rope_attention_factor', 'yarn_truncate', 'index_stage', 'index_loss_coef')
 
 
 def upgrade_args(args):
@@ -1321,6 +1477,11 @@ FIELD_TYPES = {
              NON_NEGATIVE_NUMBER),
     **_kinds('bias tie_embeddings zero_init qkv_bias qk_norm router_norm_topk attn_sinks attn_gate qk_norm_all_heads '
              'embed_scale yarn_truncate moe_bias shared_expert_gate', BOOL),
+    # DeepSeek Sparse Attention
+    'index_topk': OPTIONAL_POSITIVE_INT,
+    **_kinds('index_n_heads index_head_dim', POSITIVE_INT),
+    'index_stage': (lambda v, c: v in INDEX_STAGES, f"one of {', '.join(map(repr, INDEX_STAGES))}"),
+    'index_loss_coef': NON_NEGATIVE_NUMBER,
 }
 
 
@@ -1349,6 +1510,7 @@ MLA_FIELDS = ('kv_lora_rank', 'q_lora_rank', 'qk_nope_head_dim', 'qk_rope_head_d
 LINEAR_FIELDS = ('linear_n_key_head', 'linear_n_value_head', 'linear_key_dim', 'linear_value_dim',
                  'linear_conv_kernel', 'linear_chunk_size')
 EXPERT_ONLY_FIELDS = ('moe_bias', 'swiglu_limit')  # the experts' own: MoE only, even with dense layers first
+INDEX_FIELDS = ('index_n_heads', 'index_head_dim', 'index_stage', 'index_loss_coef')  # DSA's: with index_topk only
 
 # the flags of a RoPE scaling, and the rope_scaling values they apply to
 ROPE_SCALING_FLAGS = {'rope_factor': ('linear', 'dynamic', 'yarn', 'llama3'),
@@ -1434,6 +1596,16 @@ DEPENDS = [
      lambda c: "qk_norm_all_heads=True says how qk_norm normalizes: set qk_norm=True too"),
     (lambda c: _changed(c, EXPERT_ONLY_FIELDS) and c.mlp != 'moe',
      lambda c: f"{_flag_list(c, _changed(c, EXPERT_ONLY_FIELDS))} apply to mlp='moe' only, got mlp={c.mlp!r}"),
+    # DeepSeek Sparse Attention
+    (lambda c: _changed(c, INDEX_FIELDS) and c.index_topk is None,
+     lambda c: f"{_flag_list(c, _changed(c, INDEX_FIELDS))} apply to sparse attention only: set index_topk (the "
+               f"keys each query reads) or leave them at their defaults"),
+    (lambda c: c.index_topk is not None and not {'G', 'N'} & set(c.layer_kinds),
+     lambda c: f"index_topk={c.index_topk} picks keys in global attention layers ('G', 'N') and layers={c.layers!r} "
+               f"has none: add one or set --index_topk=None"),
+    (lambda c: c.index_topk is not None and c.pos == 'rope' and c.index_head_dim < c.rope_dim,
+     lambda c: f"index_head_dim ({c.index_head_dim}) must be at least the rotated width of a head ({c.rope_dim}): "
+               f"the indexer rotates its first dims with the attention's tables"),
 ]
 
 
