@@ -659,6 +659,43 @@ HF_FAMILIES = {  # in the order export tries them: the first that carries every 
 }
 
 
+# ----- DeepSeek-V3.2: DeepSeek-V3 with a lightning indexer in every layer (DeepSeek Sparse Attention, index_topk)
+
+def _dense_first(c):
+    """How many layers lead with a dense MLP, from mlp_layer_types; refused unless all the dense ones come first."""
+    types = list(c.mlp_layer_types[:c.num_hidden_layers])
+    dense = next((i for i, t in enumerate(types) if t != 'dense'), len(types))
+    if types != ['dense'] * dense + ['sparse'] * (len(types) - dense):
+        raise ValueError(f"mlp_layer_types with dense layers other than the first ones ({types}) are not supported")
+    return dense
+
+
+def _deepseek_v32_read(c):
+    # DeepSeek-V3's config under V3.2's names: its experts are V3's (sigmoid router, groups)
+    v3 = SimpleNamespace(**{**c.to_dict(), 'model_type': 'deepseek_v3', 'first_k_dense_replace': _dense_first(c)})
+    return {**_deepseek_read(v3), 'index_topk': c.index_topk, 'index_n_heads': c.index_n_heads,
+            'index_head_dim': c.index_head_dim}
+
+
+def _deepseek_v32_write(cfg):
+    return {**_deepseek_write(cfg), 'index_topk': cfg.index_topk, 'index_n_heads': cfg.index_n_heads,
+            'index_head_dim': cfg.index_head_dim}
+
+
+# the indexer's rotated dims are its first ones, turned in halves as ours (its attention's rotate pairs: rope_q)
+_INDEXER_NAMES = [(f'transformer.h.{{i}}.attn.indexer.{ours}', f'model.layers.{{i}}.self_attn.indexer.{theirs}', None)
+                  for ours, theirs in (('wq.weight', 'wq_b.weight'), ('wk.weight', 'wk.weight'),
+                                       ('k_norm.weight', 'k_norm.weight'), ('k_norm.bias', 'k_norm.bias'),
+                                       ('weights.weight', 'weights_proj.weight'))]
+# what a model with indexers may hold: the stage that reads the top-k, and what only training reads
+_DSA = {'index_topk': lambda v: v is not None, 'index_n_heads': ANY, 'index_head_dim': ANY,
+        'index_stage': ('sparse',), 'index_loss_coef': ANY}
+HF_FAMILIES['deepseek_v32'] = HFFamily(
+    'deepseek_v32', 'DeepseekV32ForCausalLM',
+    {**HF_FAMILIES['deepseek_v3'].carries, **_DSA, 'q_lora_rank': lambda v: bool(v)},
+    _DEEPSEEK_NAMES + _INDEXER_NAMES, _deepseek_v32_read, _deepseek_v32_write)
+
+
 # ----- Qwen3-Next: Gated DeltaNet layers ('D') and gated full attention ('G'), (1 + w) norms, a gated shared expert
 
 _LAYER_TYPES = {'linear_attention': 'D', 'full_attention': 'G'}
