@@ -696,6 +696,37 @@ HF_FAMILIES['deepseek_v32'] = HFFamily(
     _DEEPSEEK_NAMES + _INDEXER_NAMES, _deepseek_v32_read, _deepseek_v32_write)
 
 
+# ----- GLM-5 (glm_moe_dsa): DeepSeek-V3.2's block, layers sharing an earlier indexer's top-k (IndexCache:
+# index_share), the indexer's rotated dims in pairs as its attention's
+
+def _glm_moe_dsa_read(c):
+    shares = ['S' if t == 'shared' else 'F' for t in c.indexer_types[:c.num_hidden_layers]]
+    return {**_deepseek_v32_read(c), 'index_share': _tiling(shares) if 'S' in shares else None}
+
+
+def _glm_moe_dsa_write(cfg):
+    return {**_deepseek_v32_write(cfg), 'indexer_types': ['shared' if s else 'full' for s in cfg.index_shares]}
+
+
+def _index_q_rope_rows(config):
+    return [h * config.index_head_dim for h in range(config.index_n_heads)]
+
+
+_TRANSFORMS.update({  # the indexer's first rope_dim rows of each query head and of its key (and the key's norm)
+    'rope_index_q': (lambda t, c: _rope_rows(t, c, _index_q_rope_rows, False),
+                     lambda t, c: _rope_rows(t, c, _index_q_rope_rows, True)),
+    'rope_index_k': (lambda t, c: _rope_rows(t, c, lambda config: [0], False),
+                     lambda t, c: _rope_rows(t, c, lambda config: [0], True)),
+})
+_GLM_INDEXER_HOW = {'wq.weight': 'rope_index_q', 'wk.weight': 'rope_index_k', 'k_norm.weight': 'rope_index_k',
+                    'k_norm.bias': 'rope_index_k'}
+HF_FAMILIES['glm_moe_dsa'] = HFFamily(
+    'glm_moe_dsa', 'GlmMoeDsaForCausalLM', {**HF_FAMILIES['deepseek_v32'].carries, 'index_share': ANY},
+    _DEEPSEEK_NAMES + [(ours, theirs, _GLM_INDEXER_HOW.get(ours.split('indexer.')[1]))
+                       for ours, theirs, _ in _INDEXER_NAMES],
+    _glm_moe_dsa_read, _glm_moe_dsa_write)
+
+
 # ----- Qwen3-Next: Gated DeltaNet layers ('D') and gated full attention ('G'), (1 + w) norms, a gated shared expert
 
 _LAYER_TYPES = {'linear_attention': 'D', 'full_attention': 'G'}

@@ -124,6 +124,7 @@ class GPTConfig:
     index_head_dim: int = 32  # width of the indexer's query heads and of its one key per token; the first rope_dim dims rotate (DeepSeek-V3.2: 128)
     index_stage: str = 'sparse'  # 'dense': warm-up, attention reads every past token while the indexer learns to score them; 'sparse': it reads the top-k
     index_loss_coef: float = 1.0  # the indexer's KL loss toward the main attention, times this, joins the training loss; 0: the indexer does not learn
+    index_share: Optional[str] = None  # IndexCache (GLM-5), tiled over the layers: 'F' a layer's own indexer, 'S' reuses the top-k of the nearest earlier indexer (no weights of its own); None: all 'F'
 
     def __post_init__(self):
         check_config(self)  # against the tables at the end of the file
@@ -198,6 +199,12 @@ class GPTConfig:
         k_heads = self.linear_n_key_head or self.n_head
         return {'k_heads': k_heads, 'v_heads': self.linear_n_value_head or k_heads,
                 'k_dim': self.linear_key_dim or hs, 'v_dim': self.linear_value_dim or hs}
+
+    @property
+    def index_shares(self):
+        """Per layer, whether it reuses an earlier layer's top-k (index_share 'S')."""
+        pattern = self.index_share or 'F'
+        return [pattern[i % len(pattern)] == 'S' for i in range(self.n_layer)]
 
     @classmethod
     def from_dict(cls, d):
@@ -577,6 +584,7 @@ class GPT(nn.Module):
             # post-norm blocks already end in a norm; every other placement leaves the stream unnormalized
             ln_f=make_norm(config) if config.norm_position != 'post' else nn.Identity(),
         ))
+        share_indices(self.transformer.h)  # DSA's IndexCache: layers reading an earlier layer's top-k (its chapter)
         # local layers' own tables (Gemma 3: rope_local_theta), no weights; None: they share wpe's
         self.rope_local = Rotary(config, local=True) if config.rope_local_theta is not None else None
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -748,7 +756,8 @@ class GPT(nn.Module):
     # ------------------------------------------------------------------------- the indexers' loss (DSA)
 
     def indexers(self):
-        return [block.attn.indexer for block in self.transformer.h if getattr(block.attn, 'indexer', None) is not None]
+        return [block.attn.indexer for block in self.transformer.h
+                if isinstance(getattr(block.attn, 'indexer', None), LightningIndexer)]
 
     def index_loss_and_reset(self):
         """The indexers' mean KL loss over the training forwards since the last call (None if none), then
@@ -1336,24 +1345,26 @@ class LightningIndexer(nn.Module):
     def narrow(self, x, q_in, rope, mask, cache, *keys):
         """The attention's mask for the picked keys, and its keys (B, heads, S, dim): as they are, or in a
         decoding step (one query, a cache) only the index_topk picked, so the step reads k entries, not S."""
+        self.selection = self.select(x, q_in, rope, mask, cache)  # what layers sharing it read too
+        return read_selected(self.selection, keys)
+
+    def select(self, x, q_in, rope, mask, cache):
+        """(the attention's mask, None), or in a decoding step (the mask of the k picked, their slots (B, 1, k, 1))."""
         scores = self.scores(x, q_in, rope, cache)
         B, T, S = scores.shape
         reads = visible_keys(mask, T, S, x.device)
         self._scores, self._reads = scores, reads
         if self.dense or self.topk >= S:  # every visible key is picked: the dense attention, as it is
-            return (mask, *keys)
+            return mask, None
         # the k best; of equal scores (ReLU makes zeros common) the earliest keys, so a decoding step over the
         # cache's slots picks what a forward over the sequence picks (a key's slot is its position)
         picked = scores.masked_fill(~reads, float('-inf')).sort(dim=-1, descending=True, stable=True).indices
         picked = picked[..., :self.topk]  # (B, T, k)
         if T == 1 and cache is not None:
-            index = picked[:, None, 0, :, None]  # (B, 1, k, 1)
-            keys = [t.gather(2, index.expand(-1, t.size(1), -1, t.size(-1))) for t in keys]
             seen = reads.expand(B, S).gather(1, picked[:, 0])  # a pick among unwritten slots sees nothing
-            return (seen[:, None, None, :], *keys)
-        reads = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, picked, True) & reads
-        self._reads = reads
-        return (reads[:, None], *keys)
+            return seen[:, None, None, :], picked[:, None, 0, :, None]
+        self._reads = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, picked, True) & reads
+        return self._reads[:, None], None
 
     def learn(self, q, k, scale):
         """In training, the KL loss of this forward (self.loss) from the main attention's queries q (B, H, T, dim)
@@ -1372,15 +1383,57 @@ class LightningIndexer(nn.Module):
         self.loss = kl
 
 
+def read_selected(selection, keys):
+    """An indexer's selection applied: (its mask, the keys as they are or, in a decoding step, the picked slots)."""
+    mask, slots = selection
+    if slots is not None:
+        keys = [t.gather(2, slots.expand(-1, t.size(1), -1, t.size(-1))) for t in keys]
+    return (mask, *keys)
+
+
+class SharedIndex(nn.Module):
+    """GLM-5's IndexCache: a layer with no indexer of its own reads the keys the nearest earlier indexer picked
+    for the same queries (index_share 'S'); its cache keeps no indexer keys, and it adds no loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.source = []  # [the earlier layer's LightningIndexer] (a list: not a submodule, its weights not ours)
+
+    def cache_entries(self):
+        return {}
+
+    def token_flops(self, seq_len, qk_width):
+        return 0
+
+    def narrow(self, x, q_in, rope, mask, cache, *keys):
+        return read_selected(self.source[0].selection, keys)
+
+    def learn(self, q, k, scale):
+        pass
+
+
 def _with_indexer(build):
-    """A layer kind's builder whose global attention layers get an indexer when index_topk is set."""
+    """A layer kind's builder whose global attention layers get an indexer when index_topk is set (or, marked
+    'S' in index_share, a SharedIndex; share_indices links it)."""
     def build_layer(config, layer):
         mixer = build(config, layer)
         if config.index_topk is not None and mixer.window is None:
             q_width = config.mla_dims['q_latent'] if config.attn == 'mla' else 0
-            mixer.indexer = LightningIndexer(config, q_width or config.n_embd)
+            mixer.indexer = SharedIndex() if config.index_shares[layer] else \
+                LightningIndexer(config, q_width or config.n_embd)
         return mixer
     return build_layer
+
+
+def share_indices(blocks):
+    """Each SharedIndex reads the nearest earlier layer's indexer."""
+    last = None
+    for block in blocks:
+        indexer = getattr(block.attn, 'indexer', None)
+        if isinstance(indexer, SharedIndex):
+            indexer.source[:] = [last]
+        elif indexer is not None:
+            last = indexer
 
 
 for _letter in ('G', 'N'):  # global attention, with RoPE or without (local layers read their window already)
@@ -1510,7 +1563,16 @@ MLA_FIELDS = ('kv_lora_rank', 'q_lora_rank', 'qk_nope_head_dim', 'qk_rope_head_d
 LINEAR_FIELDS = ('linear_n_key_head', 'linear_n_value_head', 'linear_key_dim', 'linear_value_dim',
                  'linear_conv_kernel', 'linear_chunk_size')
 EXPERT_ONLY_FIELDS = ('moe_bias', 'swiglu_limit')  # the experts' own: MoE only, even with dense layers first
-INDEX_FIELDS = ('index_n_heads', 'index_head_dim', 'index_stage', 'index_loss_coef')  # DSA's: with index_topk only
+INDEX_FIELDS = ('index_n_heads', 'index_head_dim', 'index_stage', 'index_loss_coef', 'index_share')  # with index_topk only
+
+
+def _unshared(c):
+    """The first layer marked 'S' in index_share with no indexer before it to share, or on a layer without one."""
+    indexed = [kind in 'GN' for kind in c.layer_kinds]
+    for i, shares in enumerate(c.index_shares):
+        if shares and (not indexed[i] or not any(indexed[j] and not c.index_shares[j] for j in range(i))):
+            return i
+    return None
 
 # the flags of a RoPE scaling, and the rope_scaling values they apply to
 ROPE_SCALING_FLAGS = {'rope_factor': ('linear', 'dynamic', 'yarn', 'llama3'),
@@ -1603,6 +1665,13 @@ DEPENDS = [
     (lambda c: c.index_topk is not None and not {'G', 'N'} & set(c.layer_kinds),
      lambda c: f"index_topk={c.index_topk} picks keys in global attention layers ('G', 'N') and layers={c.layers!r} "
                f"has none: add one or set --index_topk=None"),
+    (lambda c: c.index_share is not None and not (isinstance(c.index_share, str) and c.index_share
+                                                  and not set(c.index_share) - set('FS') and len(c.index_share) <= c.n_layer),
+     lambda c: f"index_share must be a string of 'F' (own indexer) and 'S' (shares an earlier one's top-k) at most "
+               f"n_layer={c.n_layer} long, tiled over the layers; got {c.index_share!r}"),
+    (lambda c: c.index_topk is not None and c.index_share is not None and _unshared(c) is not None,
+     lambda c: f"index_share={c.index_share!r} marks layer {_unshared(c)} 'S' but it has no earlier global layer with an "
+               f"indexer of its own to share (or is no global layer): make it 'F'"),
     (lambda c: c.index_topk is not None and c.pos == 'rope' and c.index_head_dim < c.rope_dim,
      lambda c: f"index_head_dim ({c.index_head_dim}) must be at least the rotated width of a head ({c.rope_dim}): "
                f"the indexer rotates its first dims with the attention's tables"),

@@ -257,3 +257,45 @@ def test_export_refuses_sparse_attention_where_no_family_carries_it():
     for family in HF_FAMILIES.values():
         if 'index_topk' not in family.carries:
             assert 'index_topk=4' in family.blocking(config)
+
+
+# ----------------------------------------------------------------------------- GLM-5's IndexCache (index_share)
+
+@torch.no_grad()
+@pytest.mark.parametrize('kind', ['gqa', 'mla'])
+def test_shared_layers_read_the_keys_the_earlier_indexer_picked(kind, monkeypatch):
+    model = sparse(kind, n_layer=3, index_share='FS')  # tiled: F S F
+    assert [type(b.attn.indexer).__name__ for b in model.transformer.h] == ['LightningIndexer', 'SharedIndex',
+                                                                            'LightningIndexer']
+    assert not any(k.startswith('transformer.h.1.attn.indexer') for k in model.state_dict())
+    masks = []
+    attend = M.attend
+    monkeypatch.setattr(M, 'attend', lambda q, k, v, mask, *a, **kw: masks.append(mask) or attend(q, k, v, mask, *a, **kw))
+    model(tokens(2, BLOCK, 8))
+    assert torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])
+    # the shared layer keeps no indexer keys
+    own = sparse(kind, n_layer=3)
+    assert own.kv_cache_bytes(2, BLOCK) - model.kv_cache_bytes(2, BLOCK) == 2 * BLOCK * SPARSE['index_head_dim'] * 4
+    monkeypatch.setattr(M, 'attend', attend)
+    prompt = tokens(2, 5, 9)
+    assert torch.equal(model.generate(prompt, 3 * BLOCK, temperature=0),
+                       model.generate(prompt, 3 * BLOCK, temperature=0, use_cache=False))
+
+
+def test_shared_layers_add_no_index_loss():
+    model = sparse('gqa', n_layer=3, index_share='FS')
+    model.train()
+    model(tokens(2, BLOCK, 10), tokens(2, BLOCK, 11))
+    assert len(model.indexers()) == 2 and all(m.loss is not None for m in model.indexers())
+
+
+@pytest.mark.parametrize('flags, fragment', [
+    (dict(index_share='FS'), "index_share='FS' apply to sparse attention only"),
+    (dict(index_topk=4, index_share='FX'), "index_share must be a string of 'F' (own indexer) and 'S'"),
+    (dict(index_topk=4, index_share='SF'), "index_share='SF' marks layer 0 'S' but it has no earlier global layer"),
+    (dict(index_topk=4, index_share='FS', layers='GL', sliding_window=4), "marks layer 1 'S'"),
+])
+def test_bad_index_share_is_one_line(flags, fragment):
+    with pytest.raises(ValueError) as e:
+        tiny_config(**flags)
+    assert fragment in str(e.value) and '\n' not in str(e.value)

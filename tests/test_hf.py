@@ -524,12 +524,12 @@ def test_unsafe_or_damaged_bin_weights_are_one_line(weights, fragment, tmp_path,
 
 # ----- DeepSeek Sparse Attention: DeepSeek-V3.2
 
-def deepseek_v32(**overrides):
+def deepseek_v32(config_class=None, **overrides):
     """A tiny DeepSeek-V3.2: V3's MLA (a query bottleneck, which its indexer reads) and experts, and an indexer of
     8 heads keeping 6 tokens, well below the test's 40 positions."""
     args = dict(q_lora_rank=16, index_topk=6, index_n_heads=8, index_head_dim=8, mlp_layer_types=None, n_group=2,
                 topk_group=1)
-    return deepseek(transformers.DeepseekV32Config, True, **{**args, **overrides})
+    return deepseek(config_class or transformers.DeepseekV32Config, True, **{**args, **overrides})
 
 
 @pytest.mark.parametrize('rope', [None, YARN_DEEPSEEK], ids=['rope', 'yarn'])
@@ -560,3 +560,15 @@ def test_deepseek_v32_without_its_query_bottleneck_or_in_the_dense_stage_is_refu
         assert H.HF_FAMILIES['deepseek_v32'].blocking(config) == [named]
         with pytest.raises(ValueError, match='no Hugging Face family can represent'):
             hf_family(config)
+
+
+def test_glm_moe_dsa_shared_top_k_and_pairwise_indexer_rope(tmp_path):
+    """GLM-5: the second and third layer of each three reuse the first's top-k (IndexCache), the indexer rotates
+    pairs (reordered to our halves)."""
+    torch.manual_seed(0)
+    hf = randomized(transformers.GlmMoeDsaForCausalLM(deepseek_v32(
+        transformers.GlmMoeDsaConfig, num_hidden_layers=3, indexer_types=['full', 'shared', 'full'])), 9)
+    ours = check_parity(hf, tmp_path)
+    assert ours.config.index_share == 'FS' and ours.config.index_topk == 6  # tiled: F S F
+    assert [type(b.attn.indexer) for b in ours.transformer.h] == [M.LightningIndexer, M.SharedIndex, M.LightningIndexer]
+    assert hf_family(ours.config).model_type == 'glm_moe_dsa'  # sharing: GLM's, not DeepSeek-V3.2's
