@@ -330,3 +330,13 @@ def test_decoding_against_hugging_face_on_the_same_weights(tmp_path):
 
 def test_vs_hf_batches_that_are_not_ints_are_one_error_line():
     expect_one_error(bench('--vs_hf=True', '--vs_hf_batches=1,x', cwd=REPO_ROOT), 'vs_hf_batches', "'1,x'")
+
+
+def test_sparse_attention_rows_keep_the_indexers_keys(tmp_path):
+    """dsa and mla+dsa: the modern and MLA caches plus the indexer's key per token (index_head_dim 32), fp32."""
+    result = bench('--variants=modern,dsa,mla,mla+dsa', '--json=b.json', '--decode_uncached=False', cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = {r['variant']: r for r in json.loads((tmp_path / 'b.json').read_text())['rows']}
+    assert rows['dsa']['kv_bytes_per_token'] == rows['modern']['kv_bytes_per_token'] + 32 * 4
+    assert rows['mla+dsa']['kv_bytes_per_token'] == rows['mla']['kv_bytes_per_token'] + 32 * 4
+    assert rows['dsa']['decode_tokens_per_s_cached'] > 0 and rows['mla+dsa']['train_ms_per_iter'] > 0
