@@ -125,6 +125,9 @@ class GPTConfig:
     index_stage: str = 'sparse'  # 'dense': warm-up, attention reads every past token while the indexer learns to score them; 'sparse': it reads the top-k
     index_loss_coef: float = 1.0  # the indexer's KL loss toward the main attention, times this, joins the training loss; 0: the indexer does not learn
     index_share: Optional[str] = None  # IndexCache (GLM-5), tiled over the layers: 'F' a layer's own indexer, 'S' reuses the top-k of the nearest earlier indexer (no weights of its own); None: all 'F'
+    # multi-token prediction (mtp_depth): modules predicting tokens further ahead, trained beside the main head (DeepSeek-V3)
+    mtp_depth: int = 0  # extra modules after the model, the k-th predicting the token k+1 ahead with the shared head; 0: none
+    mtp_loss_coef: float = 0.3  # their mean loss, times this, joins the training loss (DeepSeek-V3: 0.3, later 0.1); 0: not computed
 
     def __post_init__(self):
         check_config(self)  # against the tables at the end of the file
@@ -599,6 +602,9 @@ class GPT(nn.Module):
                 nn.init.normal_(p, mean=0.0, std=0.0 if config.zero_init else 0.02 / math.sqrt(2 * config.n_layer))
         if config.zero_init and not config.tie_embeddings:
             nn.init.zeros_(self.lm_head.weight)
+        if config.mtp_depth:  # multi-token prediction (its chapter), made after the main model's init and on a
+            with torch.random.fork_rng(devices=[]):  # fork of the RNG: the main model trains as it would without them
+                self.mtp = nn.ModuleList([MTPModule(config) for _ in range(config.mtp_depth)])
 
     def _init_weights(self, module):
         if isinstance(module, nn.Linear):
@@ -611,7 +617,8 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, cache=None):
         """Logits for every position (B, T, vocab), and the loss when targets are given (in training, with
         the MoE balancing losses the config switches on)."""
-        logits = self.logits(self.hidden_states(idx, cache))
+        h = self.hidden_states(idx, cache)
+        logits = self.logits(h)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
@@ -621,6 +628,8 @@ class GPT(nn.Module):
             index_losses = [m.loss for m in self.indexers() if m.loss is not None]
             if index_losses:  # DSA's indexers learn from their own loss alone (their inputs are detached)
                 loss = loss + self.config.index_loss_coef * sum(index_losses) / len(index_losses)
+            if self.config.mtp_depth and self.config.mtp_loss_coef and self.training:
+                loss = loss + self.config.mtp_loss_coef * mtp_loss(self, h, targets)
         return logits, loss
 
     def embed(self, idx, start=0):
@@ -676,12 +685,15 @@ class GPT(nn.Module):
         mixer and stack of experts declares (attention's scores and weighted values grow with the context)."""
         T = self.config.block_size if seq_len is None else seq_len
         flops = 0
+        mtp = set(self.mtp.modules()) if self.config.mtp_depth else set()  # counted apart: shorter sequences
         for module in self.modules():
+            if module in mtp:
+                continue
             if isinstance(module, nn.Linear):
                 flops += 6 * module.weight.numel()
             elif isinstance(module, (TokenMixer, Experts)):
                 flops += module.token_flops(T)
-        return flops
+        return flops + mtp_flops(self, T)
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops):
         """Model FLOPs utilisation: achieved FLOP/s over the device's peak (pass it in: it depends on the device)."""
@@ -758,6 +770,16 @@ class GPT(nn.Module):
     def indexers(self):
         return [block.attn.indexer for block in self.transformer.h
                 if isinstance(getattr(block.attn, 'indexer', None), LightningIndexer)]
+
+    def mtp_loss_and_reset(self):
+        """The MTP modules' mean loss over the training forwards since the last call (None if none); then the
+        counts restart: what train.py logs apart from the main loss."""
+        if not self.config.mtp_depth:
+            return None
+        totals = sum((m.losses.cpu() for m in self.mtp), torch.zeros(2))
+        for m in self.mtp:
+            m.losses.zero_()
+        return (totals[0] / totals[1]).item() if totals[1] else None
 
     def index_loss_and_reset(self):
         """The indexers' mean KL loss over the training forwards since the last call (None if none), then
@@ -1441,6 +1463,78 @@ for _letter in ('G', 'N'):  # global attention, with RoPE or without (local laye
 INDEX_STAGES = ('dense', 'sparse')
 
 
+# ----------------------------------------------------------------------------- multi-token prediction (mtp_depth)
+
+class MTPModule(nn.Module):
+    """One depth of DeepSeek-V3's multi-token prediction: the previous depth's hidden state of token i (the main
+    model's at the first) and the embedding of token i + k, both normalized, concatenated and projected, pass one
+    block (the last layer's kind) and a norm; the shared head then predicts token i + k + 1."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.norm_h, self.norm_e, self.norm = make_norm(config), make_norm(config), make_norm(config)
+        self.proj = nn.Linear(2 * config.n_embd, config.n_embd, bias=False)
+        self.block = Block(config, config.n_layer - 1)
+        self.apply(partial(GPT._init_weights, None))
+        for name, p in self.named_parameters():
+            if name.endswith('c_proj.weight'):  # GPT-2's scaled init, as the model's blocks
+                nn.init.normal_(p, mean=0.0, std=0.0 if config.zero_init else 0.02 / math.sqrt(2 * config.n_layer))
+        self.register_buffer('losses', torch.zeros(2), persistent=False)  # loss summed, forwards
+
+    def forward(self, h, embedded, tables):
+        """h, embedded (B, L, n_embd) -> this depth's hidden states (B, L, n_embd), before its norm."""
+        x = self.proj(torch.cat((self.norm_h(h), self.norm_e(embedded)), dim=-1))
+        mixer = self.block.attn
+        mask = causal_mask(x.size(1), mixer.window, x.device)
+        return self.block(x, tables[mixer.positions], x.size(1) > 1 if mask is None else mask)
+
+
+def mtp_flops(model, T):
+    """Training FLOPs of the MTP modules per token of a T-token sequence: depth k runs over T - k tokens (its
+    Linears, its block's mixer and experts, the shared head); none at weight 0 (not computed)."""
+    if not (model.config.mtp_depth and model.config.mtp_loss_coef):
+        return 0
+    flops = 0
+    for k, module in enumerate(model.mtp, start=1):
+        L = T - k
+        if L < 1:
+            break
+        per_token = 6 * model.lm_head.weight.numel()
+        for part in module.modules():
+            if isinstance(part, nn.Linear):
+                per_token += 6 * part.weight.numel()
+            elif isinstance(part, (TokenMixer, Experts)):
+                per_token += part.token_flops(L)
+        flops += per_token * L
+    return flops / T
+
+
+def rotary_tables(model, x):
+    """The rotary tables of x's positions 0.. by kind, as GPT.embed gives them (learned positions: none)."""
+    rope = model.transformer.wpe(x, 0)[1]
+    return {'rope': rope, 'local': rope if model.rope_local is None else model.rope_local(x, 0)[1], None: None}
+
+
+def mtp_loss(model, h, targets):
+    """The mean over depths of each MTP module's loss: at depth k, position i reads the token i + k (targets'
+    i + k - 1) and predicts the next (targets' i + k); the sequence shortens by one a depth."""
+    T = targets.size(1)
+    losses = []
+    for k, module in enumerate(model.mtp, start=1):
+        L = T - k
+        if L < 1:
+            break
+        embedded = model.transformer.wte(targets[:, k - 1:T - 1].clamp(min=0))  # -1 (ignored) reads token 0
+        if model.config.embed_scale:
+            embedded = embedded * model.config.n_embd ** 0.5
+        h = module(h[:, :L], embedded, rotary_tables(model, embedded))
+        logits = model.logits(module.norm(h))
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets[:, k:].reshape(-1), ignore_index=-1)
+        module.losses += torch.stack((loss.detach(), torch.ones_like(loss.detach())))
+        losses.append(loss)
+    return sum(losses) / len(losses)
+
+
 # ============================================================================= machinery
 
 # Each swap: the flag it sets, GPT-2's value, and the modern (Llama/Qwen-style) value; a callable value
@@ -1477,7 +1571,8 @@ def swap_flags(names, flags, modern=True):
 # these (a longer context with RoPE scaling or a window, dropout), so the scripts take them from the run.
 RUNTIME_FLAGS = ('block_size', 'dropout', 'sliding_window', 'rope_scaling', 'rope_factor', 'rope_original_length',
                  'rope_low_freq_factor', 'rope_high_freq_factor', 'yarn_beta_fast', 'yarn_beta_slow', 'yarn_mscale',
-                 'yarn_mscale_all_dim', 'rope_attention_factor', 'yarn_truncate', 'index_stage', 'index_loss_coef')
+                 'yarn_mscale_all_dim', 'rope_attention_factor', 'yarn_truncate', 'index_stage', 'index_loss_coef',
+                 'mtp_loss_coef')
 
 
 def upgrade_args(args):
@@ -1535,6 +1630,9 @@ FIELD_TYPES = {
     **_kinds('index_n_heads index_head_dim', POSITIVE_INT),
     'index_stage': (lambda v, c: v in INDEX_STAGES, f"one of {', '.join(map(repr, INDEX_STAGES))}"),
     'index_loss_coef': NON_NEGATIVE_NUMBER,
+    # multi-token prediction
+    'mtp_depth': (lambda v, c: _int(v, 0), 'an int >= 0'),
+    'mtp_loss_coef': NON_NEGATIVE_NUMBER,
 }
 
 
@@ -1672,6 +1770,13 @@ DEPENDS = [
     (lambda c: c.index_topk is not None and c.index_share is not None and _unshared(c) is not None,
      lambda c: f"index_share={c.index_share!r} marks layer {_unshared(c)} 'S' but it has no earlier global layer with an "
                f"indexer of its own to share (or is no global layer): make it 'F'"),
+    # multi-token prediction
+    (lambda c: _changed(c, ('mtp_loss_coef',)) and not c.mtp_depth,
+     lambda c: f"mtp_loss_coef={c.mtp_loss_coef} applies to multi-token prediction only: set mtp_depth >= 1 or leave "
+               f"it at its default"),
+    (lambda c: c.mtp_depth and c.index_topk is not None,
+     lambda c: f"mtp_depth={c.mtp_depth} with sparse attention (index_topk={c.index_topk}) is not supported yet: set one "
+               f"of them off"),
     (lambda c: c.index_topk is not None and c.pos == 'rope' and c.index_head_dim < c.rope_dim,
      lambda c: f"index_head_dim ({c.index_head_dim}) must be at least the rotated width of a head ({c.rope_dim}): "
                f"the indexer rotates its first dims with the attention's tables"),

@@ -225,16 +225,21 @@ def test_the_dense_stage_reads_every_key():
     assert torch.equal(model(idx)[0], dense_twin(model)(idx)[0])
 
 
-def test_training_logs_the_index_loss_apart_and_resumes_exactly(workdir, run):
-    args = ['--eval_interval=4', *MODERN, '--index_topk=4', '--index_n_heads=2', '--index_head_dim=16']
-    straight = run(workdir, *args, '--max_iters=8', '--out_dir=a')
-    run(workdir, *args, '--max_iters=4', '--out_dir=b')
-    resumed = run(workdir, *args, '--max_iters=8', '--out_dir=b', '--init_from=resume')
+def straight_and_resumed(workdir, run, *args):
+    """train.py for 8 iterations into a, and for 4 then resumed for 4 more into b: the same losses at every
+    iteration (asserted); the log records of a and of b."""
+    straight = run(workdir, '--eval_interval=4', *MODERN, *args, '--max_iters=8', '--out_dir=a')
+    run(workdir, '--eval_interval=4', *MODERN, *args, '--max_iters=4', '--out_dir=b')
+    resumed = run(workdir, '--eval_interval=4', *MODERN, *args, '--max_iters=8', '--out_dir=b', '--init_from=resume')
     a, b = iter_losses(straight.stdout), iter_losses(resumed.stdout)
     assert sorted(b) == list(range(5, 9)) and {k: a[k] for k in b} == b
-    records = log_records(workdir / 'a')
+    return log_records(workdir / 'a'), log_records(workdir / 'b')
+
+
+def test_training_logs_the_index_loss_apart_and_resumes_exactly(workdir, run):
+    records, resumed = straight_and_resumed(workdir, run, '--index_topk=4', '--index_n_heads=2', '--index_head_dim=16')
     assert 'index_loss' not in records[0] and all(r['index_loss'] > 0 for r in records[1:])
-    assert records[-1]['index_loss'] == log_records(workdir / 'b')[-1]['index_loss']
+    assert records[-1]['index_loss'] == resumed[-1]['index_loss']
 
 
 @pytest.mark.parametrize('flags, fragment', [
