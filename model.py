@@ -1360,7 +1360,9 @@ class LightningIndexer(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k, = cache.update(index_k=k)
-        dots = F.relu(q.float() @ k.float().transpose(-1, -2)) * self.head_dim ** -0.5  # (B, H, T, S)
+        # the heads' queries as rows of one matrix per sequence (a broadcast over heads would copy the keys)
+        dots = q.float().reshape(B, -1, self.head_dim) @ k.float().squeeze(1).transpose(-1, -2)
+        dots = F.relu(dots.view(B, self.n_head, T, -1)) * self.head_dim ** -0.5  # (B, H, T, S)
         w = self.weights(x).float() * self.n_head ** -0.5  # (B, T, H)
         return (w.transpose(1, 2).unsqueeze(-1) * dots).sum(1)
 
@@ -1408,8 +1410,9 @@ class LightningIndexer(nn.Module):
 def read_selected(selection, keys):
     """An indexer's selection applied: (its mask, the keys as they are or, in a decoding step, the picked slots)."""
     mask, slots = selection
-    if slots is not None:
-        keys = [t.gather(2, slots.expand(-1, t.size(1), -1, t.size(-1))) for t in keys]
+    if slots is not None:  # indexing, not gather: a gather's index expanded over heads and dims is slow on a CPU
+        rows = torch.arange(slots.size(0), device=slots.device)[:, None]
+        keys = [t[rows, :, slots[:, 0, :, 0]].transpose(1, 2) for t in keys]
     return (mask, *keys)
 
 
@@ -1515,6 +1518,14 @@ def rotary_tables(model, x):
     return {'rope': rope, 'local': rope if model.rope_local is None else model.rope_local(x, 0)[1], None: None}
 
 
+def mtp_states(model, module, h, tokens):
+    """One depth's hidden states (B, L, n_embd) from the previous depth's h and the tokens (B, L) one further on."""
+    embedded = model.transformer.wte(tokens)
+    if model.config.embed_scale:
+        embedded = embedded * model.config.n_embd ** 0.5
+    return module(h, embedded, rotary_tables(model, embedded))
+
+
 def mtp_loss(model, h, targets):
     """The mean over depths of each MTP module's loss: at depth k, position i reads the token i + k (targets'
     i + k - 1) and predicts the next (targets' i + k); the sequence shortens by one a depth."""
@@ -1524,10 +1535,7 @@ def mtp_loss(model, h, targets):
         L = T - k
         if L < 1:
             break
-        embedded = model.transformer.wte(targets[:, k - 1:T - 1].clamp(min=0))  # -1 (ignored) reads token 0
-        if model.config.embed_scale:
-            embedded = embedded * model.config.n_embd ** 0.5
-        h = module(h[:, :L], embedded, rotary_tables(model, embedded))
+        h = mtp_states(model, module, h[:, :L], targets[:, k - 1:T - 1].clamp(min=0))  # -1 (ignored) reads token 0
         logits = model.logits(module.norm(h))
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets[:, k:].reshape(-1), ignore_index=-1)
         module.losses += torch.stack((loss.detach(), torch.ones_like(loss.detach())))

@@ -350,3 +350,64 @@ def test_deltanet_layers_keep_a_cache_that_does_not_grow():
     # the recurrent state stays fp32 under a bf16 cache; the conv inputs take the cache's dtype
     assert mixed.kv_cache_bytes(2, BLOCK, torch.bfloat16) == wide.kv_cache_bytes(2, BLOCK, torch.bfloat16) // 2 \
         + 2 * (2 * (kernel - 1) * width + 4 * N_HEAD * (N_EMBD // N_HEAD) ** 2)
+
+
+# ----------------------------------------------------------------------------- self-speculative decoding (MTP)
+
+def mtp_model(seed=0, steps=0, **flags):
+    """A tiny MTP model, trained `steps` AdamW steps on a cycle of 7 tokens (so its drafts come true)."""
+    torch.manual_seed(seed)
+    model = build(seed, pos='rope', mtp_depth=2, **flags)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    cycle = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(seed))[:7]
+    data = torch.stack([cycle.roll(-s).repeat(4)[:BLOCK + 1] for s in range(7)])
+    for _ in range(steps):
+        model(data[:, :-1], data[:, 1:])[1].backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model.eval(), cycle
+
+
+@pytest.mark.parametrize('flags', [dict(), dict(n_kv_head=2), dict(attn='mla', q_lora_rank=8)], ids=['mha', 'gqa', 'mla'])
+def test_speculative_greedy_is_plain_greedy_token_for_token(flags):
+    """Untrained (drafts rejected) and trained on a cycle (drafts taken): plain greedy's tokens, past block_size
+    (the context shifts), a batch, a one-token prompt (nothing to draft from yet) and a vocab_limit."""
+    for steps in (0, 60):
+        model, cycle = mtp_model(steps=steps, **flags)
+        for prompt in (cycle[None, :5].repeat(2, 1), torch.randint(0, VOCAB, (2, 1), generator=torch.Generator())):
+            out, stats = G.generate_speculative(model, prompt, 3 * BLOCK)
+            assert torch.equal(out, model.generate(prompt, 3 * BLOCK, temperature=0))
+            assert stats['rounds'] + stats['accepted'] == 3 * BLOCK and stats['accepted'] <= stats['drafted']
+        limited, _ = G.generate_speculative(model, prompt, 20, vocab_limit=VOCAB // 2)
+        assert torch.equal(limited, model.generate(prompt, 20, temperature=0, vocab_limit=VOCAB // 2))
+        if steps:  # a trained model's drafts come true: fewer rounds than tokens
+            assert stats['accepted'] > stats['drafted'] / 2
+
+
+def test_speculative_decoding_keeps_a_partly_right_draft(monkeypatch):
+    """Drafts whose first token is right and second wrong: the first is kept, the cache takes the second back."""
+    model, cycle = mtp_model()
+    prompt = cycle[None, :5]
+    expected = model.generate(prompt, 30, temperature=0)
+
+    def half_right(model_, hidden, window, n):
+        right = model.generate(window, n, temperature=0)[:, -n:]
+        return [right[:, :1]] + [(right[:, k:k + 1] + 1) % VOCAB for k in range(1, n)]
+    monkeypatch.setattr(G, 'draft', half_right)
+    out, stats = G.generate_speculative(model, prompt, 30)
+    assert torch.equal(out, expected)
+    assert 0 < stats['accepted'] < stats['drafted']  # each round with drafts keeps one; the second goes back
+    assert stats['rounds'] + stats['accepted'] == 30
+
+
+@pytest.mark.parametrize('flags, fragment', [
+    (dict(), 'this model has none (train with mtp_depth >= 1)'),
+    (dict(mtp_depth=1, layers='LG', sliding_window=4), 'layer 0 cannot (a sliding window'),
+    (dict(mtp_depth=1, layers='DG'), 'layer 0 cannot'),
+])
+def test_speculative_decoding_refuses_what_it_cannot_take_back(flags, fragment):
+    model = build(pos='rope', **flags)
+    with pytest.raises(ValueError) as e:
+        G.generate_speculative(model, torch.zeros(1, 3, dtype=torch.long), 4)
+    assert fragment in str(e.value) and '\n' not in str(e.value)
