@@ -616,7 +616,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, cache=None):
         """Logits for every position (B, T, vocab), and the loss when targets are given (in training, with
-        the MoE balancing losses the config switches on)."""
+        the MoE balancing losses, DSA's indexer losses and the MTP modules' losses the config switches on)."""
         h = self.hidden_states(idx, cache)
         logits = self.logits(h)
         loss = None
@@ -765,7 +765,7 @@ class GPT(nn.Module):
         """The MoE layers' running counts (load, losses): what DDP ranks sum before using them."""
         return [t for m in self.moe_layers() for t in (m.load, m.losses)]
 
-    # ------------------------------------------------------------------------- the indexers' loss (DSA)
+    # ------------------------------------------------------------------------- the indexers' and MTP losses
 
     def indexers(self):
         return [block.attn.indexer for block in self.transformer.h
@@ -774,20 +774,12 @@ class GPT(nn.Module):
     def mtp_loss_and_reset(self):
         """The MTP modules' mean loss over the training forwards since the last call (None if none); then the
         counts restart: what train.py logs apart from the main loss."""
-        if not self.config.mtp_depth:
-            return None
-        totals = sum((m.losses.cpu() for m in self.mtp), torch.zeros(2))
-        for m in self.mtp:
-            m.losses.zero_()
-        return (totals[0] / totals[1]).item() if totals[1] else None
+        return mean_loss_and_reset(self.mtp if self.config.mtp_depth else [])
 
     def index_loss_and_reset(self):
         """The indexers' mean KL loss over the training forwards since the last call (None if none), then
         the counts restart: what train.py logs apart from the main loss."""
-        totals = sum((m.losses.cpu() for m in self.indexers()), torch.zeros(2))
-        for m in self.indexers():
-            m.losses.zero_()
-        return (totals[0] / totals[1]).item() if totals[1] else None
+        return mean_loss_and_reset(self.indexers())
 
 
 # ============================================================================= the later chapters
@@ -1302,6 +1294,14 @@ LAYER_KINDS['D'] = ('Gated DeltaNet', GatedDeltaNet)
 
 
 # ----------------------------------------------------------------------------- sparse attention: DeepSeek's lightning indexer (index_topk)
+
+def mean_loss_and_reset(modules):
+    """The mean loss the modules summed in their `losses` buffers ([sum, forwards]), None if none; then zeros."""
+    totals = sum((m.losses.cpu() for m in modules), torch.zeros(2))
+    for m in modules:
+        m.losses.zero_()
+    return (totals[0] / totals[1]).item() if totals[1] else None
+
 
 def visible_keys(mask, T, S, device):
     """attend's mask as a boolean (T, S) tensor (or the (1, S) of a decoding step): which keys each query sees."""
