@@ -304,3 +304,10 @@ def test_bad_index_share_is_one_line(flags, fragment):
     with pytest.raises(ValueError) as e:
         tiny_config(**flags)
     assert fragment in str(e.value) and '\n' not in str(e.value)
+
+
+@pytest.mark.parametrize('kind', ['gqa', 'mla'])
+def test_compiled_decoding_of_sparse_attention_is_one_graph(kind):
+    """compile_decoding: eager's tokens past a context shift from one graph, the top-k picked and read inside it."""
+    from test_generate import assert_compiled_decoding_is_one_graph
+    assert_compiled_decoding_is_one_graph(sparse(kind))

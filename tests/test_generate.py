@@ -207,15 +207,21 @@ def test_compiled_decoding_is_one_graph_for_every_step_and_length(kind):
     generation: the sampling test compiles with inductor): the tokens of eager decoding at three lengths, past a
     context shift, from one graph, never recompiled for a step, a position or a cache length; also with the
     one cache of block_size positions that CUDA graphs keep and reuse."""
-    import torch._dynamo
     model = build(n_layer=3, pos='rope', layers='LGD', sliding_window=5, n_kv_head=2, attn_sinks=True,
                   linear_key_dim=4, linear_value_dim=4) if kind != 'mla' else build(pos='rope', attn='mla')
+    assert_compiled_decoding_is_one_graph(model, keep_cache=kind == 'mla, kept cache')
+
+
+def assert_compiled_decoding_is_one_graph(model, keep_cache=None):
+    """compile_decoding with AOT autograd gives eager's tokens at three lengths, past a context shift, from one
+    graph without a break."""
+    import torch._dynamo
     idx = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(61))
     eager = {n: model.generate(idx, n, temperature=0) for n in (6, 9, 3 * BLOCK)}  # caches of 9, 12 and 16
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     try:
-        model.compile_decoding(backend='aot_eager', keep_cache=kind == 'mla, kept cache')
+        model.compile_decoding(backend='aot_eager', keep_cache=keep_cache)
         for n, expected in eager.items():
             assert torch.equal(model.generate(idx, n, temperature=0), expected)
         assert torch._dynamo.utils.counters['stats']['unique_graphs'] == 1
