@@ -1638,6 +1638,10 @@ FIELD_TYPES = {
     **_kinds('index_n_heads index_head_dim', POSITIVE_INT),
     'index_stage': (lambda v, c: v in INDEX_STAGES, f"one of {', '.join(map(repr, INDEX_STAGES))}"),
     'index_loss_coef': NON_NEGATIVE_NUMBER,
+    'index_share': (lambda v, c: v is None or (isinstance(v, str) and v and not set(v) - set('FS')
+                                               and len(v) <= c.n_layer),
+                    lambda c: f"None or a string of 'F' (own indexer) and 'S' (shares an earlier one's top-k) at most "
+                              f"n_layer={c.n_layer} long, tiled over the layers"),
     # multi-token prediction
     'mtp_depth': (lambda v, c: _int(v, 0), 'an int >= 0'),
     'mtp_loss_coef': NON_NEGATIVE_NUMBER,
@@ -1771,10 +1775,6 @@ DEPENDS = [
     (lambda c: c.index_topk is not None and not {'G', 'N'} & set(c.layer_kinds),
      lambda c: f"index_topk={c.index_topk} picks keys in global attention layers ('G', 'N') and layers={c.layers!r} "
                f"has none: add one or set --index_topk=None"),
-    (lambda c: c.index_share is not None and not (isinstance(c.index_share, str) and c.index_share
-                                                  and not set(c.index_share) - set('FS') and len(c.index_share) <= c.n_layer),
-     lambda c: f"index_share must be a string of 'F' (own indexer) and 'S' (shares an earlier one's top-k) at most "
-               f"n_layer={c.n_layer} long, tiled over the layers; got {c.index_share!r}"),
     (lambda c: c.index_topk is not None and c.index_share is not None and _unshared(c) is not None,
      lambda c: f"index_share={c.index_share!r} marks layer {_unshared(c)} 'S' but it has no earlier global layer with an "
                f"indexer of its own to share (or is no global layer): make it 'F'"),

@@ -296,7 +296,7 @@ def test_shared_layers_add_no_index_loss():
 
 @pytest.mark.parametrize('flags, fragment', [
     (dict(index_share='FS'), "index_share='FS' apply to sparse attention only"),
-    (dict(index_topk=4, index_share='FX'), "index_share must be a string of 'F' (own indexer) and 'S'"),
+    (dict(index_topk=4, index_share='FX'), "index_share must be None or a string of 'F' (own indexer) and 'S'"),
     (dict(index_topk=4, index_share='SF'), "index_share='SF' marks layer 0 'S' but it has no earlier global layer"),
     (dict(index_topk=4, index_share='FS', layers='GL', sliding_window=4), "marks layer 1 'S'"),
 ])
