@@ -23,7 +23,9 @@ the length table), stability (modern with and without qk_norm at each of learnin
 global, 'LG', 'LLLG', all local, with a window of a quarter of block_size), sinks (local and 'LG' with and without
 attention sinks), gate (modern with and without the attention output gate), nope (modern, a NoPE layer in four,
 half and a quarter of each head rotated), hybrid (modern, Qwen3-Next's 3 Gated DeltaNet layers to 1 global ('DDDG'),
-all Gated DeltaNet, the DeltaNet's heads narrowed to attention's parameters), optimizer (modern with AdamW at each of
+all Gated DeltaNet, the DeltaNet's heads narrowed to attention's parameters), sparse (modern, and DeepSeek Sparse
+Attention reading a quarter and an eighth of block_size, with and without the indexer's KL loss), mtp (modern, and
+multi-token prediction 1 and 2 tokens further), optimizer (modern with AdamW at each of
 adamw_lrs and Muon at each of muon_lrs), schedule (cosine and WSD), recipe_mlp (modern with SwiGLU, GELU, ReLU²),
 zero_init (modern with and without zero-initialized projections, tied and untied head), custom (a dict). Other learning rates: --train_args='--learning_rate=...'.
 extrapolation: the methods of the length table: the val loss of each RoPE run's ckpt.pt (on val.bin or the val
@@ -193,6 +195,15 @@ def group_members(group, base):
         return [('modern', modern), ('layers=GGGN', {**modern, 'layers': 'GGGN'})] + [
             (f'layers={p}+{kind}={c}', {**modern, 'layers': p, kind: c}) for c in sizes
             for p, kind in (('CCCN', 'attention_chunk_size'), ('LLLN', 'sliding_window'))]
+    if group == 'sparse':  # DeepSeek Sparse Attention: each query reads a quarter or an eighth of block_size, the
+        # indexer trained by its KL loss or not at all
+        rotated = GPTConfig(**{**model_args(base), **modern}).rope_dim
+        dsa = lambda k, coef: {**modern, 'index_topk': k, 'index_loss_coef': coef, 'index_head_dim': max(32, rotated)}
+        return [('modern', modern)] + [(f"dsa_topk={k}{'' if coef else '_no_kl'}", dsa(k, coef))
+                                       for k in (max(1, base['block_size'] // 4), max(1, base['block_size'] // 8))
+                                       for coef in (1.0, 0.0)]
+    if group == 'mtp':  # DeepSeek-V3's multi-token prediction, one and two tokens further
+        return [('modern', modern)] + [(f'mtp_depth={d}', {**modern, 'mtp_depth': d}) for d in (1, 2)]
     if group == 'mlp':
         return [(f'mlp={m}', {'mlp': m}) for m in ('relu', 'gelu', 'swiglu', 'geglu')]
     if group == 'kv':
@@ -237,7 +248,8 @@ def group_members(group, base):
     if group == 'custom':
         return list(parse_custom(custom, base).items())
     die(f"unknown grid group {group!r}; groups are default, leave_one_out, norm_position, mlp, kv, moe, attention, "
-        f"long_context, stability, local_global, sinks, gate, nope, hybrid, chunked, optimizer, schedule, recipe_mlp, zero_init, custom")
+        f"long_context, stability, local_global, sinks, gate, nope, hybrid, chunked, sparse, mtp, optimizer, schedule, "
+        f"recipe_mlp, zero_init, custom")
 
 
 def model_args(base):

@@ -324,3 +324,74 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
         logits = torch.full_like(logits, float('-inf')).scatter(-1, order, sorted_logits)
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, num_samples=1)
+
+
+# ----------------------------------------------------------------------------- self-speculative decoding (MTP)
+
+def speculation_problem(model):
+    """Why the model cannot decode speculatively, in one line; None when it can."""
+    if not model.config.mtp_depth:
+        return "speculative decoding drafts with the MTP modules: this model has none (train with mtp_depth >= 1)"
+    taken_back = [i for i, block in enumerate(model.transformer.h)
+                  if block.attn.window is not None or block.attn.cache_states()]
+    if taken_back:
+        return (f"speculative decoding takes drafted tokens back out of the cache, which layer {taken_back[0]} "
+                f"cannot (a sliding window's ring or a recurrent state): every layer must be global attention")
+    if model.config.rope_scaling == 'dynamic':
+        return "speculative decoding with rope_scaling='dynamic' is not supported (its angles follow the length)"
+    return None
+
+
+def draft(model, hidden, window, n):
+    """n tokens drafted greedily by the first n MTP modules after window (B, t + 1), whose first t tokens the
+    cache holds with their final hidden states `hidden` (B, t, n_embd): depth k reads, at each position i, the
+    previous depth's state and token i + k (window's, then the drafts), so its last position predicts token t + k."""
+    from model import mtp_states
+    drafts, h = [], hidden
+    for k, module in enumerate(model.mtp[:n], start=1):
+        h = mtp_states(model, module, h, torch.cat([window[:, k:]] + drafts, dim=1))
+        drafts.append(model.logits(module.norm(h[:, -1:])).argmax(dim=-1))
+    return drafts
+
+
+@torch.no_grad()
+def generate_speculative(model, idx, max_new_tokens, vocab_limit=None):
+    """Greedy decoding (temperature 0) with the MTP modules as drafters: each round they draft up to mtp_depth
+    tokens, the model verifies the pending token and the drafts in one forward, and keeps the drafts it would
+    have chosen itself plus its own next token; the cache takes the rest back. The tokens are plain greedy
+    decoding's (each the model's argmax after the ones before; the context shifts as generate's); fewer forwards.
+    Returns (idx and the new tokens, {'drafted', 'accepted', 'rounds'}). A batch's rows keep the drafts all
+    accepted."""
+    problem = speculation_problem(model)
+    if problem:
+        raise ValueError(problem)
+    block_size = model.config.block_size
+    keep = max(1, block_size // 2)
+    window = idx if idx.size(1) <= block_size else idx[:, -keep:]
+    cache = KVCache(model, idx.size(0), block_size, _cache_dtype(model), idx.device)
+    new, stats, hidden = [], {'drafted': 0, 'accepted': 0, 'rounds': 0}, None
+    made = 0
+    while made < max_new_tokens:
+        if cache.pos == 0:  # the cache holds every token but the pending last one
+            hidden = model.hidden_states(window[:, :-1], cache) if window.size(1) > 1 else window.new_zeros(0)
+        t = cache.pos
+        # drafts that fit: the window may pass block_size only with the round's last token, as generate's does
+        n = min(model.config.mtp_depth, t, block_size - window.size(1), max_new_tokens - made - 1)
+        drafts = draft(model, hidden, window, n) if n > 0 else []
+        h = model.hidden_states(torch.cat([window[:, -1:]] + drafts, dim=1), cache)
+        chosen = model.logits(h)[..., :vocab_limit].argmax(dim=-1)  # (B, n + 1): the model's own choices
+        agreed = (chosen[:, :n] == torch.cat(drafts, dim=1)).all(dim=0) if n else chosen.new_zeros(0, dtype=torch.bool)
+        accepted = int(agreed.int().cumprod(0).sum())
+        cache.advance(accepted - n)  # the drafts not taken are taken back out of the cache
+        hidden = torch.cat((hidden, h[:, :accepted + 1]), dim=1) if hidden.numel() else h[:, :accepted + 1]
+        tokens = chosen[:, :accepted + 1]
+        new.append(tokens)
+        made += tokens.size(1)
+        stats['drafted'] += n
+        stats['accepted'] += accepted
+        stats['rounds'] += 1
+        window = torch.cat((window, tokens), dim=1)
+        if window.size(1) > block_size:
+            window = window[:, -keep:]
+            cache.reset()
+    return torch.cat([idx] + new, dim=1), stats

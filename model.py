@@ -14,8 +14,8 @@ It reads top to bottom as the lesson goes. First the GPT-2 block and the four sw
 then each later chapter in a section of its own: mixture of experts (mlp='moe'), multi-head latent attention
 (attn='mla'), long context (rope_scaling), layers of several kinds (layers='LG', 'GGGN': sliding windows and
 NoPE), attention sinks (attn_sinks), linear attention (layers='DDDG': Gated DeltaNet), Kimi Delta Attention
-(layers='KKKG', pos='none'); then the machinery (the swaps' table, old checkpoints' names, the config's checks
-as tables).
+(layers='KKKG', pos='none'), sparse attention (index_topk: DeepSeek's lightning indexer); then the machinery (the
+swaps' table, old checkpoints' names, the config's checks as tables).
 
 Every layer's token mixer (attention, latent attention, Gated DeltaNet, ...) is a TokenMixer that declares
 what it needs (its positions, its window, what a cache keeps for it, its FLOPs) and is entered in LAYER_KINDS
@@ -145,6 +145,16 @@ class GPTConfig:
     ssm_chunk_size: int = 64  # training and prefill work in chunks of this many tokens, parallel inside one
     ssm_dt_min: float = 0.0  # time steps below this are raised to it (Nemotron-H's time_step_min, 1e-3); 0: none
     mlp_with_mixer: bool = True  # a layer's token mixer is followed by an MLP; False: each layer one part, a mixer or ('-') an MLP (Nemotron-H)
+    # DeepSeek Sparse Attention (index_topk): a lightning indexer picks the past tokens each query reads (DeepSeek-V3.2, GLM-5)
+    index_topk: Optional[int] = None  # each query of a global attention layer reads only the k past tokens its indexer scores highest; None: all (dense)
+    index_n_heads: int = 4  # the indexer's query heads (DeepSeek-V3.2: 64)
+    index_head_dim: int = 32  # width of the indexer's query heads and of its one key per token; the first rope_dim dims rotate (DeepSeek-V3.2: 128)
+    index_stage: str = 'sparse'  # 'dense': warm-up, attention reads every past token while the indexer learns to score them; 'sparse': it reads the top-k
+    index_loss_coef: float = 1.0  # the indexer's KL loss toward the main attention, times this, joins the training loss; 0: the indexer does not learn
+    index_share: Optional[str] = None  # IndexCache (GLM-5), tiled over the layers: 'F' a layer's own indexer, 'S' reuses the top-k of the nearest earlier indexer (no weights of its own); None: all 'F'
+    # multi-token prediction (mtp_depth): modules predicting tokens further ahead, trained beside the main head (DeepSeek-V3)
+    mtp_depth: int = 0  # extra modules after the model, the k-th predicting the token k+1 ahead with the shared head; 0: none
+    mtp_loss_coef: float = 0.3  # their mean loss, times this, joins the training loss (DeepSeek-V3: 0.3, later 0.1); 0: not computed
 
     def __post_init__(self):
         check_config(self)  # against the tables at the end of the file
@@ -232,6 +242,12 @@ class GPTConfig:
         head_dim = self.ssm_head_dim or self.head_size
         return {'heads': self.ssm_n_head or max(1, 2 * self.n_embd // head_dim), 'head_dim': head_dim,
                 'state': self.ssm_state_dim, 'groups': self.ssm_n_groups}
+
+    @property
+    def index_shares(self):
+        """Per layer, whether it reuses an earlier layer's top-k (index_share 'S')."""
+        pattern = self.index_share or 'F'
+        return [pattern[i % len(pattern)] == 'S' for i in range(self.n_layer)]
 
     @classmethod
     def from_dict(cls, d):
@@ -473,13 +489,16 @@ class CausalSelfAttention(TokenMixer):
         self.scale = config.attn_scale
         self.resid_dropout = nn.Dropout(config.dropout)
         self.dropout = config.dropout
+        self.indexer = None  # DeepSeek Sparse Attention's, on global layers with index_topk (its chapter)
 
     def cache_entries(self):
-        return {'k': (self.n_kv_head, self.head_size), 'v': (self.n_kv_head, self.head_size)}
+        return {'k': (self.n_kv_head, self.head_size), 'v': (self.n_kv_head, self.head_size),
+                **(self.indexer.cache_entries() if self.indexer is not None else {})}
 
     def token_flops(self, seq_len):
-        """q.k and att.v over seq_len keys (at most the window)."""
-        return 3 * 2 * 2 * self.n_head * self.head_size * min(seq_len, self.window or seq_len)
+        """q.k and att.v over seq_len keys (at most the window); and an indexer's."""
+        index = self.indexer.token_flops(seq_len, self.n_head * self.head_size) if self.indexer is not None else 0
+        return 3 * 2 * 2 * self.n_head * self.head_size * min(seq_len, self.window or seq_len) + index
 
     def forward(self, x, rope=None, mask=None, cache=None):
         B, T, _ = x.size()
@@ -500,6 +519,9 @@ class CausalSelfAttention(TokenMixer):
             q, k = F.rms_norm(q, (hs,), eps=self.eps), F.rms_norm(k, (hs,), eps=self.eps)
         if cache is not None:
             k, v = cache.update(k=k, v=v)
+        if self.indexer is not None:  # DeepSeek Sparse Attention: each query reads the keys its indexer picks
+            mask, k, v = self.indexer.narrow(x, x, rope, mask, cache, k, v)
+            self.indexer.learn(q, k, self.scale)
         y = attend(q, k, v, mask, self.dropout if self.training else 0.0, self.scale, self.sinks)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * hs)
         if self.c_gate is not None:
@@ -628,6 +650,7 @@ class GPT(nn.Module):
         ))
         if config.embed_norm:  # nanochat's chapter
             self.transformer.ln_emb = make_norm(config)
+        share_indices(self.transformer.h)  # DSA's IndexCache: layers reading an earlier layer's top-k (its chapter)
         # local layers' own tables (Gemma 3: rope_local_theta), no weights; None: they share wpe's
         self.rope_local = Rotary(config, local=True) if config.rope_local_theta is not None else None
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -642,6 +665,9 @@ class GPT(nn.Module):
                 nn.init.normal_(p, mean=0.0, std=0.0 if config.zero_init else 0.02 / math.sqrt(2 * config.n_layer))
         if config.zero_init and not config.tie_embeddings:
             nn.init.zeros_(self.lm_head.weight)
+        if config.mtp_depth:  # multi-token prediction (its chapter), made after the main model's init and on a
+            with torch.random.fork_rng(devices=[]):  # fork of the RNG: the main model trains as it would without them
+                self.mtp = nn.ModuleList([MTPModule(config) for _ in range(config.mtp_depth)])
 
     def _init_weights(self, module):
         if isinstance(module, nn.Linear):
@@ -653,14 +679,20 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, cache=None):
         """Logits for every position (B, T, vocab), and the loss when targets are given (in training, with
-        the MoE balancing losses the config switches on)."""
-        logits = self.logits(self.hidden_states(idx, cache))
+        the MoE balancing losses, DSA's indexer losses and the MTP modules' losses the config switches on)."""
+        h = self.hidden_states(idx, cache)
+        logits = self.logits(h)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
             balancing = [m.loss for m in self.moe_layers() if m.loss is not None]
             if balancing:  # the mean over layers: a coefficient means the same at any depth
                 loss = loss + sum(balancing) / len(balancing)
+            index_losses = [m.loss for m in self.indexers() if m.loss is not None]
+            if index_losses:  # DSA's indexers learn from their own loss alone (their inputs are detached)
+                loss = loss + self.config.index_loss_coef * sum(index_losses) / len(index_losses)
+            if self.config.mtp_depth and self.config.mtp_loss_coef and self.training:
+                loss = loss + self.config.mtp_loss_coef * mtp_loss(self, h, targets)
         return logits, loss
 
     def embed(self, idx, start=0):
@@ -722,12 +754,15 @@ class GPT(nn.Module):
         mixer and stack of experts declares (attention's scores and weighted values grow with the context)."""
         T = self.config.block_size if seq_len is None else seq_len
         flops = 0
+        mtp = set(self.mtp.modules()) if self.config.mtp_depth else set()  # counted apart: shorter sequences
         for module in self.modules():
+            if module in mtp:
+                continue
             if isinstance(module, nn.Linear):
                 flops += 6 * module.weight.numel()
             elif isinstance(module, (TokenMixer, Experts)):
                 flops += module.token_flops(T)
-        return flops
+        return flops + mtp_flops(self, T)
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops):
         """Model FLOPs utilisation: achieved FLOP/s over the device's peak (pass it in: it depends on the device)."""
@@ -798,6 +833,22 @@ class GPT(nn.Module):
     def moe_counters(self):
         """The MoE layers' running counts (load, losses): what DDP ranks sum before using them."""
         return [t for m in self.moe_layers() for t in (m.load, m.losses)]
+
+    # ------------------------------------------------------------------------- the indexers' and MTP losses
+
+    def indexers(self):
+        return [block.attn.indexer for block in self.transformer.h
+                if isinstance(getattr(block.attn, 'indexer', None), LightningIndexer)]
+
+    def mtp_loss_and_reset(self):
+        """The MTP modules' mean loss over the training forwards since the last call (None if none); then the
+        counts restart: what train.py logs apart from the main loss."""
+        return mean_loss_and_reset(self.mtp if self.config.mtp_depth else [])
+
+    def index_loss_and_reset(self):
+        """The indexers' mean KL loss over the training forwards since the last call (None if none), then
+        the counts restart: what train.py logs apart from the main loss."""
+        return mean_loss_and_reset(self.indexers())
 
 
 # ============================================================================= the later chapters
@@ -1028,20 +1079,25 @@ class LatentAttention(TokenMixer):
         if config.rope_scaling and config.yarn_mscale_all_dim:
             self.scale *= _yarn_mscale(config.rope_scale, config.yarn_mscale_all_dim) ** 2
         self.absorb = True  # cached decoding in the absorbed form (False: rebuild keys and values; bench.py)
+        self.indexer = None  # DeepSeek Sparse Attention's, with index_topk (its chapter)
 
     def cache_entries(self):
-        """The latent and the shared rotated key, for all heads."""
-        return {'latent': (1, self.latent_dim + self.rope_dim)}  # [latent | rotated key], as decoding reads them
+        """The latent and the shared rotated key, for all heads (and an indexer's key)."""
+        return {'latent': (1, self.latent_dim + self.rope_dim),  # [latent | rotated key], as decoding reads them
+                **(self.indexer.cache_entries() if self.indexer is not None else {})}
 
     def token_flops(self, seq_len):
-        """q.k and att.v over seq_len rebuilt keys (training's form)."""
+        """q.k and att.v over seq_len rebuilt keys (training's form); and an indexer's."""
         width = self.nope_dim + self.rope_dim + self.v_dim
-        return 3 * 2 * self.n_head * width * min(seq_len, self.window or seq_len)
+        index = self.indexer.token_flops(seq_len, self.n_head * (self.nope_dim + self.rope_dim)) \
+            if self.indexer is not None else 0
+        return 3 * 2 * self.n_head * width * min(seq_len, self.window or seq_len) + index
 
     def forward(self, x, rope=None, mask=None, cache=None):
         B, T, _ = x.size()
         H = self.n_head
-        q = self.q_b(self.q_a_norm(self.q_a(x))) if self.q_proj is None else self.q_proj(x)
+        q_in = self.q_a_norm(self.q_a(x)) if self.q_proj is None else x  # what DSA's indexer makes its queries of too
+        q = self.q_b(q_in) if self.q_proj is None else self.q_proj(x)
         q = q.view(B, T, H, self.nope_dim + self.rope_dim).transpose(1, 2)
         q_nope, q_rope = q.split([self.nope_dim, self.rope_dim], dim=-1)
         latent, k_rope = self.kv_a(x).split([self.latent_dim, self.rope_dim], dim=-1)
@@ -1052,6 +1108,8 @@ class LatentAttention(TokenMixer):
         keys = torch.cat((latent, k_rope), dim=-1)  # what the cache keeps of each token
         if cache is not None:
             keys, = cache.update(latent=keys)
+        if self.indexer is not None:  # DeepSeek Sparse Attention: each query reads the keys its indexer picks
+            mask, keys = self.indexer.narrow(x, q_in, rope, mask, cache, keys)
         if cache is not None and T == 1 and self.absorb:
             y = self._absorbed(q_nope, q_rope, keys, mask)
         else:
@@ -1059,8 +1117,10 @@ class LatentAttention(TokenMixer):
             kv = self.kv_b(latent.squeeze(1)).view(B, -1, H, self.nope_dim + self.v_dim).transpose(1, 2)
             k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)
             k = torch.cat((k_nope, k_rope.expand(-1, H, -1, -1)), dim=-1)
-            y = attend(torch.cat((q_nope, q_rope), dim=-1), k, v, mask, self.dropout if self.training else 0.0,
-                       self.scale)
+            q = torch.cat((q_nope, q_rope), dim=-1)
+            if self.indexer is not None:
+                self.indexer.learn(q, k, self.scale)
+            y = attend(q, k, v, mask, self.dropout if self.training else 0.0, self.scale)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, H * self.v_dim)))
 
     def _absorbed(self, q_nope, q_rope, keys, mask):
@@ -1374,6 +1434,7 @@ def chunked_attention(config, layer):
 LAYER_KINDS['C'] = ('chunked', chunked_attention)
 # ----------------------------------------------------------------------------- gated short convolution (layers='VVG': LFM2)
 
+
 def causal_depthwise_conv(x, weight, bias=None, cache=None, name='conv'):
     """Each channel of x (B, channels, T) convolved over its last kernel inputs, its own kernel (weight: a
     depthwise Conv1d's (channels, 1, kernel)), the inputs before the first taken as zeros or, with a cache, as
@@ -1635,6 +1696,255 @@ class NoPositions(nn.Module):
 
 
 POSITIONS['none'] = NoPositions
+# ----------------------------------------------------------------------------- sparse attention: DeepSeek's lightning indexer (index_topk)
+
+
+def mean_loss_and_reset(modules):
+    """The mean loss the modules summed in their `losses` buffers ([sum, forwards]), None if none; then zeros."""
+    totals = sum((m.losses.cpu() for m in modules), torch.zeros(2))
+    for m in modules:
+        m.losses.zero_()
+    return (totals[0] / totals[1]).item() if totals[1] else None
+
+
+def visible_keys(mask, T, S, device):
+    """attend's mask as a boolean (T, S) tensor (or the (1, S) of a decoding step): which keys each query sees."""
+    if isinstance(mask, torch.Tensor):
+        return mask
+    if mask is False or (mask is None and T == 1):
+        return torch.ones(T, S, dtype=torch.bool, device=device)
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)  # causal: query i is key S - T + i
+
+
+class LightningIndexer(nn.Module):
+    """DeepSeek Sparse Attention's indexer (DeepSeek-V3.2): a cheap score of every past token for each query, so
+    the layer's attention reads only the index_topk highest. Its own small query heads (from the queries' input),
+    one key per token (LayerNorm'd), the first rope_dim dims of both rotated; score(query t, token s) = sum over
+    its heads h of w_h(t) * ReLU(q_h(t).k(s)), the weights w from the token too. A cache keeps its keys.
+
+    It learns from its own loss (learn): the KL divergence from the main attention's distribution (summed over
+    heads, renormalized, outside the gradient) to the softmax of its scores, over the keys the attention reads.
+    Its inputs are detached, so the loss moves the indexer alone and the language-model loss the rest.
+    index_stage='dense' is the warm-up: the attention reads every past token while the indexer learns to score
+    them; 'sparse' reads the top-k."""
+
+    def __init__(self, config, query_width):
+        super().__init__()
+        self.n_head, self.head_dim, self.topk = config.index_n_heads, config.index_head_dim, config.index_topk
+        self.dense, self.loss_coef = config.index_stage == 'dense', config.index_loss_coef
+        self.wq = nn.Linear(query_width, self.n_head * self.head_dim, bias=False)
+        self.wk = nn.Linear(config.n_embd, self.head_dim, bias=False)
+        self.k_norm = nn.LayerNorm(self.head_dim, eps=1e-6)  # DeepSeek's: a LayerNorm with a bias
+        self.weights = nn.Linear(config.n_embd, self.n_head, bias=False)
+        self.register_buffer('losses', torch.zeros(2), persistent=False)  # KL summed, forwards
+        self.loss = None  # what this forward adds to the training loss (times index_loss_coef)
+        self._scores = self._reads = None  # this forward's, for learn
+
+    def cache_entries(self):
+        return {'index_k': (1, self.head_dim)}
+
+    def token_flops(self, seq_len, qk_width):
+        """Its scores over seq_len keys (forward and backward), and the main attention's q.k once more for the
+        loss's target (forward only); the attention itself reads every key in training (masked). GPT counts 6 per
+        weight of every Linear: the indexer's inputs are detached, so its Linears take no input gradient (4 per
+        weight), and without its loss (index_loss_coef=0) nothing of it runs backward (2)."""
+        learns = bool(self.loss_coef)
+        weights = sum(m.weight.numel() for m in (self.wq, self.wk, self.weights))
+        scores = (3 if learns else 1) * 2 * self.n_head * self.head_dim * seq_len
+        target = 2 * qk_width * seq_len if learns else 0
+        return scores + target - (2 if learns else 4) * weights
+
+    def scores(self, x, q_in, rope, cache):
+        """(B, T, S): every new query's score of every key it may see (a cache's too)."""
+        B, T, _ = x.shape
+        x, q_in = x.detach(), q_in.detach()
+        q = self.wq(q_in).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_norm(self.wk(x)).unsqueeze(1)  # (B, 1, T, D): one key for all heads
+        if rope is not None:  # the tables' width: the first rope_dim dims turn, the rest pass
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if cache is not None:
+            k, = cache.update(index_k=k)
+        # the heads' queries as rows of one matrix per sequence (a broadcast over heads would copy the keys)
+        dots = q.float().reshape(B, -1, self.head_dim) @ k.float().squeeze(1).transpose(-1, -2)
+        dots = F.relu(dots.view(B, self.n_head, T, -1)) * self.head_dim ** -0.5  # (B, H, T, S)
+        w = self.weights(x).float() * self.n_head ** -0.5  # (B, T, H)
+        return (w.transpose(1, 2).unsqueeze(-1) * dots).sum(1)
+
+    def narrow(self, x, q_in, rope, mask, cache, *keys):
+        """The attention's mask for the picked keys, and its keys (B, heads, S, dim): as they are, or in a
+        decoding step (one query, a cache) only the index_topk picked, so the step reads k entries, not S."""
+        self.selection = self.select(x, q_in, rope, mask, cache)  # what layers sharing it read too
+        return read_selected(self.selection, keys)
+
+    def select(self, x, q_in, rope, mask, cache):
+        """(the attention's mask, None), or in a decoding step (the mask of the k picked, their slots (B, 1, k, 1))."""
+        scores = self.scores(x, q_in, rope, cache)
+        B, T, S = scores.shape
+        reads = visible_keys(mask, T, S, x.device)
+        self._scores, self._reads = scores, reads
+        if self.dense or self.topk >= S:  # every visible key is picked: the dense attention, as it is
+            return mask, None
+        # the k best; of equal scores (ReLU makes zeros common) the earliest keys, so a decoding step over the
+        # cache's slots picks what a forward over the sequence picks (a key's slot is its position)
+        picked = scores.masked_fill(~reads, float('-inf')).sort(dim=-1, descending=True, stable=True).indices
+        picked = picked[..., :self.topk]  # (B, T, k)
+        if T == 1 and cache is not None:
+            seen = reads.expand(B, S).gather(1, picked[:, 0])  # a pick among unwritten slots sees nothing
+            return seen[:, None, None, :], picked[:, None, 0, :, None]
+        self._reads = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, picked, True) & reads
+        return self._reads[:, None], None
+
+    def learn(self, q, k, scale):
+        """In training, the KL loss of this forward (self.loss) from the main attention's queries q (B, H, T, dim)
+        and keys k (B, H or fewer, S, dim), over the keys the attention read."""
+        self.loss = None
+        if not (self.training and self.loss_coef):
+            return
+        reads, log_index = self._reads, self._scores.masked_fill(~self._reads, float('-inf')).log_softmax(-1)
+        with torch.no_grad():
+            k = k.repeat_interleave(q.size(1) // k.size(1), dim=1) if k.size(1) != q.size(1) else k
+            logits = (q.float() @ k.float().transpose(-1, -2)) * (q.size(-1) ** -0.5 if scale is None else scale)
+            target = logits.masked_fill(~reads.unsqueeze(-3), float('-inf')).softmax(-1).sum(1)
+            target = target / target.sum(-1, keepdim=True)
+        kl = (torch.xlogy(target, target) - target * log_index.masked_fill(~reads, 0.0)).sum(-1).mean()
+        self.losses += torch.stack((kl.detach(), torch.ones_like(kl.detach())))
+        self.loss = kl
+
+
+def read_selected(selection, keys):
+    """An indexer's selection applied: (its mask, the keys as they are or, in a decoding step, the picked slots)."""
+    mask, slots = selection
+    if slots is not None:  # indexing, not gather: a gather's index expanded over heads and dims is slow on a CPU
+        rows = torch.arange(slots.size(0), device=slots.device)[:, None]
+        keys = [t[rows, :, slots[:, 0, :, 0]].transpose(1, 2) for t in keys]
+    return (mask, *keys)
+
+
+class SharedIndex(nn.Module):
+    """GLM-5's IndexCache: a layer with no indexer of its own reads the keys the nearest earlier indexer picked
+    for the same queries (index_share 'S'); its cache keeps no indexer keys, and it adds no loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.source = []  # [the earlier layer's LightningIndexer] (a list: not a submodule, its weights not ours)
+
+    def cache_entries(self):
+        return {}
+
+    def token_flops(self, seq_len, qk_width):
+        return 0
+
+    def narrow(self, x, q_in, rope, mask, cache, *keys):
+        return read_selected(self.source[0].selection, keys)
+
+    def learn(self, q, k, scale):
+        pass
+
+
+def _with_indexer(build):
+    """A layer kind's builder whose global attention layers get an indexer when index_topk is set (or, marked
+    'S' in index_share, a SharedIndex; share_indices links it)."""
+    def build_layer(config, layer):
+        mixer = build(config, layer)
+        if config.index_topk is not None and mixer.window is None:
+            q_width = config.mla_dims['q_latent'] if config.attn == 'mla' else 0
+            mixer.indexer = SharedIndex() if config.index_shares[layer] else \
+                LightningIndexer(config, q_width or config.n_embd)
+        return mixer
+    return build_layer
+
+
+def share_indices(blocks):
+    """Each SharedIndex reads the nearest earlier layer's indexer."""
+    last = None
+    for block in blocks:
+        indexer = getattr(block.attn, 'indexer', None)
+        if isinstance(indexer, SharedIndex):
+            indexer.source[:] = [last]
+        elif indexer is not None:
+            last = indexer
+
+
+for _letter in ('G', 'N'):  # global attention, with RoPE or without (local layers read their window already)
+    LAYER_KINDS[_letter] = (LAYER_KINDS[_letter][0], _with_indexer(LAYER_KINDS[_letter][1]))
+INDEX_STAGES = ('dense', 'sparse')
+
+
+# ----------------------------------------------------------------------------- multi-token prediction (mtp_depth)
+
+class MTPModule(nn.Module):
+    """One depth of DeepSeek-V3's multi-token prediction: the previous depth's hidden state of token i (the main
+    model's at the first) and the embedding of token i + k, both normalized, concatenated and projected, pass one
+    block (the last layer's kind) and a norm; the shared head then predicts token i + k + 1."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.norm_h, self.norm_e, self.norm = make_norm(config), make_norm(config), make_norm(config)
+        self.proj = nn.Linear(2 * config.n_embd, config.n_embd, bias=False)
+        self.block = Block(config, config.n_layer - 1)
+        self.apply(partial(GPT._init_weights, None))
+        for name, p in self.named_parameters():
+            if name.endswith('c_proj.weight'):  # GPT-2's scaled init, as the model's blocks
+                nn.init.normal_(p, mean=0.0, std=0.0 if config.zero_init else 0.02 / math.sqrt(2 * config.n_layer))
+        self.register_buffer('losses', torch.zeros(2), persistent=False)  # loss summed, forwards
+
+    def forward(self, h, embedded, tables):
+        """h, embedded (B, L, n_embd) -> this depth's hidden states (B, L, n_embd), before its norm."""
+        x = self.proj(torch.cat((self.norm_h(h), self.norm_e(embedded)), dim=-1))
+        mixer = self.block.attn
+        mask = causal_mask(x.size(1), mixer.window, x.device)
+        return self.block(x, tables[mixer.positions], x.size(1) > 1 if mask is None else mask)
+
+
+def mtp_flops(model, T):
+    """Training FLOPs of the MTP modules per token of a T-token sequence: depth k runs over T - k tokens (its
+    Linears, its block's mixer and experts, the shared head); none at weight 0 (not computed)."""
+    if not (model.config.mtp_depth and model.config.mtp_loss_coef):
+        return 0
+    flops = 0
+    for k, module in enumerate(model.mtp, start=1):
+        L = T - k
+        if L < 1:
+            break
+        per_token = 6 * model.lm_head.weight.numel()
+        for part in module.modules():
+            if isinstance(part, nn.Linear):
+                per_token += 6 * part.weight.numel()
+            elif isinstance(part, (TokenMixer, Experts)):
+                per_token += part.token_flops(L)
+        flops += per_token * L
+    return flops / T
+
+
+def rotary_tables(model, x):
+    """The rotary tables of x's positions 0.. by kind, as GPT.embed gives them (learned positions: none)."""
+    rope = model.transformer.wpe(x, 0)[1]
+    return {'rope': rope, 'local': rope if model.rope_local is None else model.rope_local(x, 0)[1], None: None}
+
+
+def mtp_states(model, module, h, tokens):
+    """One depth's hidden states (B, L, n_embd) from the previous depth's h and the tokens (B, L) one further on."""
+    embedded = model.transformer.wte(tokens)
+    if model.config.embed_scale:
+        embedded = embedded * model.config.n_embd ** 0.5
+    return module(h, embedded, rotary_tables(model, embedded))
+
+
+def mtp_loss(model, h, targets):
+    """The mean over depths of each MTP module's loss: at depth k, position i reads the token i + k (targets'
+    i + k - 1) and predicts the next (targets' i + k); the sequence shortens by one a depth."""
+    T = targets.size(1)
+    losses = []
+    for k, module in enumerate(model.mtp, start=1):
+        L = T - k
+        if L < 1:
+            break
+        h = mtp_states(model, module, h[:, :L], targets[:, k - 1:T - 1].clamp(min=0))  # -1 (ignored) reads token 0
+        logits = model.logits(module.norm(h))
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets[:, k:].reshape(-1), ignore_index=-1)
+        module.losses += torch.stack((loss.detach(), torch.ones_like(loss.detach())))
+        losses.append(loss)
+    return sum(losses) / len(losses)
 
 
 # ============================================================================= machinery
@@ -1673,7 +1983,8 @@ def swap_flags(names, flags, modern=True):
 # these (a longer context with RoPE scaling or a window, dropout), so the scripts take them from the run.
 RUNTIME_FLAGS = ('block_size', 'dropout', 'sliding_window', 'rope_scaling', 'rope_factor', 'rope_original_length',
                  'rope_low_freq_factor', 'rope_high_freq_factor', 'yarn_beta_fast', 'yarn_beta_slow', 'yarn_mscale',
-                 'yarn_mscale_all_dim', 'rope_attention_factor', 'yarn_truncate')
+                 'yarn_mscale_all_dim', 'rope_attention_factor', 'yarn_truncate', 'index_stage', 'index_loss_coef',
+                 'mtp_loss_coef')
 
 
 def upgrade_args(args):
@@ -1742,6 +2053,18 @@ FIELD_TYPES = {
     'attention_chunk_size': OPTIONAL_POSITIVE_INT,
     'nope_temperature': POSITIVE_NUMBER,
     **_kinds('rope_qk_norm moe_scale_input', BOOL),
+    # DeepSeek Sparse Attention
+    'index_topk': OPTIONAL_POSITIVE_INT,
+    **_kinds('index_n_heads index_head_dim', POSITIVE_INT),
+    'index_stage': (lambda v, c: v in INDEX_STAGES, f"one of {', '.join(map(repr, INDEX_STAGES))}"),
+    'index_loss_coef': NON_NEGATIVE_NUMBER,
+    'index_share': (lambda v, c: v is None or (isinstance(v, str) and v and not set(v) - set('FS')
+                                               and len(v) <= c.n_layer),
+                    lambda c: f"None or a string of 'F' (own indexer) and 'S' (shares an earlier one's top-k) at most "
+                              f"n_layer={c.n_layer} long, tiled over the layers"),
+    # multi-token prediction
+    'mtp_depth': (lambda v, c: _int(v, 0), 'an int >= 0'),
+    'mtp_loss_coef': NON_NEGATIVE_NUMBER,
 }
 
 
@@ -1773,6 +2096,17 @@ LINEAR_FIELDS = ('linear_n_key_head', 'linear_n_value_head', 'linear_key_dim', '
 SSM_FIELDS = ('ssm_n_head', 'ssm_head_dim', 'ssm_state_dim', 'ssm_n_groups', 'ssm_conv_kernel', 'ssm_chunk_size',
               'ssm_dt_min')
 EXPERT_ONLY_FIELDS = ('moe_bias', 'swiglu_limit')  # the experts' own: MoE only, even with dense layers first
+INDEX_FIELDS = ('index_n_heads', 'index_head_dim', 'index_stage', 'index_loss_coef', 'index_share')  # with index_topk only
+
+
+def _unshared(c):
+    """The first layer marked 'S' in index_share with no indexer before it to share, or on a layer without one."""
+    indexed = [kind in 'GN' for kind in c.layer_kinds]
+    for i, shares in enumerate(c.index_shares):
+        if shares and (not indexed[i] or not any(indexed[j] and not c.index_shares[j] for j in range(i))):
+            return i
+    return None
+
 
 # the flags of a RoPE scaling, and the rope_scaling values they apply to
 ROPE_SCALING_FLAGS = {'rope_factor': ('linear', 'dynamic', 'yarn', 'llama3'),
@@ -1895,6 +2229,26 @@ DEPENDS = [
     (lambda c: ('-' in c.layer_kinds or not c.mlp_with_mixer) and c.norm_position != 'pre',
      lambda c: f"layers of one part (layers={c.layers!r}, mlp_with_mixer={c.mlp_with_mixer}) need norm_position='pre', "
                f"got {c.norm_position!r}"),
+    # DeepSeek Sparse Attention
+    (lambda c: _changed(c, INDEX_FIELDS) and c.index_topk is None,
+     lambda c: f"{_flag_list(c, _changed(c, INDEX_FIELDS))} apply to sparse attention only: set index_topk (the "
+               f"keys each query reads) or leave them at their defaults"),
+    (lambda c: c.index_topk is not None and not {'G', 'N'} & set(c.layer_kinds),
+     lambda c: f"index_topk={c.index_topk} picks keys in global attention layers ('G', 'N') and layers={c.layers!r} "
+               f"has none: add one or set --index_topk=None"),
+    (lambda c: c.index_topk is not None and c.index_share is not None and _unshared(c) is not None,
+     lambda c: f"index_share={c.index_share!r} marks layer {_unshared(c)} 'S' but it has no earlier global layer with an "
+               f"indexer of its own to share (or is no global layer): make it 'F'"),
+    # multi-token prediction
+    (lambda c: _changed(c, ('mtp_loss_coef',)) and not c.mtp_depth,
+     lambda c: f"mtp_loss_coef={c.mtp_loss_coef} applies to multi-token prediction only: set mtp_depth >= 1 or leave "
+               f"it at its default"),
+    (lambda c: c.mtp_depth and c.index_topk is not None,
+     lambda c: f"mtp_depth={c.mtp_depth} with sparse attention (index_topk={c.index_topk}) is not supported yet: set one "
+               f"of them off"),
+    (lambda c: c.index_topk is not None and c.pos == 'rope' and c.index_head_dim < c.rope_dim,
+     lambda c: f"index_head_dim ({c.index_head_dim}) must be at least the rotated width of a head ({c.rope_dim}): "
+               f"the indexer rotates its first dims with the attention's tables"),
 ]
 
 

@@ -35,6 +35,7 @@ device = 'auto'  # 'auto' (cuda, mps, cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'  # 'auto' (bf16, else fp16 on CUDA; fp32 elsewhere), 'float32', 'bfloat16', 'float16'
 compile = False
 use_cache = True  # False: recompute the whole context every step (the reference path)
+speculative = False  # greedy only (temperature 0): a model with MTP modules drafts with them, verifies in one forward
 # the model flags a trained model can run with other values of (the ones given replace the model's)
 globals().update({k: v for k, v in model_flags(runtime_only=True).items() if k != 'dropout'})
 settings = configure(settings_of(globals()), sys.argv[1:], prog='sample.py', doc=__doc__,
@@ -65,6 +66,8 @@ if max_new_tokens < 0:
     die(f"max_new_tokens must be >= 0, got {max_new_tokens}")
 if num_samples < 1:
     die(f"num_samples must be at least 1, got {num_samples}")
+if speculative and temperature != 0:
+    die(f"speculative=True decodes greedily: set --temperature=0 (got {temperature})")
 if not 0 <= seed < 2 ** 64:
     die(f"seed must be in [0, 2**64), got {seed}")
 device = pick_device(device)
@@ -120,6 +123,10 @@ if guessed:
 vocab_limit = min(tokenizer_vocab, model.config.vocab_size)
 model.eval()
 model.to(device)
+if speculative:
+    from generate import generate_speculative, speculation_problem
+    if speculation_problem(model):
+        die(speculation_problem(model))
 idx = torch.tensor([prompt] * num_samples, dtype=torch.long, device=device)
 if compile:  # generate's decoding step, one static-shape graph (the prefill stays eager)
     model.compile_decoding()
@@ -133,8 +140,14 @@ if compile:  # generate's decoding step, one static-shape graph (the prefill sta
 torch.manual_seed(seed)
 torch.cuda.manual_seed(seed)
 t0 = time.perf_counter()
+drafts = None  # speculative decoding's counts
 with torch.no_grad(), autocast(device, dtype):
-    if num_samples == 1:
+    if speculative:  # the tokens of greedy decoding, each round's at once
+        out, drafts = generate_speculative(model, idx, max_new_tokens, vocab_limit)
+        for row in out.tolist():
+            print(decode(row))
+            print(SEPARATOR)
+    elif num_samples == 1:
         print(decode(prompt), end='', flush=True)
         pending = []  # tokens not yet printed: decoding only these keeps each step's work constant
         for token in model.generate_stream(idx, max_new_tokens, temperature, top_k, top_p, use_cache, vocab_limit):
@@ -157,7 +170,12 @@ seconds = time.perf_counter() - t0
 tokens = num_samples * max_new_tokens
 cache = 'none (use_cache=False)'
 if use_cache:  # generate allocates none for 0 new tokens; its dtype is autocast's, else the fp32 weights'
-    n_bytes = model.kv_cache_bytes(num_samples, len(prompt) + max_new_tokens, DTYPES[dtype]) if max_new_tokens else 0
+    length = model.config.block_size if speculative else len(prompt) + max_new_tokens  # speculative: one of block_size
+    n_bytes = model.kv_cache_bytes(num_samples, length, DTYPES[dtype]) if max_new_tokens else 0
     cache = f'{n_bytes} bytes'
 print(f"generated {tokens} tokens in {seconds:.2f} s, {tokens / max(seconds, 1e-9):.1f} tokens/s, KV cache {cache}",
       file=sys.stderr)
+if drafts:
+    print(f"speculative: {drafts['accepted']} of {drafts['drafted']} drafted tokens accepted "
+          f"({drafts['accepted'] / max(drafts['drafted'], 1):.0%}), {drafts['rounds']} forwards for {tokens // num_samples} "
+          f"tokens a sample", file=sys.stderr)

@@ -692,6 +692,12 @@ def report_evaluation(losses, lr, elapsed_s, save, blown_up):
                                          if k != 'dropout' and getattr(raw_model.config, k) != trained_args[k]})
     if 'moe' in losses:  # the experts' load: a collapsed router shows as an expert with share 0
         record['moe'] = losses['moe']
+    index_loss = raw_model.index_loss_and_reset()
+    if index_loss is not None:  # sparse attention: the indexers' KL loss over the steps since the last record
+        record['index_loss'] = index_loss
+    mtp_loss = raw_model.mtp_loss_and_reset()
+    if mtp_loss is not None:  # multi-token prediction: the MTP modules' mean loss over the steps since the last record
+        record['mtp_loss'] = mtp_loss
     if blown_up and not save:
         print(f"val loss {losses['val']:.4f} is over twice the best ({best_val_loss:.4f}): not saving; "
               f"{last_checkpoint()}")

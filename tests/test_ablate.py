@@ -609,3 +609,32 @@ def test_the_chunked_group_sets_chunks_against_windows_of_the_same_size(monkeypa
     sizes = {GPT(GPTConfig(**{**ablate_module.model_args(base), 'vocab_size': 65, **flags})).get_num_params()
              for flags in variants.values()}
     assert len(sizes) == 1  # chunks and windows change no weight
+
+
+def ablate_grid(monkeypatch, *argv):
+    """ablate.py's module as these arguments configure it, its base recipe and its grid."""
+    monkeypatch.setattr(sys, 'argv', ['ablate.py', *argv])
+    monkeypatch.syspath_prepend(str(REPO))
+    sys.modules.pop('ablate', None)
+    try:
+        module = importlib.import_module('ablate')
+        base = module.base_recipe(str(REPO))
+        return module, base, module.build_grid(base)
+    finally:
+        sys.modules.pop('ablate', None)
+
+
+def test_the_sparse_and_mtp_groups_vary_only_their_flags(monkeypatch):
+    """sparse: modern, and DSA at k of a quarter and an eighth of block_size, with and without the KL loss; mtp:
+    modern and depths 1 and 2; every variant a model the recipe builds."""
+    ablate_module, base, variants = ablate_grid(monkeypatch, '--grid=sparse,mtp')
+    modern, quarter, eighth = variants['modern'], base['block_size'] // 4, base['block_size'] // 8
+    assert list(variants) == ['modern', f'dsa_topk={quarter}', f'dsa_topk={quarter}_no_kl', f'dsa_topk={eighth}',
+                              f'dsa_topk={eighth}_no_kl', 'mtp_depth=1', 'mtp_depth=2']
+    sparse = variants[f'dsa_topk={eighth}']
+    assert sparse == {**modern, 'index_topk': eighth, 'index_loss_coef': 1.0, 'index_head_dim': sparse['index_head_dim']}
+    assert variants[f'dsa_topk={eighth}_no_kl'] == {**sparse, 'index_loss_coef': 0.0}
+    assert variants['mtp_depth=2'] == {**modern, 'mtp_depth': 2}
+    from model import GPTConfig
+    for flags in variants.values():
+        GPTConfig(**{**ablate_module.model_args(base), **flags})

@@ -342,3 +342,13 @@ def test_kda_rows_keep_the_deltanets_cache(tmp_path):
     assert rows['kda']['kv_bytes_per_sequence'] == 4 * state
     assert rows['kda-hybrid']['kv_bytes_per_sequence'] == 2 * 1 * 16 * 16 * 4 + 3 * state  # and one global layer's K/V
     assert rows['kda']['decode_tokens_per_s_cached'] > 0 and rows['kda-hybrid']['train_ms_per_iter'] > 0
+
+
+def test_sparse_attention_rows_keep_the_indexers_keys(tmp_path):
+    """dsa and mla+dsa: the modern and MLA caches plus the indexer's key per token (index_head_dim 32), fp32."""
+    result = bench('--variants=modern,dsa,mla,mla+dsa', '--json=b.json', '--decode_uncached=False', cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = {r['variant']: r for r in json.loads((tmp_path / 'b.json').read_text())['rows']}
+    assert rows['dsa']['kv_bytes_per_token'] == rows['modern']['kv_bytes_per_token'] + 32 * 4
+    assert rows['mla+dsa']['kv_bytes_per_token'] == rows['mla']['kv_bytes_per_token'] + 32 * 4
+    assert rows['dsa']['decode_tokens_per_s_cached'] > 0 and rows['mla+dsa']['train_ms_per_iter'] > 0

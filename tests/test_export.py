@@ -108,7 +108,6 @@ def test_export_cli(tmp_path, export_here):
     with torch.no_grad():
         torch.testing.assert_close(hf(idx).logits, model(idx)[0], atol=1e-4, rtol=0)
 
-
     blocked = perturbed(norm='rms')
     common.save_checkpoint(common.new_checkpoint(blocked, config={}), str(tmp_path / 'out' / 'ckpt.pt'))
     for args, fragment in [(('out', 'hf2'), "norm='rms'"), (('nowhere', 'hf2'), 'nowhere/ckpt.pt'), (('out', ''), 'hf_dir')]:

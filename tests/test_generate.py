@@ -10,6 +10,7 @@ pytestmark = pytest.mark.usefixtures('single_thread')
 
 # ----------------------------------------------------------------------------- 9: generation
 
+
 @pytest.mark.parametrize('overrides', [dict(), dict(norm='rms', mlp='swiglu', pos='rope', n_kv_head=2)],
                          ids=['vanilla', 'llama'])
 def test_greedy_generation_matches_reference_and_batches(overrides):
@@ -207,15 +208,21 @@ def test_compiled_decoding_is_one_graph_for_every_step_and_length(kind):
     generation: the sampling test compiles with inductor): the tokens of eager decoding at three lengths, past a
     context shift, from one graph, never recompiled for a step, a position or a cache length; also with the
     one cache of block_size positions that CUDA graphs keep and reuse."""
-    import torch._dynamo
     model = build(n_layer=3, pos='rope', layers='LGD', sliding_window=5, n_kv_head=2, attn_sinks=True,
                   linear_key_dim=4, linear_value_dim=4) if kind != 'mla' else build(pos='rope', attn='mla')
+    assert_compiled_decoding_is_one_graph(model, keep_cache=kind == 'mla, kept cache')
+
+
+def assert_compiled_decoding_is_one_graph(model, keep_cache=None):
+    """compile_decoding with AOT autograd gives eager's tokens at three lengths, past a context shift, from one
+    graph without a break."""
+    import torch._dynamo
     idx = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(61))
     eager = {n: model.generate(idx, n, temperature=0) for n in (6, 9, 3 * BLOCK)}  # caches of 9, 12 and 16
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     try:
-        model.compile_decoding(backend='aot_eager', keep_cache=kind == 'mla, kept cache')
+        model.compile_decoding(backend='aot_eager', keep_cache=keep_cache)
         for n, expected in eager.items():
             assert torch.equal(model.generate(idx, n, temperature=0), expected)
         assert torch._dynamo.utils.counters['stats']['unique_graphs'] == 1
@@ -364,7 +371,14 @@ LLAMA4_LAYERS = dict(n_layer=3, pos='rope', layers='CLN', attention_chunk_size=6
 def test_a_decoding_step_of_chunked_and_tempered_layers_gives_the_logits_of_a_full_forward():
     model = build(**LLAMA4_LAYERS)
     seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(63))
+    cache = G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
+    model(seq[:, :3], cache=cache)
+    for i in range(3, BLOCK):
+        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
+        cache.advance(1)
+        assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
 # ----------------------------------------------------------------------------- gated short convolution ('V')
+
 
 @torch.no_grad()
 def test_a_decoding_step_through_short_conv_layers_gives_a_full_forwards_logits():
@@ -391,7 +405,6 @@ def test_short_conv_layers_keep_a_cache_that_does_not_grow():
         assert cache_nbytes(cache) == mixed.kv_cache_bytes(2, seq_len, dtype)
 
 
-
 @torch.no_grad()
 def test_a_decoding_step_through_mamba2_layers_gives_a_full_forwards_logits():
     """decode_step over 'SG' (2 groups of B/C): the recurrent form continues the chunked prefill's state."""
@@ -412,6 +425,14 @@ def test_a_decoding_step_masks_attention_after_a_recurrent_layer_of_the_same_pos
     masks the attention's unwritten slots (the recurrent layer, first, has none to mask)."""
     model = build(pos='rope', layers=layers, ssm_state_dim=4) if layers == 'SN' else build(pos='rope', layers=layers)
     seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(83))
+    cache = G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
+    model(seq[:, :3], cache=cache)
+    for i in range(3, BLOCK):
+        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
+        cache.advance(1)
+        assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
+
+
 @torch.no_grad()
 def test_a_decoding_step_of_kimi_delta_attention_and_mla_without_positions():
     """Kimi Linear's shape ('K' layers, MLA with pos='none'): decode_step, writing each token into the cache in
@@ -442,3 +463,63 @@ def test_compiled_decoding_of_chunked_and_tempered_layers_is_one_graph():
         assert not torch._dynamo.utils.counters['graph_break']
     finally:
         torch._dynamo.reset()
+# ----------------------------------------------------------------------------- self-speculative decoding (MTP)
+
+
+def mtp_model(seed=0, steps=0, **flags):
+    """A tiny MTP model, trained `steps` AdamW steps on a cycle of 7 tokens (so its drafts come true)."""
+    torch.manual_seed(seed)
+    model = build(seed, pos='rope', mtp_depth=2, **flags)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    cycle = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(seed))[:7]
+    data = torch.stack([cycle.roll(-s).repeat(4)[:BLOCK + 1] for s in range(7)])
+    for _ in range(steps):
+        model(data[:, :-1], data[:, 1:])[1].backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model.eval(), cycle
+
+
+@pytest.mark.parametrize('flags', [dict(), dict(n_kv_head=2), dict(attn='mla', q_lora_rank=8)], ids=['mha', 'gqa', 'mla'])
+def test_speculative_greedy_is_plain_greedy_token_for_token(flags):
+    """Untrained (drafts rejected) and trained on a cycle (drafts taken): plain greedy's tokens, past block_size
+    (the context shifts), a batch, a one-token prompt (nothing to draft from yet) and a vocab_limit."""
+    for steps in (0, 60):
+        model, cycle = mtp_model(steps=steps, **flags)
+        for prompt in (cycle[None, :5].repeat(2, 1), torch.randint(0, VOCAB, (2, 1), generator=torch.Generator())):
+            out, stats = G.generate_speculative(model, prompt, 3 * BLOCK)
+            assert torch.equal(out, model.generate(prompt, 3 * BLOCK, temperature=0))
+            assert stats['rounds'] + stats['accepted'] == 3 * BLOCK and stats['accepted'] <= stats['drafted']
+        limited, _ = G.generate_speculative(model, prompt, 20, vocab_limit=VOCAB // 2)
+        assert torch.equal(limited, model.generate(prompt, 20, temperature=0, vocab_limit=VOCAB // 2))
+        if steps:  # a trained model's drafts come true: fewer rounds than tokens
+            assert stats['accepted'] > stats['drafted'] / 2
+
+
+def test_speculative_decoding_keeps_a_partly_right_draft(monkeypatch):
+    """Drafts whose first token is right and second wrong: the first is kept, the cache takes the second back."""
+    model, cycle = mtp_model()
+    prompt = cycle[None, :5]
+    expected = model.generate(prompt, 30, temperature=0)
+
+    def half_right(model_, hidden, window, n):
+        right = model.generate(window, n, temperature=0)[:, -n:]
+        return [right[:, :1]] + [(right[:, k:k + 1] + 1) % VOCAB for k in range(1, n)]
+    monkeypatch.setattr(G, 'draft', half_right)
+    out, stats = G.generate_speculative(model, prompt, 30)
+    assert torch.equal(out, expected)
+    assert 0 < stats['accepted'] < stats['drafted']  # each round with drafts keeps one; the second goes back
+    assert stats['rounds'] + stats['accepted'] == 30
+
+
+@pytest.mark.parametrize('flags, fragment', [
+    (dict(), 'this model has none (train with mtp_depth >= 1)'),
+    (dict(mtp_depth=1, layers='LG', sliding_window=4), 'layer 0 cannot (a sliding window'),
+    (dict(mtp_depth=1, layers='DG'), 'layer 0 cannot'),
+])
+def test_speculative_decoding_refuses_what_it_cannot_take_back(flags, fragment):
+    model = build(pos='rope', **flags)
+    with pytest.raises(ValueError) as e:
+        G.generate_speculative(model, torch.zeros(1, 3, dtype=torch.long), 4)
+    assert fragment in str(e.value) and '\n' not in str(e.value)

@@ -15,7 +15,7 @@ transformers = pytest.importorskip('transformers')
 import common  # noqa: E402
 import hf as H  # noqa: E402
 import model as M  # noqa: E402
-from export import to_hf  # noqa: E402
+from export import hf_family, to_hf  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 VOCAB, BLOCK = 96, 64
@@ -608,6 +608,7 @@ def test_llama4_text_export_refuses_a_moved_expert_bias(tmp_path):
         to_hf(ours)
 # ----- LFM2: gated short convolutions ('V') among attention layers
 
+
 def lfm2(**overrides):
     """LFM2's shapes: conv layers around a full-attention one, head_dim 16 (not 32 / 4), a kernel of 4, and the
     MLP width LFM2 derives from intermediate_size (2/3 of 72, rounded up to a multiple of 16: 48)."""
@@ -717,6 +718,8 @@ def test_nemotron_h_features_we_lack_are_refused(change, match):
 def test_export_takes_mamba2_layers_to_nemotron_h_or_refuses(flags, refused):
     check_export_choice(GPTConfig(n_layer=6, n_head=4, n_embd=32, pos='rope', norm='rms', mlp='relu2', bias=False,
                                   **flags), 'nemotron_h', refused)
+
+
 def kimi_linear(**overrides):
     """Kimi Linear's shapes: two Kimi Delta Attention layers (4 heads of 8) then MLA without positions, its shared
     key part of 4 dims unrotated; a dense first MLP then DeepSeek-V3's MoE (sigmoid router, groups, a shared
@@ -793,3 +796,54 @@ def test_a_deltanet_model_olmo_hybrid_cannot_carry_is_refused_in_one_line(flags,
     with pytest.raises(ValueError) as e:
         to_hf(GPT(config), family='olmo_hybrid')
     assert named in str(e.value) and '\n' not in str(e.value)
+# ----- DeepSeek Sparse Attention: DeepSeek-V3.2
+
+
+def deepseek_v32(config_class=None, **overrides):
+    """A tiny DeepSeek-V3.2: V3's MLA (a query bottleneck, which its indexer reads) and experts, and an indexer of
+    8 heads keeping 6 tokens, well below the test's 40 positions."""
+    args = dict(q_lora_rank=16, index_topk=6, index_n_heads=8, index_head_dim=8, mlp_layer_types=None, n_group=2,
+                topk_group=1)
+    return deepseek(config_class or transformers.DeepseekV32Config, True, **{**args, **overrides})
+
+
+@pytest.mark.parametrize('rope', [None, YARN_DEEPSEEK], ids=['rope', 'yarn'])
+def test_deepseek_v32_sparse_attention(rope, tmp_path):
+    """Logits, greedy tokens and the export back. Where every score of a query is 0 (each head's ReLU zero) the
+    top-k is a tie: we keep the earliest tokens, torch.topk in transformers any of them; this seed has none."""
+    extra = {'rope_parameters': dict(rope)} if rope else {}
+    torch.manual_seed(0)
+    hf = randomized(transformers.DeepseekV32ForCausalLM(deepseek_v32(**extra)), 8)
+    ours = check_parity(hf, tmp_path)
+    cfg = ours.config
+    assert (cfg.index_topk, cfg.index_n_heads, cfg.index_head_dim, cfg.q_lora_rank) == (6, 8, 8, 16)
+    assert all(block.attn.indexer is not None for block in ours.transformer.h)
+    # the selection matters: the same weights read densely give other logits
+    dense = GPT(GPTConfig(**{**vars(cfg), 'index_topk': None, 'index_n_heads': 4, 'index_head_dim': 32})).eval()
+    dense.load_state_dict({k: v for k, v in ours.state_dict().items() if '.indexer.' not in k})
+    idx = torch.randint(0, VOCAB, (1, 40), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert not torch.allclose(dense(idx)[0], ours(idx)[0], atol=1e-2)
+    # the cache keeps the latent, the rotated key and the indexer's key: (16 + 4 + 8) numbers per token and layer
+    assert ours.kv_cache_bytes(1, 10) == 2 * 10 * (16 + 4 + 8) * 4
+
+
+def test_deepseek_v32_without_its_query_bottleneck_or_in_the_dense_stage_is_refused():
+    for flags, named in ((dict(q_lora_rank=None), 'q_lora_rank=None'), (dict(index_stage='dense'), "index_stage='dense'")):
+        config = GPTConfig(vocab_size=VOCAB, n_layer=2, n_head=4, n_embd=32, attn='mla', pos='rope', norm='rms',
+                           mlp='swiglu', bias=False, index_topk=4, index_head_dim=8, **{'q_lora_rank': 16, **flags})
+        assert H.HF_FAMILIES['deepseek_v32'].blocking(config) == [named]
+        with pytest.raises(ValueError, match='no Hugging Face family can represent'):
+            hf_family(config)
+
+
+def test_glm_moe_dsa_shared_top_k_and_pairwise_indexer_rope(tmp_path):
+    """GLM-5: the second and third layer of each three reuse the first's top-k (IndexCache), the indexer rotates
+    pairs (reordered to our halves)."""
+    torch.manual_seed(0)
+    hf = randomized(transformers.GlmMoeDsaForCausalLM(deepseek_v32(
+        transformers.GlmMoeDsaConfig, num_hidden_layers=3, indexer_types=['full', 'shared', 'full'])), 9)
+    ours = check_parity(hf, tmp_path)
+    assert ours.config.index_share == 'FS' and ours.config.index_topk == 6  # tiled: F S F
+    assert [type(b.attn.indexer) for b in ours.transformer.h] == [M.LightningIndexer, M.SharedIndex, M.LightningIndexer]
+    assert hf_family(ours.config).model_type == 'glm_moe_dsa'  # sharing: GLM's, not DeepSeek-V3.2's

@@ -1711,6 +1711,7 @@ def test_export_refuses_llama4_parts_no_family_carries():
     assert "layers='CL'" in str(refused.value) and '\n' not in str(refused.value)
 # ----------------------------------------------------------------------------- gated short convolution ('V')
 
+
 @torch.no_grad()
 def test_short_conv_is_lfm2s_formula_written_out():
     """One 'V' mixer against the formula with torch's own convolution: B, C, x = in_proj(h);

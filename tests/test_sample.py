@@ -315,7 +315,6 @@ def test_bpe_stream_holds_back_split_characters_and_never_samples_padding(tmp_pa
     assert parse_samples(out) == [expected] * 2
 
 
-
 @pytest.mark.parametrize('flags', [['--temperature=1e-300'], ['--top_p=1e-300'], ['--temperature=5e-324', '--top_k=3']])
 def test_vanishing_temperature_or_top_p_samples_the_likeliest_token(tmp_path, sample, flags):
     """Probabilities that underflow (to inf or to nothing) still leave the likeliest token: greedy."""
@@ -433,3 +432,20 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
 def test_a_mistyped_init_from_is_one_line_with_a_suggestion(tmp_path, sample):
     code, err = sample('--init_from=resum', expect_exit=True)
     assert_one_line_error(code, err, "'resum'", "did you mean 'resume'")
+
+
+def test_speculative_decoding_prints_greedy_text_and_the_acceptance_rate(tmp_path, sample):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, vocab_size=len(CHARS), n_layer=2, n_head=4, n_embd=32, pos='rope',
+                          mtp_depth=2))
+    save_model(model, tmp_path, 'chars')
+    write_meta(tmp_path, 'chars')
+    args = ('--start=Hello', '--num_samples=2', '--max_new_tokens=40', '--temperature=0')
+    plain, _ = sample(*args)
+    speculative, err = sample(*args, '--speculative=True')
+    assert speculative == plain
+    assert re.search(r'speculative: \d+ of \d+ drafted tokens accepted \(\d+%\), \d+ forwards for 40 tokens', err)
+    assert_one_line_error(*sample(*args[:-1], '--temperature=0.8', '--speculative=True', expect_exit=True),
+                          '--temperature=0')
+    char_checkpoint(tmp_path)  # no MTP modules
+    assert_one_line_error(*sample(*args, '--speculative=True', expect_exit=True), 'mtp_depth >= 1')
