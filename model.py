@@ -138,6 +138,8 @@ class GPTConfig:
     ssm_chunk_size: int = 64  # training and prefill work in chunks of this many tokens, parallel inside one
     ssm_dt_min: float = 0.0  # time steps below this are raised to it (Nemotron-H's time_step_min, 1e-3); 0: none
     mlp_with_mixer: bool = True  # a layer's token mixer is followed by an MLP; False: each layer one part, a mixer or ('-') an MLP (Nemotron-H)
+    # Gemma 4: cross-layer K/V sharing
+    kv_shared_layers: int = 0  # the last n layers reuse the keys and values of the last earlier layer of their kind and have no K/V projections (Gemma 4's num_kv_shared_layers); 0: none
 
     def __post_init__(self):
         check_config(self)  # against the tables at the end of the file
@@ -408,6 +410,7 @@ class TokenMixer(nn.Module):
     positions = None  # the rotary tables it rotates by: 'rope', 'local' (an 'L' layer's own base) or None; 'temperature': its queries' scales (Llama 4's chapter)
     window = None  # a query sees at most this many tokens (itself included); None: all the past
     chunked = False  # the window is a chunk: a query sees the tokens of its own chunk only (Llama 4's chapter)
+    kv_shared = False  # its keys and values are an earlier layer's, handed on through its cache (Gemma 4's chapter)
 
     def cache_entries(self):
         """What a cache keeps per past token: {name: (heads, dim)}; a window keeps its last `window` only, in
@@ -437,13 +440,14 @@ class CausalSelfAttention(TokenMixer):
     shares them). positions and window: its layer kind's ('L' slides a window, 'N' has no RoPE); qk_norm, sinks,
     an output gate and the softmax scale are switches."""
 
-    def __init__(self, config, positions='rope', window=None):
+    def __init__(self, config, positions='rope', window=None, kv_shared=False):
         super().__init__()
         self.positions = positions
         self.window = window
         self.n_head, self.n_kv_head, self.head_size = config.n_head, config.kv_heads, config.head_size
+        self.kv_shared = kv_shared  # Gemma 4's chapter: then it projects queries only
         # q, k and v in one matmul; with GQA the k and v parts are n_head/n_kv_head times narrower
-        self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * self.head_size,
+        self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.projected_kv_heads) * self.head_size,
                                 bias=config.bias or config.qkv_bias)
         self.c_proj = nn.Linear(self.n_head * self.head_size, config.n_embd, bias=config.bias)
         if config.qk_norm:  # queries and keys scaled to unit RMS, so logits cannot grow unbounded
@@ -451,6 +455,8 @@ class CausalSelfAttention(TokenMixer):
             q_width, k_width = (self.n_head * self.head_size, self.n_kv_head * self.head_size) \
                 if config.qk_norm_all_heads else (self.head_size, self.head_size)
             self.q_norm, self.k_norm = RMSNorm(q_width, config), RMSNorm(k_width, config)
+            if kv_shared:  # the keys come normalized from the layer that made them
+                self.k_norm = nn.Identity()
         self.qk_norm = config.qk_norm and ('all' if config.qk_norm_all_heads else 'head')
         self.rope_qk_norm, self.eps = config.rope_qk_norm and positions in ('rope', 'local'), config.norm_eps  # Llama 4
         # a logit per head that any query may "attend" to instead of a key (gpt-oss: _with_sink)
@@ -462,7 +468,14 @@ class CausalSelfAttention(TokenMixer):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.dropout = config.dropout
 
+    @property
+    def projected_kv_heads(self):
+        """The K/V heads its c_attn makes: none when it shares an earlier layer's."""
+        return 0 if self.kv_shared else self.n_kv_head
+
     def cache_entries(self):
+        if self.kv_shared:  # the layer it shares from keeps them
+            return {}
         return {'k': (self.n_kv_head, self.head_size), 'v': (self.n_kv_head, self.head_size)}
 
     def token_flops(self, seq_len):
@@ -472,12 +485,13 @@ class CausalSelfAttention(TokenMixer):
     def forward(self, x, rope=None, mask=None, cache=None):
         B, T, _ = x.size()
         hs = self.head_size
-        q, k, v = self.c_attn(x).split([self.n_head * hs, self.n_kv_head * hs, self.n_kv_head * hs], dim=2)
+        kv_heads = self.projected_kv_heads
+        q, k, v = self.c_attn(x).split([self.n_head * hs, kv_heads * hs, kv_heads * hs], dim=2)
         if self.qk_norm == 'all':
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_kv_head, hs).transpose(1, 2)  # (B, n_kv, T, hs)
-        v = v.view(B, T, self.n_kv_head, hs).transpose(1, 2)
+        k = k.view(B, T, kv_heads, hs).transpose(1, 2)  # (B, n_kv, T, hs)
+        v = v.view(B, T, kv_heads, hs).transpose(1, 2)
         if self.qk_norm == 'head':
             q, k = self.q_norm(q), self.k_norm(k)
         if self.positions == 'temperature':  # Llama 4's NoPE layers: `rope` holds each query's scale
@@ -502,7 +516,8 @@ def attention(config, layer, positions='rope', local=False):
     """A softmax attention layer of config.attn's kind, with its layer kind's positions and window."""
     if positions is None and config.nope_temperature is not None:  # Llama 4's chapter
         positions = 'temperature'
-    return ATTENTIONS[config.attn](config, positions, config.sliding_window if local else None)
+    shared = {'kv_shared': True} if kv_source(config, layer) is not None else {}  # Gemma 4's chapter
+    return ATTENTIONS[config.attn](config, positions, config.sliding_window if local else None, **shared)
 
 
 # Every kind of layer, by its letter in config.layers: (what it is, in words; what builds its token mixer
@@ -676,13 +691,16 @@ class GPT(nn.Module):
         # each layer's positions and mask, by what its mixer declares; decided here, in Python, so a compiled
         # block gets a plain bool where the mask is plain causal attention
         contexts = {}
+        # each layer's part of the cache; with K/V sharing (Gemma 4's chapter) what hands the keys and values on
+        layer_caches = share_kv(self.config, [cache[i] if cache is not None else None
+                                              for i in range(len(self.transformer.h))])
         for i, block in enumerate(self.transformer.h):
             positions, window, chunked = block.attn.positions, block.attn.window, block.attn.chunked
             if (positions, window, chunked) not in contexts:
                 mask = causal_mask(T, window, idx.device, chunked) if cache is None else \
                     cache.mask(T, window, idx.device, chunked)
                 contexts[positions, window, chunked] = (tables[positions], T > 1 if mask is None else mask)
-            x = block(x, *contexts[positions, window, chunked], cache[i] if cache is not None else None)
+            x = block(x, *contexts[positions, window, chunked], layer_caches[i])
         if cache is not None:
             cache.advance(T)
         return self.transformer.ln_f(x)
@@ -1510,6 +1528,64 @@ class NoMixer(TokenMixer):
 LAYER_KINDS['-'] = ('no mixer: the MLP alone', NoMixer)
 
 
+# ----------------------------------------------------------------------------- Gemma 4: K/V sharing (kv_shared_layers)
+
+# Gemma 4 (as Gemma 3n before it) saves cache and compute at the top of the stack: its last kv_shared_layers
+# layers make queries only and attend over the keys and values of the last earlier layer of their own kind (a
+# local layer a local layer's, a global one a global one's), as that layer left them: normalized, rotated, and
+# from the cache. Nothing of theirs is cached, so the cache holds only the layers below (kv_cache_bytes), and
+# their K/V projections are gone (parameters and FLOPs). The keys and values pass through each layer's part of
+# the cache: the source layer's is wrapped to keep what it returns (KVHandoff), and each sharing layer's
+# update returns those (SharedKV), whatever it was given (its own, of no heads).
+KV_SHARING_KINDS = 'GLNC'  # the layer kinds of softmax attention over cached keys and values
+
+
+def kv_source(config, layer):
+    """The layer whose keys and values `layer` attends over, or None when it makes its own: the last layer
+    before the shared ones of its kind."""
+    first_shared = config.n_layer - config.kv_shared_layers
+    if layer < first_shared:
+        return None
+    kinds = config.layer_kinds
+    return max(i for i in range(first_shared) if kinds[i] == kinds[layer])
+
+
+class KVHandoff:
+    """A source layer's part of the cache (None in training) that keeps the keys and values it returns."""
+
+    def __init__(self, cache):
+        self.cache, self.entries = cache, None
+
+    def update(self, **new):
+        self.entries = list(new.values()) if self.cache is None else self.cache.update(**new)
+        return self.entries
+
+
+class SharedKV:
+    """A sharing layer's part of the cache: update returns its source's keys and values."""
+
+    def __init__(self, handoff):
+        self.handoff = handoff
+
+    def update(self, **new):
+        return self.handoff.entries
+
+
+def share_kv(config, caches):
+    """Each layer's part of the cache (caches: one per layer, None without a cache) as its mixer gets it: with
+    kv_shared_layers, a source layer's wrapped in a KVHandoff and a sharing layer's reading it."""
+    if not config.kv_shared_layers:
+        return caches
+    caches, handoffs = list(caches), {}
+    for layer in range(config.n_layer):
+        source = kv_source(config, layer)
+        if source is not None:
+            if source not in handoffs:
+                handoffs[source] = caches[source] = KVHandoff(caches[source])
+            caches[layer] = SharedKV(handoffs[source])
+    return caches
+
+
 # ============================================================================= machinery
 
 # Each swap: the flag it sets, GPT-2's value, and the modern (Llama/Qwen-style) value; a callable value
@@ -1610,6 +1686,8 @@ FIELD_TYPES = {
     'attention_chunk_size': OPTIONAL_POSITIVE_INT,
     'nope_temperature': POSITIVE_NUMBER,
     **_kinds('rope_qk_norm moe_scale_input', BOOL),
+    # Gemma 4's
+    'kv_shared_layers': (lambda v, c: _int(v, 0, c.n_layer - 1), lambda c: f"an int in [0, n_layer-1={c.n_layer - 1}]"),
 }
 
 
@@ -1647,6 +1725,11 @@ ROPE_SCALING_FLAGS = {'rope_factor': ('linear', 'dynamic', 'yarn', 'llama3'),
                       'rope_low_freq_factor': ('llama3',), 'rope_high_freq_factor': ('llama3',),
                       'yarn_beta_fast': ('yarn',), 'yarn_beta_slow': ('yarn',), 'yarn_mscale': ('yarn',),
                       'yarn_mscale_all_dim': ('yarn',), 'rope_attention_factor': ('yarn',), 'yarn_truncate': ('yarn',)}
+
+
+def _shared_kinds(c):
+    """The kinds of the last kv_shared_layers layers (Gemma 4's K/V sharing)."""
+    return c.layer_kinds[c.n_layer - c.kv_shared_layers:] if c.kv_shared_layers else []
 
 
 def _layers_ok(c):
@@ -1755,6 +1838,17 @@ DEPENDS = [
     (lambda c: ('-' in c.layer_kinds or not c.mlp_with_mixer) and c.norm_position != 'pre',
      lambda c: f"layers of one part (layers={c.layers!r}, mlp_with_mixer={c.mlp_with_mixer}) need norm_position='pre', "
                f"got {c.norm_position!r}"),
+    # Gemma 4's
+    (lambda c: c.kv_shared_layers and c.attn != 'mha',
+     lambda c: f"kv_shared_layers={c.kv_shared_layers} shares keys and values of attn='mha' only, got attn={c.attn!r}"),
+    (lambda c: set(_shared_kinds(c)) - set(KV_SHARING_KINDS),
+     lambda c: f"kv_shared_layers={c.kv_shared_layers} covers layers of kinds "
+               f"{''.join(sorted(set(_shared_kinds(c))))!r}; only attention layers "
+               f"({', '.join(map(repr, KV_SHARING_KINDS))}) share keys and values"),
+    (lambda c: set(_shared_kinds(c)) - set(c.layer_kinds[:c.n_layer - c.kv_shared_layers]),
+     lambda c: f"kv_shared_layers={c.kv_shared_layers}: the shared layers' kinds "
+               f"{''.join(sorted(set(_shared_kinds(c)) - set(c.layer_kinds[:c.n_layer - c.kv_shared_layers])))!r} have "
+               f"no earlier layer to share from (share fewer layers)"),
 ]
 
 

@@ -717,3 +717,12 @@ def test_nemotron_h_features_we_lack_are_refused(change, match):
 def test_export_takes_mamba2_layers_to_nemotron_h_or_refuses(flags, refused):
     check_export_choice(GPTConfig(n_layer=6, n_head=4, n_embd=32, pos='rope', norm='rms', mlp='relu2', bias=False,
                                   **flags), 'nemotron_h', refused)
+
+
+def test_export_refuses_kv_sharing_until_a_family_carries_it():
+    """Gemma 3's block with its last layers sharing K/V (Gemma 4's num_kv_shared_layers): gemma3_text cannot
+    carry it, so export refuses it in one line naming the flag."""
+    check_export_choice(GPTConfig(n_layer=4, n_head=4, n_embd=32, vocab_size=VOCAB, block_size=BLOCK, bias=False,
+                                  norm='rms', mlp='geglu', pos='rope', norm_position='sandwich', embed_scale=True,
+                                  qk_norm=True, layers='LG', sliding_window=8, kv_shared_layers=2),
+                        'gemma3_text', 'kv_shared_layers=2')

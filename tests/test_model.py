@@ -1909,3 +1909,76 @@ def test_bad_one_part_settings_are_one_line_naming_them(overrides, message):
     with pytest.raises(ValueError) as e:
         tiny_config(**overrides)
     assert message in str(e.value) and '\n' not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- Gemma 4: K/V sharing (kv_shared_layers)
+
+# local and global layers, the last two sharing: layer 2 ('L') reads layer 0's keys and values, layer 3 ('G') layer 1's
+KV_SHARING = dict(n_layer=4, layers='LG', sliding_window=5, pos='rope', norm='rms', mlp='swiglu', n_kv_head=2,
+                  qk_norm=True, bias=False, kv_shared_layers=2)
+
+
+def test_kv_sharing_layers_read_the_keys_and_values_of_the_last_earlier_layer_of_their_kind():
+    assert [M.kv_source(tiny_config(**KV_SHARING), i) for i in range(4)] == [None, None, 0, 1]
+    config = tiny_config(n_layer=6, layers='LLG', sliding_window=5, pos='rope', kv_shared_layers=3)
+    assert [M.kv_source(config, i) for i in range(6)] == [None, None, None, 1, 1, 2]  # the last 'L' before: 1
+
+
+@torch.no_grad()
+def test_a_kv_sharing_layer_attends_over_its_source_layers_keys_and_values():
+    """Two global layers, the second sharing (learned positions, no QK-norm: the attention written out): its
+    queries are its own, its keys and values the first layer's; it has no K/V projection."""
+    model = build(n_layer=2, kv_shared_layers=1, n_kv_head=2)
+    first, second = model.transformer.h
+    assert second.attn.c_attn.weight.shape == (N_EMBD, N_EMBD) and second.attn.cache_entries() == {}
+    idx = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(90))
+    x, _ = model.embed(idx)
+
+    def heads(t, n):
+        return t.view(2, BLOCK, n, -1).transpose(1, 2)
+
+    def attention_out(attn, q, k, v):
+        k, v = (t.repeat_interleave(N_HEAD // 2, dim=1) for t in (k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return attn.c_proj(y.transpose(1, 2).reshape(2, BLOCK, N_EMBD))
+
+    q, k, v = first.attn.c_attn(first.ln_1(x)).split([N_EMBD, N_EMBD // 2, N_EMBD // 2], dim=2)
+    q, k, v = heads(q, N_HEAD), heads(k, 2), heads(v, 2)
+    x = x + attention_out(first.attn, q, k, v)
+    x = x + first.mlp(first.ln_2(x))
+    x = x + attention_out(second.attn, heads(second.attn.c_attn(second.ln_1(x)), N_HEAD), k, v)
+    x = x + second.mlp(second.ln_2(x))
+    assert_close(model(idx)[0], model.lm_head(model.transformer.ln_f(x)), atol=1e-5)
+
+
+def test_kv_sharing_trains_decodes_through_the_cache_and_counts():
+    """The loss falls; a cache's logits are a full forward's, greedy decoding past block_size equals full forwards; the cache holds only the
+    unshared layers, and the sharing layers' FLOPs lose their K/V projections' (their attention's stay)."""
+    model = build(**KV_SHARING)
+    losses = train_steps(model, seed=91)
+    assert losses[-1] < losses[0] - 0.5
+    model.eval()
+    check_causal(model)
+    check_cache_logits(model)
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(92))
+    assert torch.equal(model.generate(prompt, 3 * BLOCK, temperature=0.0), reference_greedy(model, prompt, 3 * BLOCK))
+    unshared = build(**{**KV_SHARING, 'kv_shared_layers': 0})
+    kv_projection = 2 * 2 * (N_EMBD // N_HEAD) * N_EMBD  # k and v of 2 heads
+    for seq_len in (3, BLOCK):
+        assert model.kv_cache_bytes(2, seq_len) == unshared.kv_cache_bytes(2, seq_len) // 2
+        assert model.flops_per_token(seq_len) == unshared.flops_per_token(seq_len) - 2 * 6 * kv_projection
+    assert model.get_num_params() == unshared.get_num_params() - 2 * (kv_projection + N_EMBD // N_HEAD)  # k_norm
+
+
+@pytest.mark.parametrize('overrides, message', [
+    (dict(kv_shared_layers=2), 'kv_shared_layers must be an int in [0, n_layer-1=1], got 2'),
+    (dict(kv_shared_layers=-1), 'kv_shared_layers must be an int in [0, n_layer-1=1], got -1'),
+    (dict(kv_shared_layers=1, attn='mla', pos='rope'), "kv_shared_layers=1 shares keys and values of attn='mha' only"),
+    (dict(kv_shared_layers=1, layers='GD'), "covers layers of kinds 'D'; only attention layers"),
+    (dict(n_layer=3, kv_shared_layers=1, layers='GGL', sliding_window=4), "the shared layers' kinds 'L' have no "
+                                                                          "earlier layer to share from"),
+])
+def test_bad_kv_sharing_settings_are_one_line_naming_them(overrides, message):
+    with pytest.raises(ValueError) as e:
+        tiny_config(**overrides)
+    assert message in str(e.value) and '\n' not in str(e.value)
