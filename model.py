@@ -138,7 +138,8 @@ class GPTConfig:
     ssm_chunk_size: int = 64  # training and prefill work in chunks of this many tokens, parallel inside one
     ssm_dt_min: float = 0.0  # time steps below this are raised to it (Nemotron-H's time_step_min, 1e-3); 0: none
     mlp_with_mixer: bool = True  # a layer's token mixer is followed by an MLP; False: each layer one part, a mixer or ('-') an MLP (Nemotron-H)
-    # Gemma 4: cross-layer K/V sharing
+    # Gemma 4: K = V, cross-layer K/V sharing
+    attn_k_eq_v: bool = False  # global layers ('G', 'N'): one projection gives the keys and the values, these normalized without a gain and not rotated (Gemma 4's attention_k_eq_v)
     kv_shared_layers: int = 0  # the last n layers reuse the keys and values of the last earlier layer of their kind and have no K/V projections (Gemma 4's num_kv_shared_layers); 0: none
 
     def __post_init__(self):
@@ -440,14 +441,16 @@ class CausalSelfAttention(TokenMixer):
     shares them). positions and window: its layer kind's ('L' slides a window, 'N' has no RoPE); qk_norm, sinks,
     an output gate and the softmax scale are switches."""
 
-    def __init__(self, config, positions='rope', window=None, kv_shared=False):
+    def __init__(self, config, positions='rope', window=None, kv_shared=False, k_eq_v=False):
         super().__init__()
         self.positions = positions
         self.window = window
         self.n_head, self.n_kv_head, self.head_size = config.n_head, config.kv_heads, config.head_size
-        self.kv_shared = kv_shared  # Gemma 4's chapter: then it projects queries only
+        # Gemma 4's chapter: a layer sharing K/V projects queries only; with K = V, queries and keys
+        self.kv_shared, self.k_eq_v = kv_shared, k_eq_v
+        kv_parts = 1 if k_eq_v else 2
         # q, k and v in one matmul; with GQA the k and v parts are n_head/n_kv_head times narrower
-        self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.projected_kv_heads) * self.head_size,
+        self.c_attn = nn.Linear(config.n_embd, (self.n_head + kv_parts * self.projected_kv_heads) * self.head_size,
                                 bias=config.bias or config.qkv_bias)
         self.c_proj = nn.Linear(self.n_head * self.head_size, config.n_embd, bias=config.bias)
         if config.qk_norm:  # queries and keys scaled to unit RMS, so logits cannot grow unbounded
@@ -486,12 +489,16 @@ class CausalSelfAttention(TokenMixer):
         B, T, _ = x.size()
         hs = self.head_size
         kv_heads = self.projected_kv_heads
-        q, k, v = self.c_attn(x).split([self.n_head * hs, kv_heads * hs, kv_heads * hs], dim=2)
+        q, k, v = self.c_attn(x).split([self.n_head * hs, kv_heads * hs, 0 if self.k_eq_v else kv_heads * hs], dim=2)
+        if self.k_eq_v:  # Gemma 4: the values are the keys as projected, normalized below
+            v = k
         if self.qk_norm == 'all':
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, kv_heads, hs).transpose(1, 2)  # (B, n_kv, T, hs)
         v = v.view(B, T, kv_heads, hs).transpose(1, 2)
+        if self.k_eq_v:
+            v = F.rms_norm(v, (hs,), eps=self.eps)
         if self.qk_norm == 'head':
             q, k = self.q_norm(q), self.k_norm(k)
         if self.positions == 'temperature':  # Llama 4's NoPE layers: `rope` holds each query's scale
@@ -516,8 +523,8 @@ def attention(config, layer, positions='rope', local=False):
     """A softmax attention layer of config.attn's kind, with its layer kind's positions and window."""
     if positions is None and config.nope_temperature is not None:  # Llama 4's chapter
         positions = 'temperature'
-    shared = {'kv_shared': True} if kv_source(config, layer) is not None else {}  # Gemma 4's chapter
-    return ATTENTIONS[config.attn](config, positions, config.sliding_window if local else None, **shared)
+    return ATTENTIONS[config.attn](config, positions, config.sliding_window if local else None,
+                                   **gemma4_attention(config, layer))
 
 
 # Every kind of layer, by its letter in config.layers: (what it is, in words; what builds its token mixer
@@ -1528,7 +1535,11 @@ class NoMixer(TokenMixer):
 LAYER_KINDS['-'] = ('no mixer: the MLP alone', NoMixer)
 
 
-# ----------------------------------------------------------------------------- Gemma 4: K/V sharing (kv_shared_layers)
+# ------------------------------------------------------------------ Gemma 4: K = V, K/V sharing (attn_k_eq_v, kv_shared_layers)
+
+# Gemma 4's global layers make their keys and values in one projection (attn_k_eq_v): the keys are normalized
+# (qk_norm) and rotated, the values are the same projection normalized without a gain and not rotated; the cache
+# keeps both.
 
 # Gemma 4 (as Gemma 3n before it) saves cache and compute at the top of the stack: its last kv_shared_layers
 # layers make queries only and attend over the keys and values of the last earlier layer of their own kind (a
@@ -1538,6 +1549,7 @@ LAYER_KINDS['-'] = ('no mixer: the MLP alone', NoMixer)
 # the cache: the source layer's is wrapped to keep what it returns (KVHandoff), and each sharing layer's
 # update returns those (SharedKV), whatever it was given (its own, of no heads).
 KV_SHARING_KINDS = 'GLNC'  # the layer kinds of softmax attention over cached keys and values
+K_EQ_V_KINDS = 'GN'  # global layers: attn_k_eq_v's
 
 
 def kv_source(config, layer):
@@ -1548,6 +1560,14 @@ def kv_source(config, layer):
         return None
     kinds = config.layer_kinds
     return max(i for i in range(first_shared) if kinds[i] == kinds[layer])
+
+
+def gemma4_attention(config, layer):
+    """The switches of Gemma 4's attention that a layer takes (CausalSelfAttention's keywords): kv_shared when it
+    reads an earlier layer's keys and values, k_eq_v when its keys are its values (a global layer's, attn_k_eq_v)."""
+    if kv_source(config, layer) is not None:
+        return {'kv_shared': True}
+    return {'k_eq_v': True} if config.attn_k_eq_v and config.layer_kinds[layer] in K_EQ_V_KINDS else {}
 
 
 class KVHandoff:
@@ -1688,6 +1708,7 @@ FIELD_TYPES = {
     **_kinds('rope_qk_norm moe_scale_input', BOOL),
     # Gemma 4's
     'kv_shared_layers': (lambda v, c: _int(v, 0, c.n_layer - 1), lambda c: f"an int in [0, n_layer-1={c.n_layer - 1}]"),
+    'attn_k_eq_v': BOOL,
 }
 
 
@@ -1839,6 +1860,11 @@ DEPENDS = [
      lambda c: f"layers of one part (layers={c.layers!r}, mlp_with_mixer={c.mlp_with_mixer}) need norm_position='pre', "
                f"got {c.norm_position!r}"),
     # Gemma 4's
+    (lambda c: c.attn_k_eq_v and c.attn != 'mha',
+     lambda c: f"attn_k_eq_v=True makes the values of attn='mha' from its keys, got attn={c.attn!r}"),
+    (lambda c: c.attn_k_eq_v and not set(c.layer_kinds) & set(K_EQ_V_KINDS),
+     lambda c: f"attn_k_eq_v=True applies to global layers ('G', 'N') and layers={c.layers!r} has none: add one or "
+               f"set --attn_k_eq_v=False"),
     (lambda c: c.kv_shared_layers and c.attn != 'mha',
      lambda c: f"kv_shared_layers={c.kv_shared_layers} shares keys and values of attn='mha' only, got attn={c.attn!r}"),
     (lambda c: set(_shared_kinds(c)) - set(KV_SHARING_KINDS),

@@ -719,10 +719,11 @@ def test_export_takes_mamba2_layers_to_nemotron_h_or_refuses(flags, refused):
                                   **flags), 'nemotron_h', refused)
 
 
-def test_export_refuses_kv_sharing_until_a_family_carries_it():
-    """Gemma 3's block with its last layers sharing K/V (Gemma 4's num_kv_shared_layers): gemma3_text cannot
-    carry it, so export refuses it in one line naming the flag."""
+@pytest.mark.parametrize('flags, refused', [(dict(kv_shared_layers=2), 'kv_shared_layers=2'),
+                                             (dict(attn_k_eq_v=True), 'attn_k_eq_v=True')])
+def test_export_refuses_gemma4_attention_until_a_family_carries_it(flags, refused):
+    """Gemma 3's block with Gemma 4's K/V sharing or K = V: gemma3_text cannot carry either, so export refuses
+    it in one line naming the flag."""
     check_export_choice(GPTConfig(n_layer=4, n_head=4, n_embd=32, vocab_size=VOCAB, block_size=BLOCK, bias=False,
                                   norm='rms', mlp='geglu', pos='rope', norm_position='sandwich', embed_scale=True,
-                                  qk_norm=True, layers='LG', sliding_window=8, kv_shared_layers=2),
-                        'gemma3_text', 'kv_shared_layers=2')
+                                  qk_norm=True, layers='LG', sliding_window=8, **flags), 'gemma3_text', refused)

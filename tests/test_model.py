@@ -1982,3 +1982,54 @@ def test_bad_kv_sharing_settings_are_one_line_naming_them(overrides, message):
     with pytest.raises(ValueError) as e:
         tiny_config(**overrides)
     assert message in str(e.value) and '\n' not in str(e.value)
+
+
+@torch.no_grad()
+def test_k_eq_v_values_are_the_keys_projection_normalized_without_a_gain_and_not_rotated():
+    """attn_k_eq_v on a global layer (RoPE, QK-norm, GQA), the attention written out: one projection gives the keys
+    (normalized, rotated) and the values (normalized without a gain, not rotated); a local layer keeps its own V."""
+    model = build(n_layer=2, layers='LG', sliding_window=4, pos='rope', qk_norm=True, n_kv_head=2, attn_k_eq_v=True)
+    local, block = model.transformer.h
+    assert local.attn.c_attn.weight.shape == (2 * N_EMBD, N_EMBD) and block.attn.c_attn.weight.shape == (
+        N_EMBD + N_EMBD // 2, N_EMBD)
+    x = torch.randn(2, BLOCK, N_EMBD, generator=torch.Generator().manual_seed(95))
+    _, tables = model.embed(torch.zeros(2, BLOCK, dtype=torch.long))
+    attn, hs = block.attn, N_EMBD // N_HEAD
+    q, k = attn.c_attn(x).split([N_EMBD, N_EMBD // 2], dim=2)
+    q, k = q.view(2, BLOCK, N_HEAD, hs).transpose(1, 2), k.view(2, BLOCK, 2, hs).transpose(1, 2)
+    v = k / k.pow(2).mean(-1, keepdim=True).add(model.config.norm_eps).sqrt()
+    q, k = M.apply_rope(attn.q_norm(q), *tables['rope']), M.apply_rope(attn.k_norm(k), *tables['rope'])
+    k, v = (t.repeat_interleave(N_HEAD // 2, dim=1) for t in (k, v))
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, BLOCK, N_EMBD)
+    assert_close(attn(x, tables['rope']), attn.c_proj(y), atol=1e-5)
+
+
+def test_k_eq_v_with_kv_sharing_trains_decodes_through_the_cache_and_counts():
+    """K = V on the global layers and the last two layers sharing: the loss falls, cached decoding equals full
+    forwards past block_size; the cache is as without K = V (keys and values both kept), and each global layer
+    that projects its own loses its V projection's parameters and FLOPs."""
+    model = build(**KV_SHARING, attn_k_eq_v=True)
+    losses = train_steps(model, seed=96)
+    assert losses[-1] < losses[0] - 0.5
+    model.eval()
+    check_causal(model)
+    check_cache_logits(model)
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(97))
+    assert torch.equal(model.generate(prompt, 3 * BLOCK, temperature=0.0), reference_greedy(model, prompt, 3 * BLOCK))
+    separate = build(**KV_SHARING)
+    v_projection = 2 * (N_EMBD // N_HEAD) * N_EMBD  # layer 1's, the one global layer that projects
+    assert model.kv_cache_bytes(2, BLOCK) == separate.kv_cache_bytes(2, BLOCK)
+    assert model.flops_per_token() == separate.flops_per_token() - 6 * v_projection
+    assert model.get_num_params() == separate.get_num_params() - v_projection
+
+
+@pytest.mark.parametrize('overrides, message', [
+    (dict(attn_k_eq_v=1), 'attn_k_eq_v must be True or False, got 1'),
+    (dict(attn_k_eq_v=True, attn='mla', pos='rope'), "attn_k_eq_v=True makes the values of attn='mha' from its keys"),
+    (dict(attn_k_eq_v=True, layers='L', sliding_window=4), "attn_k_eq_v=True applies to global layers ('G', 'N') and "
+                                                           "layers='L' has none"),
+])
+def test_bad_k_eq_v_settings_are_one_line_naming_them(overrides, message):
+    with pytest.raises(ValueError) as e:
+        tiny_config(**overrides)
+    assert message in str(e.value) and '\n' not in str(e.value)
