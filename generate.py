@@ -180,6 +180,8 @@ def decode_step(model, idx, pos, stores):
                 mask = torch.arange(slots, device=idx.device)[None, :] <= (pos % mixer.window if mixer.chunked else pos)
             contexts[key] = (tables[mixer.positions], mask)
         x = block(x, *contexts[key], cache)
+        if block.per_layer is not None:  # Gemma 4's per-layer embeddings
+            x = block.per_layer(x, tables['per_layer'])
     return model.logits(model.transformer.ln_f(x))[:, -1].float()
 
 

@@ -138,7 +138,8 @@ class GPTConfig:
     ssm_chunk_size: int = 64  # training and prefill work in chunks of this many tokens, parallel inside one
     ssm_dt_min: float = 0.0  # time steps below this are raised to it (Nemotron-H's time_step_min, 1e-3); 0: none
     mlp_with_mixer: bool = True  # a layer's token mixer is followed by an MLP; False: each layer one part, a mixer or ('-') an MLP (Nemotron-H)
-    # Gemma 4: K = V, cross-layer K/V sharing
+    # Gemma 4: K = V, cross-layer K/V sharing, per-layer embeddings
+    per_layer_embd: int = 0  # width of each layer's own embedding of every token, added after its MLP through a gated projection (Gemma 4's hidden_size_per_layer_input); 0: none
     attn_k_eq_v: bool = False  # global layers ('G', 'N'): one projection gives the keys and the values, these normalized without a gain and not rotated (Gemma 4's attention_k_eq_v)
     kv_shared_layers: int = 0  # the last n layers reuse the keys and values of the last earlier layer of their kind and have no K/V projections (Gemma 4's num_kv_shared_layers); 0: none
 
@@ -600,6 +601,7 @@ class Block(nn.Module):
         self.mlp = MLPS[config.mlp_of(layer)](config) if has_mlp else None
         if self.norm_position == 'sandwich':  # Gemma: the branches' outputs are normalized too
             self.ln_1_out, self.ln_2_out = make_norm(config), make_norm(config)
+        self.per_layer = PerLayerInput(config, layer) if config.per_layer_embd else None  # Gemma 4's chapter
 
     def forward(self, x, rope=None, mask=None, cache=None):
         if self.ln_1 is None:  # an MLP alone (pre-norm: the config's checks)
@@ -638,6 +640,8 @@ class GPT(nn.Module):
         ))
         if config.embed_norm:  # nanochat's chapter
             self.transformer.ln_emb = make_norm(config)
+        if config.per_layer_embd:  # Gemma 4's chapter
+            self.transformer.update(per_layer_embeddings(config))
         # local layers' own tables (Gemma 3: rope_local_theta), no weights; None: they share wpe's
         self.rope_local = Rotary(config, local=True) if config.rope_local_theta is not None else None
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -680,6 +684,7 @@ class GPT(nn.Module):
         x = self.transformer.wte(idx)
         if self.config.embed_scale:
             x = x * self.config.n_embd ** 0.5
+        per_layer = per_layer_inputs(self.transformer, idx, x) if self.config.per_layer_embd else None  # Gemma 4
         x, rope = self.transformer.wpe(x, start)
         if self.config.embed_norm:
             x = self.transformer.ln_emb(x)
@@ -687,6 +692,8 @@ class GPT(nn.Module):
         tables = {'rope': rope, 'local': local, None: None}
         if self.config.nope_temperature is not None:  # Llama 4's chapter
             tables['temperature'] = nope_temperature_scales(self.config, start, idx.size(1), idx.device)
+        if per_layer is not None:  # not a position's table, but every layer's input per token (Gemma 4's chapter)
+            tables['per_layer'] = per_layer
         return self.transformer.drop(x), tables
 
     def hidden_states(self, idx, cache=None):
@@ -708,6 +715,8 @@ class GPT(nn.Module):
                     cache.mask(T, window, idx.device, chunked)
                 contexts[positions, window, chunked] = (tables[positions], T > 1 if mask is None else mask)
             x = block(x, *contexts[positions, window, chunked], layer_caches[i])
+            if block.per_layer is not None:  # Gemma 4's chapter
+                x = block.per_layer(x, tables['per_layer'])
         if cache is not None:
             cache.advance(T)
         return self.transformer.ln_f(x)
@@ -1606,6 +1615,47 @@ def share_kv(config, caches):
     return caches
 
 
+# ----------------------------------------------------------------------------- Gemma 4: per-layer embeddings (per_layer_embd)
+
+# Gemma 4's small models give every layer a vector of its own for each token: a second embedding table, narrow
+# (per_layer_embd per layer, all layers' side by side in one row), looked up by the token, plus a projection of the
+# main embedding (which sees the token's context-free meaning at full width), normalized; the two averaged (times
+# 1/sqrt(2)). After each layer's MLP, a gated projection adds it: x + norm(up(gelu(gate(x)) * its vector)), so the
+# stream can fetch token-specific facts layer by layer from a table that costs lookups, not FLOPs.
+
+def per_layer_embeddings(config):
+    """The model's parts of it: the narrow table (scaled by sqrt(per_layer_embd) on lookup), the projection of the
+    main embedding to every layer's width (scaled by n_embd**-0.5), and the norm of each layer's projection."""
+    width = config.n_layer * config.per_layer_embd
+    return {'wte_per_layer': nn.Embedding(config.vocab_size, width),
+            'per_layer_proj': nn.Linear(config.n_embd, width, bias=False),
+            'per_layer_norm': RMSNorm(config.per_layer_embd, config)}
+
+
+def per_layer_inputs(transformer, idx, x):
+    """Every layer's vector of each token (B, T, n_layer, per_layer_embd): from idx and its embeddings x."""
+    per_layer = transformer.per_layer_norm.shape[0]
+    shape = (*idx.shape, -1, per_layer)
+    looked_up = transformer.wte_per_layer(idx).view(shape) * per_layer ** 0.5
+    projected = transformer.per_layer_norm((transformer.per_layer_proj(x) * x.size(-1) ** -0.5).view(shape))
+    return (projected + looked_up) * 2 ** -0.5
+
+
+class PerLayerInput(nn.Module):
+    """A layer's branch after its MLP: x + norm(c_proj(gelu(c_fc(x)) * its per-layer vector))."""
+
+    def __init__(self, config, layer):
+        super().__init__()
+        self.layer = layer
+        self.c_fc = nn.Linear(config.n_embd, config.per_layer_embd, bias=False)  # the gate
+        self.c_proj = nn.Linear(config.per_layer_embd, config.n_embd, bias=False)
+        self.ln = make_norm(config)
+
+    def forward(self, x, per_layer_inputs):
+        gated = F.gelu(self.c_fc(x), approximate='tanh') * per_layer_inputs[:, :, self.layer]
+        return x + self.ln(self.c_proj(gated))
+
+
 # ============================================================================= machinery
 
 # Each swap: the flag it sets, GPT-2's value, and the modern (Llama/Qwen-style) value; a callable value
@@ -1709,6 +1759,7 @@ FIELD_TYPES = {
     # Gemma 4's
     'kv_shared_layers': (lambda v, c: _int(v, 0, c.n_layer - 1), lambda c: f"an int in [0, n_layer-1={c.n_layer - 1}]"),
     'attn_k_eq_v': BOOL,
+    'per_layer_embd': (lambda v, c: _int(v, 0), 'an int >= 0'),
 }
 
 

@@ -2033,3 +2033,62 @@ def test_bad_k_eq_v_settings_are_one_line_naming_them(overrides, message):
     with pytest.raises(ValueError) as e:
         tiny_config(**overrides)
     assert message in str(e.value) and '\n' not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- Gemma 4: per-layer embeddings (per_layer_embd)
+
+PER_LAYER = dict(n_layer=3, pos='rope', norm='rms', mlp='geglu', bias=False, embed_scale=True, per_layer_embd=8)
+
+
+@torch.no_grad()
+def test_per_layer_embeddings_add_each_layers_own_vector_after_its_mlp():
+    """One layer, written out: the layer's vector is the average (times 1/sqrt(2)) of its slice of the narrow table
+    (times sqrt(8)) and of the normalized projection of the scaled main embedding (times n_embd**-0.5); after the
+    block, x + norm(c_proj(gelu(c_fc(x)) * vector))."""
+    model = build(**{**PER_LAYER, 'n_layer': 1})
+    t, block = model.transformer, model.transformer.h[0]
+    idx = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(98))
+    embedded = t.wte(idx) * N_EMBD ** 0.5
+    vector = (t.wte_per_layer(idx) * 8 ** 0.5 + t.per_layer_norm(t.per_layer_proj(embedded) / N_EMBD ** 0.5)) / 2 ** 0.5
+    _, tables = model.embed(idx)
+    x = block(embedded, tables['rope'], True)
+    x = x + block.per_layer.ln(block.per_layer.c_proj(F.gelu(block.per_layer.c_fc(x), approximate='tanh') * vector))
+    assert_close(model(idx)[0], model.lm_head(t.ln_f(x)), atol=1e-5)
+
+
+def test_per_layer_embeddings_train_decode_through_the_cache_and_count():
+    """The loss falls and reaches the narrow table; a cache's logits are a full forward's, greedy decoding past
+    block_size equals full forwards, and so does a decoding step; the cache is unchanged; the FLOPs count the
+    projections (the table is a lookup), the parameters the table too."""
+    model = build(**PER_LAYER)
+    losses = train_steps(model, seed=99)
+    assert losses[-1] < losses[0] - 0.5
+    assert model.transformer.wte_per_layer.weight.grad.abs().sum() > 0
+    model.eval()
+    check_causal(model)
+    check_cache_logits(model)
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(100))
+    assert torch.equal(model.generate(prompt, 3 * BLOCK, temperature=0.0), reference_greedy(model, prompt, 3 * BLOCK))
+    seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(101))
+    cache = G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
+    with torch.no_grad():
+        model(seq[:, :3], cache=cache)
+        for i in range(3, BLOCK):
+            logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
+            cache.advance(1)
+            assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
+    plain, width = build(**{**PER_LAYER, 'per_layer_embd': 0}), 3 * 8
+    assert model.kv_cache_bytes(2, BLOCK) == plain.kv_cache_bytes(2, BLOCK)
+    projections = N_EMBD * width + 3 * 2 * N_EMBD * 8  # the main embedding's, and each layer's gate and up
+    assert model.flops_per_token() == plain.flops_per_token() + 6 * projections
+    assert model.get_num_params() == plain.get_num_params() + projections + VOCAB * width + 8 + 3 * N_EMBD  # norms
+
+
+@pytest.mark.parametrize('overrides, message', [
+    (dict(per_layer_embd=-1), 'per_layer_embd must be an int >= 0, got -1'),
+    (dict(per_layer_embd=None), 'per_layer_embd must be an int >= 0, got None'),
+])
+def test_bad_per_layer_embeddings_settings_are_one_line_naming_them(overrides, message):
+    with pytest.raises(ValueError) as e:
+        tiny_config(**overrides)
+    assert message in str(e.value) and '\n' not in str(e.value)
