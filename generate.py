@@ -13,7 +13,7 @@ from functools import partial
 
 import torch
 
-from model import causal_mask, share_kv, window_mask
+from model import after_block, causal_mask, share_kv, window_mask
 
 
 class KVCache:
@@ -179,9 +179,7 @@ def decode_step(model, idx, pos, stores):
                 # a chunked layer's ring starts with each chunk: its slots 0..pos % chunk hold the current one
                 mask = torch.arange(slots, device=idx.device)[None, :] <= (pos % mixer.window if mixer.chunked else pos)
             contexts[key] = (tables[mixer.positions], mask)
-        x = block(x, *contexts[key], cache)
-        if block.per_layer is not None:  # Gemma 4's per-layer embeddings
-            x = block.per_layer(x, tables['per_layer'])
+        x = after_block(block, block(x, *contexts[key], cache), tables)  # Gemma 4's per-layer embeddings, layer scalar
     return model.logits(model.transformer.ln_f(x))[:, -1].float()
 
 

@@ -138,7 +138,9 @@ class GPTConfig:
     ssm_chunk_size: int = 64  # training and prefill work in chunks of this many tokens, parallel inside one
     ssm_dt_min: float = 0.0  # time steps below this are raised to it (Nemotron-H's time_step_min, 1e-3); 0: none
     mlp_with_mixer: bool = True  # a layer's token mixer is followed by an MLP; False: each layer one part, a mixer or ('-') an MLP (Nemotron-H)
-    # Gemma 4: K = V, cross-layer K/V sharing, per-layer embeddings
+    # Gemma 4: K = V, cross-layer K/V sharing, value norm, the layer scalar, per-layer embeddings
+    v_norm: bool = False  # every attention layer's values scaled to unit RMS per head, no gain (Gemma 4; K = V layers always are)
+    layer_scalar: bool = False  # each layer's output, the whole stream, times a scalar of its own kept in the checkpoint, not trained (Gemma 4's layer_scalar)
     per_layer_embd: int = 0  # width of each layer's own embedding of every token, added after its MLP through a gated projection (Gemma 4's hidden_size_per_layer_input); 0: none
     attn_k_eq_v: bool = False  # global layers ('G', 'N'): one projection gives the keys and the values, these normalized without a gain and not rotated (Gemma 4's attention_k_eq_v)
     kv_shared_layers: int = 0  # the last n layers reuse the keys and values of the last earlier layer of their kind and have no K/V projections (Gemma 4's num_kv_shared_layers); 0: none
@@ -449,6 +451,7 @@ class CausalSelfAttention(TokenMixer):
         self.n_head, self.n_kv_head, self.head_size = config.n_head, config.kv_heads, config.head_size
         # Gemma 4's chapter: a layer sharing K/V projects queries only; with K = V, queries and keys
         self.kv_shared, self.k_eq_v = kv_shared, k_eq_v
+        self.v_norm = k_eq_v or config.v_norm
         kv_parts = 1 if k_eq_v else 2
         # q, k and v in one matmul; with GQA the k and v parts are n_head/n_kv_head times narrower
         self.c_attn = nn.Linear(config.n_embd, (self.n_head + kv_parts * self.projected_kv_heads) * self.head_size,
@@ -498,7 +501,7 @@ class CausalSelfAttention(TokenMixer):
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, kv_heads, hs).transpose(1, 2)  # (B, n_kv, T, hs)
         v = v.view(B, T, kv_heads, hs).transpose(1, 2)
-        if self.k_eq_v:
+        if self.v_norm:
             v = F.rms_norm(v, (hs,), eps=self.eps)
         if self.qk_norm == 'head':
             q, k = self.q_norm(q), self.k_norm(k)
@@ -602,6 +605,8 @@ class Block(nn.Module):
         if self.norm_position == 'sandwich':  # Gemma: the branches' outputs are normalized too
             self.ln_1_out, self.ln_2_out = make_norm(config), make_norm(config)
         self.per_layer = PerLayerInput(config, layer) if config.per_layer_embd else None  # Gemma 4's chapter
+        if config.layer_scalar:  # a buffer: loaded and saved, never trained (Gemma 4's chapter)
+            self.register_buffer('layer_scalar', torch.ones(1))
 
     def forward(self, x, rope=None, mask=None, cache=None):
         if self.ln_1 is None:  # an MLP alone (pre-norm: the config's checks)
@@ -714,9 +719,7 @@ class GPT(nn.Module):
                 mask = causal_mask(T, window, idx.device, chunked) if cache is None else \
                     cache.mask(T, window, idx.device, chunked)
                 contexts[positions, window, chunked] = (tables[positions], T > 1 if mask is None else mask)
-            x = block(x, *contexts[positions, window, chunked], layer_caches[i])
-            if block.per_layer is not None:  # Gemma 4's chapter
-                x = block.per_layer(x, tables['per_layer'])
+            x = after_block(block, block(x, *contexts[positions, window, chunked], layer_caches[i]), tables)
         if cache is not None:
             cache.advance(T)
         return self.transformer.ln_f(x)
@@ -1641,6 +1644,15 @@ def per_layer_inputs(transformer, idx, x):
     return (projected + looked_up) * 2 ** -0.5
 
 
+def after_block(block, x, tables):
+    """What Gemma 4 does after a block: its per-layer embedding's branch, then the layer scalar."""
+    if block.per_layer is not None:
+        x = block.per_layer(x, tables['per_layer'])
+    if hasattr(block, 'layer_scalar'):
+        x = x * block.layer_scalar
+    return x
+
+
 class PerLayerInput(nn.Module):
     """A layer's branch after its MLP: x + norm(c_proj(gelu(c_fc(x)) * its per-layer vector))."""
 
@@ -1760,6 +1772,7 @@ FIELD_TYPES = {
     'kv_shared_layers': (lambda v, c: _int(v, 0, c.n_layer - 1), lambda c: f"an int in [0, n_layer-1={c.n_layer - 1}]"),
     'attn_k_eq_v': BOOL,
     'per_layer_embd': (lambda v, c: _int(v, 0), 'an int >= 0'),
+    **_kinds('v_norm layer_scalar', BOOL),
 }
 
 
@@ -1911,6 +1924,8 @@ DEPENDS = [
      lambda c: f"layers of one part (layers={c.layers!r}, mlp_with_mixer={c.mlp_with_mixer}) need norm_position='pre', "
                f"got {c.norm_position!r}"),
     # Gemma 4's
+    (lambda c: c.v_norm and c.attn != 'mha',
+     lambda c: f"v_norm=True normalizes the values of attn='mha', got attn={c.attn!r}"),
     (lambda c: c.attn_k_eq_v and c.attn != 'mha',
      lambda c: f"attn_k_eq_v=True makes the values of attn='mha' from its keys, got attn={c.attn!r}"),
     (lambda c: c.attn_k_eq_v and not set(c.layer_kinds) & set(K_EQ_V_KINDS),

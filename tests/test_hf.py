@@ -721,10 +721,12 @@ def test_export_takes_mamba2_layers_to_nemotron_h_or_refuses(flags, refused):
 
 @pytest.mark.parametrize('flags, refused', [(dict(kv_shared_layers=2), 'kv_shared_layers=2'),
                                              (dict(attn_k_eq_v=True), 'attn_k_eq_v=True'),
-                                             (dict(per_layer_embd=8), 'per_layer_embd=8')])
+                                             (dict(per_layer_embd=8), 'per_layer_embd=8'),
+                                             (dict(v_norm=True), 'v_norm=True'),
+                                             (dict(layer_scalar=True), 'layer_scalar=True')])
 def test_export_refuses_gemma4_flags_until_a_family_carries_them(flags, refused):
-    """Gemma 3's block with Gemma 4's K/V sharing, K = V or per-layer embeddings: gemma3_text cannot carry them, so
-    export refuses each in one line naming the flag."""
+    """Gemma 3's block with one of Gemma 4's flags: gemma3_text cannot carry them, so export refuses each in one line
+    naming the flag."""
     check_export_choice(GPTConfig(n_layer=4, n_head=4, n_embd=32, vocab_size=VOCAB, block_size=BLOCK, bias=False,
                                   norm='rms', mlp='geglu', pos='rope', norm_position='sandwich', embed_scale=True,
                                   qk_norm=True, layers='LG', sliding_window=8, **flags), 'gemma3_text', refused)

@@ -2092,3 +2092,50 @@ def test_bad_per_layer_embeddings_settings_are_one_line_naming_them(overrides, m
     with pytest.raises(ValueError) as e:
         tiny_config(**overrides)
     assert message in str(e.value) and '\n' not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- Gemma 4: value norm, layer scalar
+
+@torch.no_grad()
+def test_v_norm_makes_attention_blind_to_the_scale_of_each_value_head():
+    """v_norm: each value head at unit RMS, no gain (no parameter added): scaling the V projection changes
+    nothing with it and changes the output without it."""
+    outputs = {}
+    for v_norm in (False, True):
+        model = build(pos='rope', v_norm=v_norm, norm_eps=1e-12)  # eps would weigh on the small values
+        idx = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(102))
+        before = model(idx)[0]
+        for block in model.transformer.h:
+            block.attn.c_attn.weight[2 * N_EMBD:] *= 3.0  # the V rows
+        outputs[v_norm] = (before, model(idx)[0])
+    assert_close(*outputs[True], atol=1e-5)
+    assert (outputs[False][0] - outputs[False][1]).abs().max() > 1e-3
+    assert build(pos='rope', v_norm=True).get_num_params() == build(pos='rope').get_num_params()
+
+
+@torch.no_grad()
+def test_the_layer_scalar_multiplies_each_layers_output_and_is_saved_not_trained():
+    model = build(pos='rope', norm='rms', layer_scalar=True, per_layer_embd=4)
+    model.transformer.h[0].layer_scalar.fill_(3.0)
+    model.transformer.h[1].layer_scalar.fill_(0.5)
+    assert 'transformer.h.0.layer_scalar' in model.state_dict()
+    assert not [n for n, _ in model.named_parameters() if 'layer_scalar' in n]
+    idx = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(103))
+    x, tables = model.embed(idx)
+    for block, scale in zip(model.transformer.h, (3.0, 0.5)):
+        x = block.per_layer(block(x, tables['rope'], True), tables['per_layer']) * scale
+    assert_close(model(idx)[0], model.lm_head(model.transformer.ln_f(x)), atol=1e-5)
+    check_cache_logits(model)
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(104))
+    assert torch.equal(model.generate(prompt, 3 * BLOCK, temperature=0.0), reference_greedy(model, prompt, 3 * BLOCK))
+
+
+@pytest.mark.parametrize('overrides, message', [
+    (dict(v_norm=1), 'v_norm must be True or False, got 1'),
+    (dict(layer_scalar='yes'), "layer_scalar must be True or False, got 'yes'"),
+    (dict(v_norm=True, attn='mla', pos='rope'), "v_norm=True normalizes the values of attn='mha', got attn='mla'"),
+])
+def test_bad_value_norm_and_layer_scalar_settings_are_one_line_naming_them(overrides, message):
+    with pytest.raises(ValueError) as e:
+        tiny_config(**overrides)
+    assert message in str(e.value) and '\n' not in str(e.value)
