@@ -138,9 +138,12 @@ class GPTConfig:
     ssm_chunk_size: int = 64  # training and prefill work in chunks of this many tokens, parallel inside one
     ssm_dt_min: float = 0.0  # time steps below this are raised to it (Nemotron-H's time_step_min, 1e-3); 0: none
     mlp_with_mixer: bool = True  # a layer's token mixer is followed by an MLP; False: each layer one part, a mixer or ('-') an MLP (Nemotron-H)
-    # Gemma 4: K = V, cross-layer K/V sharing, value norm, the layer scalar, per-layer embeddings
+    # Gemma 4: K = V, cross-layer K/V sharing, value norm, the layer scalar, global layers' shapes and RoPE, per-layer embeddings
     v_norm: bool = False  # every attention layer's values scaled to unit RMS per head, no gain (Gemma 4; K = V layers always are)
     layer_scalar: bool = False  # each layer's output, the whole stream, times a scalar of its own kept in the checkpoint, not trained (Gemma 4's layer_scalar)
+    global_head_dim: Optional[int] = None  # the head width of global layers ('G', 'N'); None: head_dim's (Gemma 4: 512 beside 256)
+    global_n_kv_head: Optional[int] = None  # the K/V heads of global layers; None: n_kv_head's (Gemma 4's num_global_key_value_heads)
+    rope_proportion: Optional[float] = None  # global layers' RoPE: this share of each head's rotation pairs turn, at frequencies over the whole head, the rest at zero frequency (Gemma 4's 'proportional': 0.25); None: plain RoPE
     per_layer_embd: int = 0  # width of each layer's own embedding of every token, added after its MLP through a gated projection (Gemma 4's hidden_size_per_layer_input); 0: none
     attn_k_eq_v: bool = False  # global layers ('G', 'N'): one projection gives the keys and the values, these normalized without a gain and not rotated (Gemma 4's attention_k_eq_v)
     kv_shared_layers: int = 0  # the last n layers reuse the keys and values of the last earlier layer of their kind and have no K/V projections (Gemma 4's num_kv_shared_layers); 0: none
@@ -297,6 +300,8 @@ def rope_frequencies(config, dim, length, local=False):
     context chapter: scaled_frequencies). local: the tables of 'L' layers with their own base
     (rope_local_theta), which are not scaled."""
     theta = config.rope_local_theta if local else config.rope_theta
+    if config.rope_proportion is not None and not local:  # Gemma 4's chapter
+        return proportional_frequencies(config.rope_proportion, theta, dim), 1.0
     inv = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
     if config.rope_scaling is None or local:
         return inv, 1.0
@@ -310,6 +315,8 @@ class Rotary(nn.Module):
     def __init__(self, config, local=False):
         super().__init__()
         self.config, self.dim, self.local = config, config.rope_dim, local
+        if config.global_head_dim is not None and not local:  # the global layers' own width (Gemma 4's chapter)
+            self.dim = int(config.global_head_dim * config.rope_fraction)
         self.register_buffer('cos', torch.empty(0, self.dim), persistent=False)
         self.register_buffer('sin', torch.empty(0, self.dim), persistent=False)
         self.built_for = None  # the length 'dynamic' frequencies were computed for
@@ -444,11 +451,14 @@ class CausalSelfAttention(TokenMixer):
     shares them). positions and window: its layer kind's ('L' slides a window, 'N' has no RoPE); qk_norm, sinks,
     an output gate and the softmax scale are switches."""
 
-    def __init__(self, config, positions='rope', window=None, kv_shared=False, k_eq_v=False):
+    def __init__(self, config, positions='rope', window=None, kv_shared=False, k_eq_v=False, head_size=None,
+                 n_kv_head=None):
         super().__init__()
         self.positions = positions
         self.window = window
-        self.n_head, self.n_kv_head, self.head_size = config.n_head, config.kv_heads, config.head_size
+        # a layer's own head width and K/V heads: Gemma 4's global layers
+        self.n_head, self.n_kv_head = config.n_head, n_kv_head or config.kv_heads
+        self.head_size = head_size or config.head_size
         # Gemma 4's chapter: a layer sharing K/V projects queries only; with K = V, queries and keys
         self.kv_shared, self.k_eq_v = kv_shared, k_eq_v
         self.v_norm = k_eq_v or config.v_norm
@@ -1561,7 +1571,7 @@ LAYER_KINDS['-'] = ('no mixer: the MLP alone', NoMixer)
 # the cache: the source layer's is wrapped to keep what it returns (KVHandoff), and each sharing layer's
 # update returns those (SharedKV), whatever it was given (its own, of no heads).
 KV_SHARING_KINDS = 'GLNC'  # the layer kinds of softmax attention over cached keys and values
-K_EQ_V_KINDS = 'GN'  # global layers: attn_k_eq_v's
+GLOBAL_KINDS = 'GN'  # global layers: attn_k_eq_v's, global_head_dim's, global_n_kv_head's
 
 
 def kv_source(config, layer):
@@ -1576,10 +1586,14 @@ def kv_source(config, layer):
 
 def gemma4_attention(config, layer):
     """The switches of Gemma 4's attention that a layer takes (CausalSelfAttention's keywords): kv_shared when it
-    reads an earlier layer's keys and values, k_eq_v when its keys are its values (a global layer's, attn_k_eq_v)."""
-    if kv_source(config, layer) is not None:
-        return {'kv_shared': True}
-    return {'k_eq_v': True} if config.attn_k_eq_v and config.layer_kinds[layer] in K_EQ_V_KINDS else {}
+    reads an earlier layer's keys and values, k_eq_v when its keys are its values (a global layer's, attn_k_eq_v), and a
+    global layer's head width and K/V heads."""
+    is_global = config.layer_kinds[layer] in GLOBAL_KINDS
+    switches = {'kv_shared': kv_source(config, layer) is not None}
+    switches['k_eq_v'] = config.attn_k_eq_v and is_global and not switches['kv_shared']
+    if is_global:
+        switches.update(head_size=config.global_head_dim, n_kv_head=config.global_n_kv_head)
+    return {name: value for name, value in switches.items() if value}  # none for a layer as any other (MLA's too)
 
 
 class KVHandoff:
@@ -1616,6 +1630,21 @@ def share_kv(config, caches):
                 handoffs[source] = caches[source] = KVHandoff(caches[source])
             caches[layer] = SharedKV(handoffs[source])
     return caches
+
+
+# ----------------------------------------------------------------------------- Gemma 4: global layers' shapes and RoPE
+
+# Gemma 4's global layers are shaped apart from its local ones: wider heads (global_head_dim, 512 beside 256) and
+# fewer K/V heads (global_n_kv_head), so the few layers that see the whole context carry more per head and cache
+# less. Their RoPE is "proportional" (rope_proportion, 0.25): over the whole head, only the first quarter of the
+# rotation pairs (i, i + head/2) turn, at frequencies theta^(-2i/head) as if every pair did, and the rest keep zero
+# frequency (cos 1, sin 0: those dims carry no position), laid out as transformers lays them out.
+
+def proportional_frequencies(proportion, theta, dim):
+    """The dim/2 frequencies of proportional RoPE: the first int(proportion * dim // 2) of plain RoPE's, then zeros."""
+    turning = int(proportion * dim // 2)
+    inv = 1.0 / theta ** (torch.arange(0, 2 * turning, 2, dtype=torch.int64).float() / dim)
+    return torch.cat((inv, torch.zeros(dim // 2 - turning)))
 
 
 # ----------------------------------------------------------------------------- Gemma 4: per-layer embeddings (per_layer_embd)
@@ -1773,6 +1802,9 @@ FIELD_TYPES = {
     'attn_k_eq_v': BOOL,
     'per_layer_embd': (lambda v, c: _int(v, 0), 'an int >= 0'),
     **_kinds('v_norm layer_scalar', BOOL),
+    'global_head_dim': OPTIONAL_POSITIVE_INT,
+    'global_n_kv_head': (lambda v, c: v is None or _int(v, 1, c.n_head), lambda c: f"None or an int in [1, n_head={c.n_head}]"),
+    'rope_proportion': (lambda v, c: v is None or (_number(v) and 0 < v <= 1), 'None or in (0, 1]'),
 }
 
 
@@ -1810,6 +1842,9 @@ ROPE_SCALING_FLAGS = {'rope_factor': ('linear', 'dynamic', 'yarn', 'llama3'),
                       'rope_low_freq_factor': ('llama3',), 'rope_high_freq_factor': ('llama3',),
                       'yarn_beta_fast': ('yarn',), 'yarn_beta_slow': ('yarn',), 'yarn_mscale': ('yarn',),
                       'yarn_mscale_all_dim': ('yarn',), 'rope_attention_factor': ('yarn',), 'yarn_truncate': ('yarn',)}
+
+
+GLOBAL_FIELDS = ('global_head_dim', 'global_n_kv_head', 'rope_proportion')
 
 
 def _shared_kinds(c):
@@ -1924,11 +1959,32 @@ DEPENDS = [
      lambda c: f"layers of one part (layers={c.layers!r}, mlp_with_mixer={c.mlp_with_mixer}) need norm_position='pre', "
                f"got {c.norm_position!r}"),
     # Gemma 4's
+    (lambda c: c.global_n_kv_head is not None and c.n_head % c.global_n_kv_head != 0,
+     lambda c: f"n_head ({c.n_head}) must be divisible by global_n_kv_head ({c.global_n_kv_head})"),
+    (lambda c: _changed(c, GLOBAL_FIELDS) and c.attn != 'mha',
+     lambda c: f"{_flag_list(c, _changed(c, GLOBAL_FIELDS))} apply to attn='mha' only, got attn={c.attn!r}"),
+    (lambda c: _changed(c, GLOBAL_FIELDS) and not set(c.layer_kinds) & set(GLOBAL_KINDS),
+     lambda c: f"{_flag_list(c, _changed(c, GLOBAL_FIELDS))} apply to global layers ('G', 'N') and layers={c.layers!r} "
+               f"has none: add one or leave them at None"),
+    (lambda c: c.pos == 'rope' and _changed(c, ('global_head_dim', 'rope_proportion')) and 'C' in c.layer_kinds,
+     lambda c: f"{_flag_list(c, _changed(c, ('global_head_dim', 'rope_proportion')))} change the global layers' RoPE, "
+               f"which chunked ('C') layers share: leave them at None with 'C' layers"),
+    (lambda c: c.pos == 'rope' and _changed(c, ('global_head_dim', 'rope_proportion')) and 'L' in c.layer_kinds
+     and c.rope_local_theta is None,
+     lambda c: f"{_flag_list(c, _changed(c, ('global_head_dim', 'rope_proportion')))} change the global layers' RoPE: "
+               f"local ('L') layers then need tables of their own, set rope_local_theta"),
+    (lambda c: c.rope_proportion is not None and (c.pos != 'rope' or c.rope_scaling is not None or c.rope_fraction != 1),
+     lambda c: f"rope_proportion={c.rope_proportion} needs pos='rope' without rope_scaling and rope_fraction=1 (it "
+               f"chooses the pairs that turn itself), got pos={c.pos!r}, rope_scaling={c.rope_scaling!r}, "
+               f"rope_fraction={c.rope_fraction}"),
+    (lambda c: c.pos == 'rope' and c.global_head_dim is not None and int(c.global_head_dim * c.rope_fraction) % 2,
+     lambda c: f"global_head_dim={c.global_head_dim} with pos='rope' needs an even number of rotated dims (times "
+               f"rope_fraction={c.rope_fraction})"),
     (lambda c: c.v_norm and c.attn != 'mha',
      lambda c: f"v_norm=True normalizes the values of attn='mha', got attn={c.attn!r}"),
     (lambda c: c.attn_k_eq_v and c.attn != 'mha',
      lambda c: f"attn_k_eq_v=True makes the values of attn='mha' from its keys, got attn={c.attn!r}"),
-    (lambda c: c.attn_k_eq_v and not set(c.layer_kinds) & set(K_EQ_V_KINDS),
+    (lambda c: c.attn_k_eq_v and not set(c.layer_kinds) & set(GLOBAL_KINDS),
      lambda c: f"attn_k_eq_v=True applies to global layers ('G', 'N') and layers={c.layers!r} has none: add one or "
                f"set --attn_k_eq_v=False"),
     (lambda c: c.kv_shared_layers and c.attn != 'mha',

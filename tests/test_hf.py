@@ -723,10 +723,25 @@ def test_export_takes_mamba2_layers_to_nemotron_h_or_refuses(flags, refused):
                                              (dict(attn_k_eq_v=True), 'attn_k_eq_v=True'),
                                              (dict(per_layer_embd=8), 'per_layer_embd=8'),
                                              (dict(v_norm=True), 'v_norm=True'),
-                                             (dict(layer_scalar=True), 'layer_scalar=True')])
+                                             (dict(layer_scalar=True), 'layer_scalar=True'),
+                                             (dict(global_head_dim=16, rope_local_theta=10.0), 'global_head_dim=16')])
 def test_export_refuses_gemma4_flags_until_a_family_carries_them(flags, refused):
     """Gemma 3's block with one of Gemma 4's flags: gemma3_text cannot carry them, so export refuses each in one line
     naming the flag."""
     check_export_choice(GPTConfig(n_layer=4, n_head=4, n_embd=32, vocab_size=VOCAB, block_size=BLOCK, bias=False,
                                   norm='rms', mlp='geglu', pos='rope', norm_position='sandwich', embed_scale=True,
                                   qk_norm=True, layers='LG', sliding_window=8, **flags), 'gemma3_text', refused)
+
+
+@pytest.mark.parametrize('proportion, head_dim', [(0.25, 16), (0.25, 512), (0.5, 12), (1.0, 8)])
+def test_proportional_rope_frequencies_are_transformers(proportion, head_dim):
+    """rope_proportion's frequencies, laid out as transformers' 'proportional' RoPE for Gemma 4's global layers."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    config = transformers.Gemma4TextConfig(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, global_head_dim=head_dim,
+        num_hidden_layers=2, layer_types=['sliding_attention', 'full_attention'], vocab_size=VOCAB,
+        rope_parameters={'sliding_attention': {'rope_type': 'default', 'rope_theta': 10_000.0},
+                         'full_attention': {'rope_type': 'proportional', 'partial_rotary_factor': proportion,
+                                            'rope_theta': 1e6}})
+    theirs, _ = ROPE_INIT_FUNCTIONS['proportional'](config, None, layer_type='full_attention')
+    torch.testing.assert_close(M.proportional_frequencies(proportion, 1e6, head_dim), theirs, atol=0, rtol=0)

@@ -2139,3 +2139,61 @@ def test_bad_value_norm_and_layer_scalar_settings_are_one_line_naming_them(overr
     with pytest.raises(ValueError) as e:
         tiny_config(**overrides)
     assert message in str(e.value) and '\n' not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- Gemma 4: global layers' shapes and RoPE
+
+# local layers of 4 heads of 8 sharing 2 K/V heads; global ones of 4 heads of 16 sharing 1, a quarter of their pairs turning
+GLOBAL_SHAPES = dict(n_layer=4, layers='LG', sliding_window=5, pos='rope', rope_local_theta=100.0, qk_norm=True,
+                     n_kv_head=2, global_head_dim=16, global_n_kv_head=1, rope_proportion=0.25, norm='rms',
+                     mlp='geglu', bias=False)
+
+
+def test_global_layers_have_their_own_head_shapes_and_proportional_rope():
+    """Global layers with wider heads and fewer K/V heads, and proportional RoPE: their projections and cache have
+    those shapes, the rotary tables of global layers are 16 wide with only the first 2 pairs of 8 turning; the
+    loss falls, a cache's logits and greedy decoding past block_size are full forwards', so is a decoding step."""
+    model = build(**GLOBAL_SHAPES)
+    assert [tuple(b.attn.c_attn.weight.shape) for b in model.transformer.h[:2]] == [(64, 32), (96, 32)]
+    assert model.transformer.h[1].attn.c_proj.weight.shape == (N_EMBD, 64)
+    cos, sin = model.transformer.wpe(torch.zeros(1, BLOCK, N_EMBD), 0)[1]
+    assert cos.shape == (BLOCK, 16) and torch.equal(sin[:, 2:8], torch.zeros(BLOCK, 6))  # 2 of the 8 pairs turn
+    assert (sin[1:, :2] != 0).all() and torch.equal(cos[:, :8], cos[:, 8:])
+    assert model.rope_local(torch.zeros(1, BLOCK, N_EMBD), 0)[1][0].shape == (BLOCK, 8)
+    # per sequence position: the 2 local layers keep at most 5 of 2 K/V heads of 8, the 2 global ones 1 head of 16
+    for seq_len in (3, BLOCK):
+        assert model.kv_cache_bytes(1, seq_len) == 4 * 2 * (2 * min(seq_len, 5) * 2 * 8 + 2 * seq_len * 1 * 16)
+    losses = train_steps(model, seed=105)
+    assert losses[-1] < losses[0] - 0.5
+    model.eval()
+    check_causal(model)
+    check_cache_logits(model)
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(106))
+    assert torch.equal(model.generate(prompt, 3 * BLOCK, temperature=0.0), reference_greedy(model, prompt, 3 * BLOCK))
+    seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(107))
+    cache = G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
+    with torch.no_grad():
+        model(seq[:, :3], cache=cache)
+        for i in range(3, BLOCK):
+            logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
+            cache.advance(1)
+            assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
+
+
+@pytest.mark.parametrize('overrides, message', [
+    (dict(global_head_dim=0), 'global_head_dim must be None or a positive int, got 0'),
+    (dict(global_n_kv_head=5), 'global_n_kv_head must be None or an int in [1, n_head=4], got 5'),
+    (dict(global_n_kv_head=3), 'n_head (4) must be divisible by global_n_kv_head (3)'),
+    (dict(rope_proportion=1.5, pos='rope'), 'rope_proportion must be None or in (0, 1], got 1.5'),
+    (dict(global_head_dim=16, attn='mla', pos='rope'), "global_head_dim=16 apply to attn='mha' only"),
+    (dict(global_n_kv_head=2, layers='L', sliding_window=4), "global_n_kv_head=2 apply to global layers ('G', 'N')"),
+    (dict(rope_proportion=0.25, pos='rope', layers='LG', sliding_window=4), 'local (\'L\') layers then need tables of '
+                                                                           'their own, set rope_local_theta'),
+    (dict(global_head_dim=16, pos='rope', layers='CG', attention_chunk_size=4), "which chunked ('C') layers share"),
+    (dict(rope_proportion=0.25), "rope_proportion=0.25 needs pos='rope' without rope_scaling and rope_fraction=1"),
+    (dict(global_head_dim=9, pos='rope'), "global_head_dim=9 with pos='rope' needs an even number of rotated dims"),
+])
+def test_bad_global_layer_settings_are_one_line_naming_them(overrides, message):
+    with pytest.raises(ValueError) as e:
+        tiny_config(**overrides)
+    assert message in str(e.value) and '\n' not in str(e.value)
