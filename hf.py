@@ -1207,8 +1207,6 @@ def _gemma4_text_read(c):
                          f"'gelu_pytorch_tanh': GEGLU)")
     if c.attention_bias or c.use_bidirectional_attention:
         raise ValueError("Gemma 4 with attention_bias or use_bidirectional_attention is not supported")
-    if c.enable_moe_block:
-        raise ValueError("Gemma 4 with enable_moe_block is not supported yet (its dense MLP and experts side by side)")
     if c.use_double_wide_mlp and c.num_kv_shared_layers:
         raise ValueError("Gemma 4 with use_double_wide_mlp is not supported (the K/V-sharing layers' MLPs twice as "
                          "wide as the others)")
@@ -1229,6 +1227,9 @@ def _gemma4_text_read(c):
                  sliding_window=c.sliding_window if 'L' in kinds else None, layer_scalar=True,
                  attn_k_eq_v=bool(c.attention_k_eq_v) and 'G' in kinds, kv_shared_layers=c.num_kv_shared_layers,
                  per_layer_embd=c.hidden_size_per_layer_input or 0, **_gemma4_rope_read(c, kinds))
+    if c.enable_moe_block:  # experts beside the dense MLP in every layer
+        flags.update(mlp='moe', n_expert=c.num_experts, n_expert_active=c.top_k_experts,
+                     moe_hidden=c.moe_intermediate_size, moe_dense_mlp=True, moe_activation='gelu')
     if 'G' in kinds:  # the global layers' shapes where they differ
         full = c.per_layer_config[kinds.index('G')]
         flags['global_head_dim'] = None if full.head_dim == head_dim else full.head_dim
@@ -1240,7 +1241,14 @@ def _gemma4_text_write(cfg):
     # transformers gives the global layers their own K/V heads only with attention_k_eq_v
     if cfg.global_n_kv_head is not None and not cfg.attn_k_eq_v:
         raise ValueError(f"gemma4_text carries global_n_kv_head={cfg.global_n_kv_head} only with attn_k_eq_v=True")
+    moe = cfg.mlp == 'moe'
+    if moe and not (cfg.moe_dense_mlp and cfg.moe_activation == 'gelu'):
+        raise ValueError(f"gemma4_text's experts sit beside a dense GEGLU MLP: mlp='moe' needs moe_dense_mlp=True and "
+                         f"moe_activation='gelu', got {cfg.moe_dense_mlp}, {cfg.moe_activation!r}")
+    experts = dict(num_experts=cfg.n_expert, top_k_experts=cfg.n_expert_active,
+                   moe_intermediate_size=cfg.expert_hidden) if moe else {}
     full = {'rope_type': 'default', 'rope_theta': cfg.rope_theta}
+    local = {'rope_type': 'default', 'rope_theta': cfg.rope_local_theta or cfg.rope_theta}
     if cfg.rope_proportion is not None:
         full = {'rope_type': 'proportional', 'partial_rotary_factor': cfg.rope_proportion, 'rope_theta': cfg.rope_theta}
     return dict(vocab_size=cfg.vocab_size, hidden_size=cfg.n_embd, intermediate_size=cfg.mlp_width,
@@ -1253,9 +1261,8 @@ def _gemma4_text_write(cfg):
                 sliding_window=cfg.sliding_window or cfg.block_size, attention_bias=False,
                 attention_k_eq_v=cfg.attn_k_eq_v, num_kv_shared_layers=cfg.kv_shared_layers,
                 hidden_size_per_layer_input=cfg.per_layer_embd, vocab_size_per_layer_input=cfg.vocab_size,
-                enable_moe_block=False, rope_parameters={
-                    'full_attention': full,
-                    'sliding_attention': {'rope_type': 'default', 'rope_theta': cfg.rope_local_theta or cfg.rope_theta}})
+                enable_moe_block=moe, **experts,
+                rope_parameters={'full_attention': full, 'sliding_attention': local})
 
 
 def _gemma4_unpack(hf_state, cfg):
@@ -1284,10 +1291,24 @@ _GEMMA4_NAMES = _decoder_names([('ln_1', 'input_layernorm'), ('ln_1_out', 'post_
     ('transformer.wte_per_layer.weight', 'model.embed_tokens_per_layer.weight', None),
     ('transformer.per_layer_proj.weight', 'model.per_layer_model_projection.weight', None),
     ('transformer.per_layer_norm.weight', 'model.per_layer_projection_norm.weight', None),
+    # the MoE block: the dense MLP beside the experts, each branch's norms, the router
+    ('transformer.h.{i}.mlp.ln.weight', _GEMMA4_LAYER + 'pre_feedforward_layernorm.weight', None),
+    ('transformer.h.{i}.mlp.dense.c_fc.weight', tuple(f'{_GEMMA4_LAYER}mlp.{n}_proj.weight' for n in ('gate', 'up')),
+     None),
+    ('transformer.h.{i}.mlp.dense.c_proj.weight', _GEMMA4_LAYER + 'mlp.down_proj.weight', None),
+    ('transformer.h.{i}.mlp.ln_dense_out.weight', _GEMMA4_LAYER + 'post_feedforward_layernorm_1.weight', None),
+    ('transformer.h.{i}.mlp.ln_experts.weight', _GEMMA4_LAYER + 'pre_feedforward_layernorm_2.weight', None),
+    ('transformer.h.{i}.mlp.ln_experts_out.weight', _GEMMA4_LAYER + 'post_feedforward_layernorm_2.weight', None),
+    ('transformer.h.{i}.mlp.router.weight', _GEMMA4_LAYER + 'router.proj.weight', None),
+    ('transformer.h.{i}.mlp.router_scale', _GEMMA4_LAYER + 'router.scale', None),
+    ('transformer.h.{i}.mlp.expert_scale', _GEMMA4_LAYER + 'router.per_expert_scale', None),
+    ('transformer.h.{i}.mlp.experts.c_fc', _GEMMA4_LAYER + 'experts.gate_up_proj', None),
+    ('transformer.h.{i}.mlp.experts.c_proj', _GEMMA4_LAYER + 'experts.down_proj', None),
 ]
 HF_FAMILIES['gemma4_text'] = HFFamily(
     'gemma4_text', 'Gemma4ForCausalLM',
-    {**_SIZES, 'rope_theta': ANY, 'norm': ('rms',), 'mlp': ('geglu',), 'pos': ('rope',), 'n_kv_head': ANY,
+    {**_SIZES, **_MOE, 'rope_theta': ANY, 'norm': ('rms',), 'mlp': ('geglu', 'moe'), 'moe_dense_mlp': ANY,
+     'moe_activation': ANY, 'pos': ('rope',), 'n_kv_head': ANY,
      'head_dim': ANY, 'bias': (False,), 'norm_position': ('sandwich',), 'embed_scale': (True,), 'qk_norm': (True,),
      'v_norm': (True,), 'attn_scale': (1.0,), 'logit_softcap': ANY, 'layers': _made_of('LG'), 'sliding_window': ANY,
      'rope_local_theta': ANY, 'layer_scalar': (True,),

@@ -144,6 +144,8 @@ class GPTConfig:
     global_head_dim: Optional[int] = None  # the head width of global layers ('G', 'N'); None: head_dim's (Gemma 4: 512 beside 256)
     global_n_kv_head: Optional[int] = None  # the K/V heads of global layers; None: n_kv_head's (Gemma 4's num_global_key_value_heads)
     rope_proportion: Optional[float] = None  # global layers' RoPE: this share of each head's rotation pairs turn, at frequencies over the whole head, the rest at zero frequency (Gemma 4's 'proportional': 0.25); None: plain RoPE
+    moe_dense_mlp: bool = False  # with mlp='moe': a dense MLP beside the experts, each branch with its norms, the router reading the stream itself (Gemma 4's MoE block)
+    moe_activation: str = 'silu'  # with mlp='moe': the experts' gate activation, and the dense MLP's beside them: 'silu' (SwiGLU) or 'gelu' (GEGLU, tanh form: Gemma 4)
     per_layer_embd: int = 0  # width of each layer's own embedding of every token, added after its MLP through a gated projection (Gemma 4's hidden_size_per_layer_input); 0: none
     attn_k_eq_v: bool = False  # global layers ('G', 'N'): one projection gives the keys and the values, these normalized without a gain and not rotated (Gemma 4's attention_k_eq_v)
     kv_shared_layers: int = 0  # the last n layers reuse the keys and values of the last earlier layer of their kind and have no K/V projections (Gemma 4's num_kv_shared_layers); 0: none
@@ -612,6 +614,8 @@ class Block(nn.Module):
         self.attn = LAYER_KINDS[config.layer_kinds[layer]][1](config, layer)
         self.ln_2 = make_norm(config) if has_mlp else None  # the same for the MLP
         self.mlp = MLPS[config.mlp_of(layer)](config) if has_mlp else None
+        if config.moe_dense_mlp and isinstance(self.mlp, MoE):  # Gemma 4's MoE block normalizes its branches' inputs
+            self.mlp, self.ln_2 = DenseAndExperts(config), nn.Identity()
         if self.norm_position == 'sandwich':  # Gemma: the branches' outputs are normalized too
             self.ln_1_out, self.ln_2_out = make_norm(config), make_norm(config)
         self.per_layer = PerLayerInput(config, layer) if config.per_layer_embd else None  # Gemma 4's chapter
@@ -860,6 +864,7 @@ class Experts(nn.Module):
         super().__init__()
         E, h, d = config.n_expert, config.expert_hidden, config.n_embd
         self.k, self.limit = config.n_expert_active, config.swiglu_limit
+        self.gelu = config.moe_activation == 'gelu'  # GEGLU experts: Gemma 4's chapter
         self.scale_input = config.moe_scale_input  # Llama 4's chapter
         self.c_fc = nn.Parameter(torch.randn(E, 2 * h, d) * 0.02)
         self.c_proj = nn.Parameter(torch.randn(E, d, h) * 0.02)  # GPT rescales it with the other c_proj
@@ -871,7 +876,7 @@ class Experts(nn.Module):
         """SwiGLU of [gate | up]; with swiglu_limit, gpt-oss's clamped form (gate * sigmoid(1.702 gate), times up + 1)."""
         gate, up = gate_up.chunk(2, dim=-1)
         if self.limit is None:
-            return F.silu(gate) * up
+            return (F.gelu(gate, approximate='tanh') if self.gelu else F.silu(gate)) * up
         gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
         return gate * torch.sigmoid(1.702 * gate) * (up + 1)
 
@@ -1647,6 +1652,41 @@ def proportional_frequencies(proportion, theta, dim):
     return torch.cat((inv, torch.zeros(dim // 2 - turning)))
 
 
+# ----------------------------------------------------------------------------- Gemma 4: the MoE block (moe_dense_mlp)
+
+# Gemma 4's MoE model (26B-A4B) keeps a dense MLP in every layer and adds the experts beside it: the two branches
+# each normalize their input and output, and their sum is the block's MLP output. Its router reads the stream
+# itself: x / RMS(x) times a learned vector and 1/sqrt(n_embd), a softmax over the experts, the top k renormalized
+# and times a learned scale of each chosen expert. Experts and dense MLP are GEGLU (moe_activation='gelu').
+
+class DenseAndExperts(MoE):
+    """A dense gated MLP (ffn_hidden) beside the experts: ln_dense_out(dense(ln(x))) + ln_experts_out(experts(
+    ln_experts(x))), x the un-normalized stream (Block's ln_2 is then an identity)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.dense = GatedMLP(config)
+        self.dense.silu = config.moe_activation == 'silu'
+        self.ln, self.ln_dense_out = make_norm(config), make_norm(config)
+        self.ln_experts, self.ln_experts_out = make_norm(config), make_norm(config)
+        self.router_scale = nn.Parameter(torch.ones(config.n_embd))  # on the router's normalized input
+        self.expert_scale = nn.Parameter(torch.ones(config.n_expert))  # on each chosen expert's weight
+        self.eps = config.norm_eps
+
+    def forward(self, x):
+        shape = x.shape
+        dense = self.ln_dense_out(self.dense(self.ln(x)))
+        x = x.reshape(-1, shape[-1])
+        routed = F.rms_norm(x, (shape[-1],), eps=self.eps) * self.router_scale * shape[-1] ** -0.5
+        logits = self.router(routed).float()
+        scores = logits.softmax(dim=-1)
+        weights, experts = scores.topk(self.k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True) * self.expert_scale[experts]
+        y = self.ln_experts_out(self.experts(self.ln_experts(x), experts, weights))
+        self._account(logits, scores, experts)
+        return self.dropout(dense + y.view(shape))
+
+
 # ----------------------------------------------------------------------------- Gemma 4: per-layer embeddings (per_layer_embd)
 
 # Gemma 4's small models give every layer a vector of its own for each token: a second embedding table, narrow
@@ -1801,7 +1841,8 @@ FIELD_TYPES = {
     'kv_shared_layers': (lambda v, c: _int(v, 0, c.n_layer - 1), lambda c: f"an int in [0, n_layer-1={c.n_layer - 1}]"),
     'attn_k_eq_v': BOOL,
     'per_layer_embd': (lambda v, c: _int(v, 0), 'an int >= 0'),
-    **_kinds('v_norm layer_scalar', BOOL),
+    **_kinds('v_norm layer_scalar moe_dense_mlp', BOOL),
+    'moe_activation': (lambda v, c: v in ('silu', 'gelu'), "'silu' or 'gelu'"),
     'global_head_dim': OPTIONAL_POSITIVE_INT,
     'global_n_kv_head': (lambda v, c: v is None or _int(v, 1, c.n_head), lambda c: f"None or an int in [1, n_head={c.n_head}]"),
     'rope_proportion': (lambda v, c: v is None or (_number(v) and 0 < v <= 1), 'None or in (0, 1]'),
@@ -1845,6 +1886,8 @@ ROPE_SCALING_FLAGS = {'rope_factor': ('linear', 'dynamic', 'yarn', 'llama3'),
 
 
 GLOBAL_FIELDS = ('global_head_dim', 'global_n_kv_head', 'rope_proportion')
+MOE_DENSE_CANNOT = ('router', 'n_expert_group', 'topk_group', 'n_shared_expert', 'routed_scaling', 'moe_every',
+                    'first_dense_layers', 'moe_scale_input', 'swiglu_limit', 'moe_bias', 'router_norm_topk')
 
 
 def _shared_kinds(c):
@@ -1980,6 +2023,12 @@ DEPENDS = [
     (lambda c: c.pos == 'rope' and c.global_head_dim is not None and int(c.global_head_dim * c.rope_fraction) % 2,
      lambda c: f"global_head_dim={c.global_head_dim} with pos='rope' needs an even number of rotated dims (times "
                f"rope_fraction={c.rope_fraction})"),
+    (lambda c: _changed(c, ('moe_dense_mlp', 'moe_activation')) and c.mlp != 'moe',
+     lambda c: f"{_flag_list(c, _changed(c, ('moe_dense_mlp', 'moe_activation')))} apply to mlp='moe' only, "
+               f"got mlp={c.mlp!r}"),
+    (lambda c: c.moe_dense_mlp and _changed(c, MOE_DENSE_CANNOT),
+     lambda c: f"moe_dense_mlp=True routes as Gemma 4 does (softmax, no groups, no shared experts, no scaling, every "
+               f"layer): {_flag_list(c, _changed(c, MOE_DENSE_CANNOT))} cannot apply"),
     (lambda c: c.v_norm and c.attn != 'mha',
      lambda c: f"v_norm=True normalizes the values of attn='mha', got attn={c.attn!r}"),
     (lambda c: c.attn_k_eq_v and c.attn != 'mha',

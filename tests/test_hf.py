@@ -791,12 +791,11 @@ def test_gemma4_text_without_its_options(tmp_path):
 
 
 @pytest.mark.parametrize('change, match', [
-    (dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=16), 'enable_moe_block'),
     (dict(use_double_wide_mlp=True), 'use_double_wide_mlp'),
     (dict(vocab_size_per_layer_input=50), 'vocab_size_per_layer_input=50'),
     (dict(hidden_activation='gelu'), 'hidden_activation'),
     (dict(use_bidirectional_attention='all'), 'use_bidirectional_attention'),
-], ids=['moe', 'double-wide-mlp', 'per-layer-vocab', 'erf-gelu', 'bidirectional'])
+], ids=['double-wide-mlp', 'per-layer-vocab', 'erf-gelu', 'bidirectional'])
 def test_gemma4_text_features_we_lack_are_refused(change, match):
     with pytest.raises(ValueError, match=match) as e:
         H.HF_FAMILIES['gemma4_text'].read_config(gemma4_text(**change))
@@ -813,3 +812,14 @@ def test_gemma4_text_global_kv_heads_without_k_eq_v_are_refused_on_export():
     with pytest.raises(ValueError, match='global_n_kv_head=1 only with attn_k_eq_v=True') as e:
         to_hf(GPT(GPTConfig(**flags, global_n_kv_head=1)))
     assert '\n' not in str(e.value)
+
+
+def test_gemma4_text_moe_block(tmp_path):
+    """Gemma 4's MoE block: in every layer a dense GEGLU MLP beside GEGLU experts, each branch normalized on both
+    sides, routed from the stream itself (a weightless norm, a learned scale, softmax top-k renormalized, a scale per
+    expert): same logits, same greedy tokens, exported back."""
+    hf = randomized(transformers.Gemma4ForCausalLM(gemma4_text(
+        enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=16)), 22)
+    cfg = check_parity(hf, tmp_path).config
+    assert (cfg.mlp, cfg.n_expert, cfg.n_expert_active, cfg.expert_hidden, cfg.moe_dense_mlp, cfg.mlp_width) == (
+        'moe', 4, 2, 16, True, 48)

@@ -1952,8 +1952,9 @@ def test_a_kv_sharing_layer_attends_over_its_source_layers_keys_and_values():
 
 
 def test_kv_sharing_trains_decodes_through_the_cache_and_counts():
-    """The loss falls; a cache's logits are a full forward's, greedy decoding past block_size equals full forwards; the cache holds only the
-    unshared layers, and the sharing layers' FLOPs lose their K/V projections' (their attention's stay)."""
+    """The loss falls; a cache's logits are a full forward's, greedy decoding past block_size equals full forwards;
+    the cache holds only the unshared layers, and the sharing layers' FLOPs lose their K/V projections' (their
+    attention's stay)."""
     model = build(**KV_SHARING)
     losses = train_steps(model, seed=91)
     assert losses[-1] < losses[0] - 0.5
@@ -2035,7 +2036,7 @@ def test_bad_k_eq_v_settings_are_one_line_naming_them(overrides, message):
     assert message in str(e.value) and '\n' not in str(e.value)
 
 
-# ----------------------------------------------------------------------------- Gemma 4: per-layer embeddings (per_layer_embd)
+# ----------------------------------------------------------------------- Gemma 4: per-layer embeddings (per_layer_embd)
 
 PER_LAYER = dict(n_layer=3, pos='rope', norm='rms', mlp='geglu', bias=False, embed_scale=True, per_layer_embd=8)
 
@@ -2143,7 +2144,7 @@ def test_bad_value_norm_and_layer_scalar_settings_are_one_line_naming_them(overr
 
 # ----------------------------------------------------------------------------- Gemma 4: global layers' shapes and RoPE
 
-# local layers of 4 heads of 8 sharing 2 K/V heads; global ones of 4 heads of 16 sharing 1, a quarter of their pairs turning
+# local layers of 4 heads of 8 sharing 2 K/V heads; global ones of 4 heads of 16 sharing 1, a quarter of pairs turning
 GLOBAL_SHAPES = dict(n_layer=4, layers='LG', sliding_window=5, pos='rope', rope_local_theta=100.0, qk_norm=True,
                      n_kv_head=2, global_head_dim=16, global_n_kv_head=1, rope_proportion=0.25, norm='rms',
                      mlp='geglu', bias=False)
@@ -2194,6 +2195,68 @@ def test_global_layers_have_their_own_head_shapes_and_proportional_rope():
     (dict(global_head_dim=9, pos='rope'), "global_head_dim=9 with pos='rope' needs an even number of rotated dims"),
 ])
 def test_bad_global_layer_settings_are_one_line_naming_them(overrides, message):
+    with pytest.raises(ValueError) as e:
+        tiny_config(**overrides)
+    assert message in str(e.value) and '\n' not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- Gemma 4: the MoE block (moe_dense_mlp)
+
+GEMMA4_MOE = dict(n_layer=2, pos='rope', norm='rms', norm_position='sandwich', bias=False, mlp='moe', n_expert=4,
+                  n_expert_active=2, moe_hidden=16, ffn_hidden=48, moe_dense_mlp=True, moe_activation='gelu')
+
+
+@torch.no_grad()
+def test_the_moe_block_adds_a_dense_mlp_and_experts_routed_from_the_stream():
+    """Written out: each branch normalized on both sides, the router reading x / RMS(x) * scale / sqrt(n_embd),
+    softmax top-2 renormalized and times each chosen expert's scale, GEGLU experts (one at a time)."""
+    model = build(**GEMMA4_MOE, norm_eps=1e-6)
+    moe = model.transformer.h[0].mlp
+    assert isinstance(model.transformer.h[0].ln_2, nn.Identity) and model.moe_layers() == [
+        b.mlp for b in model.transformer.h]
+    for p in (moe.router_scale, moe.expert_scale):
+        p.copy_(1 + 0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(108)))
+    x = torch.randn(2, 5, N_EMBD, generator=torch.Generator().manual_seed(109))
+    flat = x.reshape(-1, N_EMBD)
+    scores = moe.router(F.rms_norm(flat, (N_EMBD,), eps=1e-6) * moe.router_scale / N_EMBD ** 0.5).softmax(-1)
+    weights, chosen = scores.topk(2, dim=-1)
+    weights = weights / weights.sum(-1, keepdim=True) * moe.expert_scale[chosen]
+    routed_in, experts = moe.ln_experts(flat), torch.zeros_like(flat)
+    for t in range(flat.size(0)):
+        for w, e in zip(weights[t], chosen[t]):
+            gate, up = (moe.experts.c_fc[e] @ routed_in[t]).chunk(2)
+            experts[t] += w * (moe.experts.c_proj[e] @ (F.gelu(gate, approximate='tanh') * up))
+    dense_in = moe.ln(x)
+    gate, up = moe.dense.c_fc(dense_in).chunk(2, dim=-1)
+    dense = moe.dense.c_proj(F.gelu(gate, approximate='tanh') * up)
+    expected = moe.ln_dense_out(dense) + moe.ln_experts_out(experts).view(x.shape)
+    assert_close(moe(x), expected, atol=1e-5)
+
+
+def test_the_moe_block_trains_decodes_through_the_cache_and_counts():
+    model = build(**GEMMA4_MOE)
+    losses = train_steps(model, seed=110)
+    assert losses[-1] < losses[0] - 0.5
+    assert model.transformer.h[0].mlp.expert_scale.grad.abs().sum() > 0
+    model.eval()
+    check_cache_logits(model)
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(111))
+    assert torch.equal(model.generate(prompt, 3 * BLOCK, temperature=0.0), reference_greedy(model, prompt, 3 * BLOCK))
+    # a token goes through the dense MLP and 2 of the 4 experts
+    assert model.get_num_params() - model.get_num_params(active=True) == 2 * 2 * 3 * 16 * N_EMBD  # per layer 2 of 4
+    assert model.flops_per_token() == build(**{**GEMMA4_MOE, 'moe_dense_mlp': False}).flops_per_token() \
+        + 2 * 6 * 3 * 48 * N_EMBD  # a plain MoE's, and each layer's dense GEGLU
+
+
+@pytest.mark.parametrize('overrides, message', [
+    (dict(moe_dense_mlp=True), "moe_dense_mlp=True apply to mlp='moe' only, got mlp='gelu'"),
+    (dict(moe_activation='gelu'), "moe_activation='gelu' apply to mlp='moe' only"),
+    (dict(mlp='moe', moe_activation='relu'), "moe_activation must be 'silu' or 'gelu', got 'relu'"),
+    (dict(mlp='moe', moe_dense_mlp=True, router='sigmoid'), "moe_dense_mlp=True routes as Gemma 4 does (softmax, no "
+                                                            "groups, no shared experts, no scaling, every layer): "
+                                                            "router='sigmoid' cannot apply"),
+])
+def test_bad_moe_block_settings_are_one_line_naming_them(overrides, message):
     with pytest.raises(ValueError) as e:
         tiny_config(**overrides)
     assert message in str(e.value) and '\n' not in str(e.value)
