@@ -204,6 +204,10 @@ def group_members(group, base):
                                        for coef in (1.0, 0.0)]
     if group == 'mtp':  # DeepSeek-V3's multi-token prediction, one and two tokens further
         return [('modern', modern)] + [(f'mtp_depth={d}', {**modern, 'mtp_depth': d}) for d in (1, 2)]
+    if group == 'kv_sharing':  # Gemma 4's cache savings: the last quarter and half of the layers sharing K/V, K = V
+        shared = sorted({max(1, base['n_layer'] // 4), max(1, base['n_layer'] // 2)} - {base['n_layer']})
+        return [('modern', modern)] + [(f'kv_shared_layers={n}', {**modern, 'kv_shared_layers': n}) for n in shared] + [
+            ('modern+attn_k_eq_v', {**modern, 'attn_k_eq_v': True})]
     if group == 'mlp':
         return [(f'mlp={m}', {'mlp': m}) for m in ('relu', 'gelu', 'swiglu', 'geglu')]
     if group == 'kv':
@@ -248,8 +252,8 @@ def group_members(group, base):
     if group == 'custom':
         return list(parse_custom(custom, base).items())
     die(f"unknown grid group {group!r}; groups are default, leave_one_out, norm_position, mlp, kv, moe, attention, "
-        f"long_context, stability, local_global, sinks, gate, nope, hybrid, chunked, sparse, mtp, optimizer, schedule, "
-        f"recipe_mlp, zero_init, custom")
+        f"long_context, stability, local_global, sinks, gate, nope, hybrid, chunked, sparse, mtp, kv_sharing, optimizer, "
+        f"schedule, recipe_mlp, zero_init, custom")
 
 
 def model_args(base):

@@ -13,7 +13,7 @@ from functools import partial
 
 import torch
 
-from model import causal_mask, window_mask
+from model import after_block, causal_mask, share_kv, window_mask
 
 
 class KVCache:
@@ -165,11 +165,13 @@ def decode_step(model, idx, pos, stores):
     compile_decoding compiles. The caller advances the cache (the step reads no Python int that changes)."""
     x, tables = model.embed(idx, pos)
     contexts = {}
-    for block, layer_stores in zip(model.transformer.h, stores):
+    caches = share_kv(model.config, [StepCache(layer_stores, pos) for layer_stores in stores])  # Gemma 4's K/V sharing
+    for block, layer_stores, cache in zip(model.transformer.h, stores, caches):
         mixer = block.attn
         entries = mixer.cache_entries()
-        # a mixer without entries (a recurrent one) needs no mask: not one to share with attention of its positions
-        key = (mixer.positions, mixer.window, mixer.chunked, bool(entries))
+        # a mixer without entries (a recurrent one) needs no mask: not one to share with attention of its positions;
+        # a layer sharing K/V takes the mask of its source, an earlier layer of the same key
+        key = (mixer.positions, mixer.window, mixer.chunked, bool(entries) or mixer.kv_shared)
         if key not in contexts:
             mask = None
             if entries:  # slot s holds a position <= pos once written (a ring's hold the last `window` positions)
@@ -177,7 +179,7 @@ def decode_step(model, idx, pos, stores):
                 # a chunked layer's ring starts with each chunk: its slots 0..pos % chunk hold the current one
                 mask = torch.arange(slots, device=idx.device)[None, :] <= (pos % mixer.window if mixer.chunked else pos)
             contexts[key] = (tables[mixer.positions], mask)
-        x = block(x, *contexts[key], StepCache(layer_stores, pos))
+        x = after_block(block, block(x, *contexts[key], cache), tables)  # Gemma 4's per-layer embeddings, layer scalar
     return model.logits(model.transformer.ln_f(x))[:, -1].float()
 
 

@@ -155,6 +155,17 @@ class GPTConfig:
     # multi-token prediction (mtp_depth): modules predicting tokens further ahead, trained beside the main head (DeepSeek-V3)
     mtp_depth: int = 0  # extra modules after the model, the k-th predicting the token k+1 ahead with the shared head; 0: none
     mtp_loss_coef: float = 0.3  # their mean loss, times this, joins the training loss (DeepSeek-V3: 0.3, later 0.1); 0: not computed
+    # Gemma 4: K = V, cross-layer K/V sharing, value norm, the layer scalar, global layers' shapes and RoPE, per-layer embeddings
+    v_norm: bool = False  # every attention layer's values scaled to unit RMS per head, no gain (Gemma 4; K = V layers always are)
+    layer_scalar: bool = False  # each layer's output, the whole stream, times a scalar of its own kept in the checkpoint, not trained (Gemma 4's layer_scalar)
+    global_head_dim: Optional[int] = None  # the head width of global layers ('G', 'N'); None: head_dim's (Gemma 4: 512 beside 256)
+    global_n_kv_head: Optional[int] = None  # the K/V heads of global layers; None: n_kv_head's (Gemma 4's num_global_key_value_heads)
+    rope_proportion: Optional[float] = None  # global layers' RoPE: this share of each head's rotation pairs turn, at frequencies over the whole head, the rest at zero frequency (Gemma 4's 'proportional': 0.25); None: plain RoPE
+    moe_dense_mlp: bool = False  # with mlp='moe': a dense MLP beside the experts, each branch with its norms, the router reading the stream itself (Gemma 4's MoE block)
+    moe_activation: str = 'silu'  # with mlp='moe': the experts' gate activation, and the dense MLP's beside them: 'silu' (SwiGLU) or 'gelu' (GEGLU, tanh form: Gemma 4)
+    per_layer_embd: int = 0  # width of each layer's own embedding of every token, added after its MLP through a gated projection (Gemma 4's hidden_size_per_layer_input); 0: none
+    attn_k_eq_v: bool = False  # global layers ('G', 'N'): one projection gives the keys and the values, these normalized without a gain and not rotated (Gemma 4's attention_k_eq_v)
+    kv_shared_layers: int = 0  # the last n layers reuse the keys and values of the last earlier layer of their kind and have no K/V projections (Gemma 4's num_kv_shared_layers); 0: none
 
     def __post_init__(self):
         check_config(self)  # against the tables at the end of the file
@@ -319,6 +330,8 @@ def rope_frequencies(config, dim, length, local=False):
     context chapter: scaled_frequencies). local: the tables of 'L' layers with their own base
     (rope_local_theta), which are not scaled."""
     theta = config.rope_local_theta if local else config.rope_theta
+    if config.rope_proportion is not None and not local:  # Gemma 4's chapter
+        return proportional_frequencies(config.rope_proportion, theta, dim), 1.0
     inv = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
     if config.rope_scaling is None or local:
         return inv, 1.0
@@ -332,6 +345,8 @@ class Rotary(nn.Module):
     def __init__(self, config, local=False):
         super().__init__()
         self.config, self.dim, self.local = config, config.rope_dim, local
+        if config.global_head_dim is not None and not local:  # the global layers' own width (Gemma 4's chapter)
+            self.dim = int(config.global_head_dim * config.rope_fraction)
         self.register_buffer('cos', torch.empty(0, self.dim), persistent=False)
         self.register_buffer('sin', torch.empty(0, self.dim), persistent=False)
         self.built_for = None  # the length 'dynamic' frequencies were computed for
@@ -436,6 +451,7 @@ class TokenMixer(nn.Module):
     positions = None  # the rotary tables it rotates by: 'rope', 'local' (an 'L' layer's own base) or None; 'temperature': its queries' scales (Llama 4's chapter)
     window = None  # a query sees at most this many tokens (itself included); None: all the past
     chunked = False  # the window is a chunk: a query sees the tokens of its own chunk only (Llama 4's chapter)
+    kv_shared = False  # its keys and values are an earlier layer's, handed on through its cache (Gemma 4's chapter)
 
     def cache_entries(self):
         """What a cache keeps per past token: {name: (heads, dim)}; a window keeps its last `window` only, in
@@ -465,13 +481,20 @@ class CausalSelfAttention(TokenMixer):
     shares them). positions and window: its layer kind's ('L' slides a window, 'N' has no RoPE); qk_norm, sinks,
     an output gate and the softmax scale are switches."""
 
-    def __init__(self, config, positions='rope', window=None):
+    def __init__(self, config, positions='rope', window=None, kv_shared=False, k_eq_v=False, head_size=None,
+                 n_kv_head=None):
         super().__init__()
         self.positions = positions
         self.window = window
-        self.n_head, self.n_kv_head, self.head_size = config.n_head, config.kv_heads, config.head_size
+        # a layer's own head width and K/V heads: Gemma 4's global layers
+        self.n_head, self.n_kv_head = config.n_head, n_kv_head or config.kv_heads
+        self.head_size = head_size or config.head_size
+        # Gemma 4's chapter: a layer sharing K/V projects queries only; with K = V, queries and keys
+        self.kv_shared, self.k_eq_v = kv_shared, k_eq_v
+        self.v_norm = k_eq_v or config.v_norm
+        kv_parts = 1 if k_eq_v else 2
         # q, k and v in one matmul; with GQA the k and v parts are n_head/n_kv_head times narrower
-        self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * self.head_size,
+        self.c_attn = nn.Linear(config.n_embd, (self.n_head + kv_parts * self.projected_kv_heads) * self.head_size,
                                 bias=config.bias or config.qkv_bias)
         self.c_proj = nn.Linear(self.n_head * self.head_size, config.n_embd, bias=config.bias)
         if config.qk_norm:  # queries and keys scaled to unit RMS, so logits cannot grow unbounded
@@ -479,6 +502,8 @@ class CausalSelfAttention(TokenMixer):
             q_width, k_width = (self.n_head * self.head_size, self.n_kv_head * self.head_size) \
                 if config.qk_norm_all_heads else (self.head_size, self.head_size)
             self.q_norm, self.k_norm = RMSNorm(q_width, config), RMSNorm(k_width, config)
+            if kv_shared:  # the keys come normalized from the layer that made them
+                self.k_norm = nn.Identity()
         self.qk_norm = config.qk_norm and ('all' if config.qk_norm_all_heads else 'head')
         self.rope_qk_norm, self.eps = config.rope_qk_norm and positions in ('rope', 'local'), config.norm_eps  # Llama 4
         # a logit per head that any query may "attend" to instead of a key (gpt-oss: _with_sink)
@@ -491,9 +516,15 @@ class CausalSelfAttention(TokenMixer):
         self.dropout = config.dropout
         self.indexer = None  # DeepSeek Sparse Attention's, on global layers with index_topk (its chapter)
 
+    @property
+    def projected_kv_heads(self):
+        """The K/V heads its c_attn makes: none when it shares an earlier layer's."""
+        return 0 if self.kv_shared else self.n_kv_head
+
     def cache_entries(self):
-        return {'k': (self.n_kv_head, self.head_size), 'v': (self.n_kv_head, self.head_size),
-                **(self.indexer.cache_entries() if self.indexer is not None else {})}
+        # a layer sharing K/V keeps none of its own: its source's serve it
+        own = {} if self.kv_shared else {'k': (self.n_kv_head, self.head_size), 'v': (self.n_kv_head, self.head_size)}
+        return {**own, **(self.indexer.cache_entries() if self.indexer is not None else {})}
 
     def token_flops(self, seq_len):
         """q.k and att.v over seq_len keys (at most the window); and an indexer's."""
@@ -503,12 +534,17 @@ class CausalSelfAttention(TokenMixer):
     def forward(self, x, rope=None, mask=None, cache=None):
         B, T, _ = x.size()
         hs = self.head_size
-        q, k, v = self.c_attn(x).split([self.n_head * hs, self.n_kv_head * hs, self.n_kv_head * hs], dim=2)
+        kv_heads = self.projected_kv_heads
+        q, k, v = self.c_attn(x).split([self.n_head * hs, kv_heads * hs, 0 if self.k_eq_v else kv_heads * hs], dim=2)
+        if self.k_eq_v:  # Gemma 4: the values are the keys as projected, normalized below
+            v = k
         if self.qk_norm == 'all':
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_kv_head, hs).transpose(1, 2)  # (B, n_kv, T, hs)
-        v = v.view(B, T, self.n_kv_head, hs).transpose(1, 2)
+        k = k.view(B, T, kv_heads, hs).transpose(1, 2)  # (B, n_kv, T, hs)
+        v = v.view(B, T, kv_heads, hs).transpose(1, 2)
+        if self.v_norm:
+            v = F.rms_norm(v, (hs,), eps=self.eps)
         if self.qk_norm == 'head':
             q, k = self.q_norm(q), self.k_norm(k)
         if self.positions == 'temperature':  # Llama 4's NoPE layers: `rope` holds each query's scale
@@ -536,7 +572,8 @@ def attention(config, layer, positions='rope', local=False):
     """A softmax attention layer of config.attn's kind, with its layer kind's positions and window."""
     if positions is None and config.nope_temperature is not None:  # Llama 4's chapter
         positions = 'temperature'
-    return ATTENTIONS[config.attn](config, positions, config.sliding_window if local else None)
+    return ATTENTIONS[config.attn](config, positions, config.sliding_window if local else None,
+                                   **gemma4_attention(config, layer))
 
 
 # Every kind of layer, by its letter in config.layers: (what it is, in words; what builds its token mixer
@@ -610,8 +647,13 @@ class Block(nn.Module):
         self.attn = LAYER_KINDS[config.layer_kinds[layer]][1](config, layer)
         self.ln_2 = make_norm(config) if has_mlp else None  # the same for the MLP
         self.mlp = MLPS[config.mlp_of(layer)](config) if has_mlp else None
+        if config.moe_dense_mlp and isinstance(self.mlp, MoE):  # Gemma 4's MoE block normalizes its branches' inputs
+            self.mlp, self.ln_2 = DenseAndExperts(config), nn.Identity()
         if self.norm_position == 'sandwich':  # Gemma: the branches' outputs are normalized too
             self.ln_1_out, self.ln_2_out = make_norm(config), make_norm(config)
+        self.per_layer = PerLayerInput(config, layer) if config.per_layer_embd else None  # Gemma 4's chapter
+        if config.layer_scalar:  # a buffer: loaded and saved, never trained (Gemma 4's chapter)
+            self.register_buffer('layer_scalar', torch.ones(1))
 
     def forward(self, x, rope=None, mask=None, cache=None):
         if self.ln_1 is None:  # an MLP alone (pre-norm: the config's checks)
@@ -651,6 +693,8 @@ class GPT(nn.Module):
         if config.embed_norm:  # nanochat's chapter
             self.transformer.ln_emb = make_norm(config)
         share_indices(self.transformer.h)  # DSA's IndexCache: layers reading an earlier layer's top-k (its chapter)
+        if config.per_layer_embd:  # Gemma 4's chapter
+            self.transformer.update(per_layer_embeddings(config))
         # local layers' own tables (Gemma 3: rope_local_theta), no weights; None: they share wpe's
         self.rope_local = Rotary(config, local=True) if config.rope_local_theta is not None else None
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -702,6 +746,7 @@ class GPT(nn.Module):
         x = self.transformer.wte(idx)
         if self.config.embed_scale:
             x = x * self.config.n_embd ** 0.5
+        per_layer = per_layer_inputs(self.transformer, idx, x) if self.config.per_layer_embd else None  # Gemma 4
         x, rope = self.transformer.wpe(x, start)
         if self.config.embed_norm:
             x = self.transformer.ln_emb(x)
@@ -709,6 +754,8 @@ class GPT(nn.Module):
         tables = {'rope': rope, 'local': local, None: None}
         if self.config.nope_temperature is not None:  # Llama 4's chapter
             tables['temperature'] = nope_temperature_scales(self.config, start, idx.size(1), idx.device)
+        if per_layer is not None:  # not a position's table, but every layer's input per token (Gemma 4's chapter)
+            tables['per_layer'] = per_layer
         return self.transformer.drop(x), tables
 
     def hidden_states(self, idx, cache=None):
@@ -720,13 +767,16 @@ class GPT(nn.Module):
         # each layer's positions and mask, by what its mixer declares; decided here, in Python, so a compiled
         # block gets a plain bool where the mask is plain causal attention
         contexts = {}
+        # each layer's part of the cache; with K/V sharing (Gemma 4's chapter) what hands the keys and values on
+        layer_caches = share_kv(self.config, [cache[i] if cache is not None else None
+                                              for i in range(len(self.transformer.h))])
         for i, block in enumerate(self.transformer.h):
             positions, window, chunked = block.attn.positions, block.attn.window, block.attn.chunked
             if (positions, window, chunked) not in contexts:
                 mask = causal_mask(T, window, idx.device, chunked) if cache is None else \
                     cache.mask(T, window, idx.device, chunked)
                 contexts[positions, window, chunked] = (tables[positions], T > 1 if mask is None else mask)
-            x = block(x, *contexts[positions, window, chunked], cache[i] if cache is not None else None)
+            x = after_block(block, block(x, *contexts[positions, window, chunked], layer_caches[i]), tables)
         if cache is not None:
             cache.advance(T)
         return self.transformer.ln_f(x)
@@ -876,6 +926,7 @@ class Experts(nn.Module):
         super().__init__()
         E, h, d = config.n_expert, config.expert_hidden, config.n_embd
         self.k, self.limit = config.n_expert_active, config.swiglu_limit
+        self.gelu = config.moe_activation == 'gelu'  # GEGLU experts: Gemma 4's chapter
         self.scale_input = config.moe_scale_input  # Llama 4's chapter
         self.c_fc = nn.Parameter(torch.randn(E, 2 * h, d) * 0.02)
         self.c_proj = nn.Parameter(torch.randn(E, d, h) * 0.02)  # GPT rescales it with the other c_proj
@@ -887,7 +938,7 @@ class Experts(nn.Module):
         """SwiGLU of [gate | up]; with swiglu_limit, gpt-oss's clamped form (gate * sigmoid(1.702 gate), times up + 1)."""
         gate, up = gate_up.chunk(2, dim=-1)
         if self.limit is None:
-            return F.silu(gate) * up
+            return (F.gelu(gate, approximate='tanh') if self.gelu else F.silu(gate)) * up
         gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
         return gate * torch.sigmoid(1.702 * gate) * (up + 1)
 
@@ -1947,6 +1998,181 @@ def mtp_loss(model, h, targets):
     return sum(losses) / len(losses)
 
 
+# ------------------------------------------------------------------ Gemma 4: K = V, K/V sharing (attn_k_eq_v, kv_shared_layers)
+
+# Gemma 4's global layers make their keys and values in one projection (attn_k_eq_v): the keys are normalized
+# (qk_norm) and rotated, the values are the same projection normalized without a gain and not rotated; the cache
+# keeps both.
+
+# Gemma 4 (as Gemma 3n before it) saves cache and compute at the top of the stack: its last kv_shared_layers
+# layers make queries only and attend over the keys and values of the last earlier layer of their own kind (a
+# local layer a local layer's, a global one a global one's), as that layer left them: normalized, rotated, and
+# from the cache. Nothing of theirs is cached, so the cache holds only the layers below (kv_cache_bytes), and
+# their K/V projections are gone (parameters and FLOPs). The keys and values pass through each layer's part of
+# the cache: the source layer's is wrapped to keep what it returns (KVHandoff), and each sharing layer's
+# update returns those (SharedKV), whatever it was given (its own, of no heads).
+KV_SHARING_KINDS = 'GLNC'  # the layer kinds of softmax attention over cached keys and values
+GLOBAL_KINDS = 'GN'  # global layers: attn_k_eq_v's, global_head_dim's, global_n_kv_head's
+
+
+def kv_source(config, layer):
+    """The layer whose keys and values `layer` attends over, or None when it makes its own: the last layer
+    before the shared ones of its kind."""
+    first_shared = config.n_layer - config.kv_shared_layers
+    if layer < first_shared:
+        return None
+    kinds = config.layer_kinds
+    return max(i for i in range(first_shared) if kinds[i] == kinds[layer])
+
+
+def gemma4_attention(config, layer):
+    """The switches of Gemma 4's attention that a layer takes (CausalSelfAttention's keywords): kv_shared when it
+    reads an earlier layer's keys and values, k_eq_v when its keys are its values (a global layer's, attn_k_eq_v), and a
+    global layer's head width and K/V heads."""
+    is_global = config.layer_kinds[layer] in GLOBAL_KINDS
+    switches = {'kv_shared': kv_source(config, layer) is not None}
+    switches['k_eq_v'] = config.attn_k_eq_v and is_global and not switches['kv_shared']
+    if is_global:
+        switches.update(head_size=config.global_head_dim, n_kv_head=config.global_n_kv_head)
+    return {name: value for name, value in switches.items() if value}  # none for a layer as any other (MLA's too)
+
+
+class KVHandoff:
+    """A source layer's part of the cache (None in training) that keeps the keys and values it returns."""
+
+    def __init__(self, cache):
+        self.cache, self.entries = cache, None
+
+    def update(self, **new):
+        self.entries = list(new.values()) if self.cache is None else self.cache.update(**new)
+        return self.entries
+
+
+class SharedKV:
+    """A sharing layer's part of the cache: update returns its source's keys and values."""
+
+    def __init__(self, handoff):
+        self.handoff = handoff
+
+    def update(self, **new):
+        return self.handoff.entries
+
+
+def share_kv(config, caches):
+    """Each layer's part of the cache (caches: one per layer, None without a cache) as its mixer gets it: with
+    kv_shared_layers, a source layer's wrapped in a KVHandoff and a sharing layer's reading it."""
+    if not config.kv_shared_layers:
+        return caches
+    caches, handoffs = list(caches), {}
+    for layer in range(config.n_layer):
+        source = kv_source(config, layer)
+        if source is not None:
+            if source not in handoffs:
+                handoffs[source] = caches[source] = KVHandoff(caches[source])
+            caches[layer] = SharedKV(handoffs[source])
+    return caches
+
+
+# ----------------------------------------------------------------------------- Gemma 4: global layers' shapes and RoPE
+
+# Gemma 4's global layers are shaped apart from its local ones: wider heads (global_head_dim, 512 beside 256) and
+# fewer K/V heads (global_n_kv_head), so the few layers that see the whole context carry more per head and cache
+# less. Their RoPE is "proportional" (rope_proportion, 0.25): over the whole head, only the first quarter of the
+# rotation pairs (i, i + head/2) turn, at frequencies theta^(-2i/head) as if every pair did, and the rest keep zero
+# frequency (cos 1, sin 0: those dims carry no position), laid out as transformers lays them out.
+
+def proportional_frequencies(proportion, theta, dim):
+    """The dim/2 frequencies of proportional RoPE: the first int(proportion * dim // 2) of plain RoPE's, then zeros."""
+    turning = int(proportion * dim // 2)
+    inv = 1.0 / theta ** (torch.arange(0, 2 * turning, 2, dtype=torch.int64).float() / dim)
+    return torch.cat((inv, torch.zeros(dim // 2 - turning)))
+
+
+# ----------------------------------------------------------------------------- Gemma 4: the MoE block (moe_dense_mlp)
+
+# Gemma 4's MoE model (26B-A4B) keeps a dense MLP in every layer and adds the experts beside it: the two branches
+# each normalize their input and output, and their sum is the block's MLP output. Its router reads the stream
+# itself: x / RMS(x) times a learned vector and 1/sqrt(n_embd), a softmax over the experts, the top k renormalized
+# and times a learned scale of each chosen expert. Experts and dense MLP are GEGLU (moe_activation='gelu').
+
+class DenseAndExperts(MoE):
+    """A dense gated MLP (ffn_hidden) beside the experts: ln_dense_out(dense(ln(x))) + ln_experts_out(experts(
+    ln_experts(x))), x the un-normalized stream (Block's ln_2 is then an identity)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.dense = GatedMLP(config)
+        self.dense.silu = config.moe_activation == 'silu'
+        self.ln, self.ln_dense_out = make_norm(config), make_norm(config)
+        self.ln_experts, self.ln_experts_out = make_norm(config), make_norm(config)
+        self.router_scale = nn.Parameter(torch.ones(config.n_embd))  # on the router's normalized input
+        self.expert_scale = nn.Parameter(torch.ones(config.n_expert))  # on each chosen expert's weight
+        self.eps = config.norm_eps
+
+    def forward(self, x):
+        shape = x.shape
+        dense = self.ln_dense_out(self.dense(self.ln(x)))
+        x = x.reshape(-1, shape[-1])
+        routed = F.rms_norm(x, (shape[-1],), eps=self.eps) * self.router_scale * shape[-1] ** -0.5
+        logits = self.router(routed).float()
+        scores = logits.softmax(dim=-1)
+        weights, experts = scores.topk(self.k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True) * self.expert_scale[experts]
+        y = self.ln_experts_out(self.experts(self.ln_experts(x), experts, weights))
+        self._account(logits, scores, experts)
+        return self.dropout(dense + y.view(shape))
+
+
+# ----------------------------------------------------------------------------- Gemma 4: per-layer embeddings (per_layer_embd)
+
+# Gemma 4's small models give every layer a vector of its own for each token: a second embedding table, narrow
+# (per_layer_embd per layer, all layers' side by side in one row), looked up by the token, plus a projection of the
+# main embedding (which sees the token's context-free meaning at full width), normalized; the two averaged (times
+# 1/sqrt(2)). After each layer's MLP, a gated projection adds it: x + norm(up(gelu(gate(x)) * its vector)), so the
+# stream can fetch token-specific facts layer by layer from a table that costs lookups, not FLOPs.
+
+def per_layer_embeddings(config):
+    """The model's parts of it: the narrow table (scaled by sqrt(per_layer_embd) on lookup), the projection of the
+    main embedding to every layer's width (scaled by n_embd**-0.5), and the norm of each layer's projection."""
+    width = config.n_layer * config.per_layer_embd
+    return {'wte_per_layer': nn.Embedding(config.vocab_size, width),
+            'per_layer_proj': nn.Linear(config.n_embd, width, bias=False),
+            'per_layer_norm': RMSNorm(config.per_layer_embd, config)}
+
+
+def per_layer_inputs(transformer, idx, x):
+    """Every layer's vector of each token (B, T, n_layer, per_layer_embd): from idx and its embeddings x."""
+    per_layer = transformer.per_layer_norm.shape[0]
+    shape = (*idx.shape, -1, per_layer)
+    looked_up = transformer.wte_per_layer(idx).view(shape) * per_layer ** 0.5
+    projected = transformer.per_layer_norm((transformer.per_layer_proj(x) * x.size(-1) ** -0.5).view(shape))
+    return (projected + looked_up) * 2 ** -0.5
+
+
+def after_block(block, x, tables):
+    """What Gemma 4 does after a block: its per-layer embedding's branch, then the layer scalar."""
+    if block.per_layer is not None:
+        x = block.per_layer(x, tables['per_layer'])
+    if hasattr(block, 'layer_scalar'):
+        x = x * block.layer_scalar
+    return x
+
+
+class PerLayerInput(nn.Module):
+    """A layer's branch after its MLP: x + norm(c_proj(gelu(c_fc(x)) * its per-layer vector))."""
+
+    def __init__(self, config, layer):
+        super().__init__()
+        self.layer = layer
+        self.c_fc = nn.Linear(config.n_embd, config.per_layer_embd, bias=False)  # the gate
+        self.c_proj = nn.Linear(config.per_layer_embd, config.n_embd, bias=False)
+        self.ln = make_norm(config)
+
+    def forward(self, x, per_layer_inputs):
+        gated = F.gelu(self.c_fc(x), approximate='tanh') * per_layer_inputs[:, :, self.layer]
+        return x + self.ln(self.c_proj(gated))
+
+
 # ============================================================================= machinery
 
 # Each swap: the flag it sets, GPT-2's value, and the modern (Llama/Qwen-style) value; a callable value
@@ -2065,6 +2291,15 @@ FIELD_TYPES = {
     # multi-token prediction
     'mtp_depth': (lambda v, c: _int(v, 0), 'an int >= 0'),
     'mtp_loss_coef': NON_NEGATIVE_NUMBER,
+    # Gemma 4's
+    'kv_shared_layers': (lambda v, c: _int(v, 0, c.n_layer - 1), lambda c: f"an int in [0, n_layer-1={c.n_layer - 1}]"),
+    'attn_k_eq_v': BOOL,
+    'per_layer_embd': (lambda v, c: _int(v, 0), 'an int >= 0'),
+    **_kinds('v_norm layer_scalar moe_dense_mlp', BOOL),
+    'moe_activation': (lambda v, c: v in ('silu', 'gelu'), "'silu' or 'gelu'"),
+    'global_head_dim': OPTIONAL_POSITIVE_INT,
+    'global_n_kv_head': (lambda v, c: v is None or _int(v, 1, c.n_head), lambda c: f"None or an int in [1, n_head={c.n_head}]"),
+    'rope_proportion': (lambda v, c: v is None or (_number(v) and 0 < v <= 1), 'None or in (0, 1]'),
 }
 
 
@@ -2114,6 +2349,16 @@ ROPE_SCALING_FLAGS = {'rope_factor': ('linear', 'dynamic', 'yarn', 'llama3'),
                       'rope_low_freq_factor': ('llama3',), 'rope_high_freq_factor': ('llama3',),
                       'yarn_beta_fast': ('yarn',), 'yarn_beta_slow': ('yarn',), 'yarn_mscale': ('yarn',),
                       'yarn_mscale_all_dim': ('yarn',), 'rope_attention_factor': ('yarn',), 'yarn_truncate': ('yarn',)}
+
+
+GLOBAL_FIELDS = ('global_head_dim', 'global_n_kv_head', 'rope_proportion')
+MOE_DENSE_CANNOT = ('router', 'n_expert_group', 'topk_group', 'n_shared_expert', 'routed_scaling', 'moe_every',
+                    'first_dense_layers', 'moe_scale_input', 'swiglu_limit', 'moe_bias', 'router_norm_topk')
+
+
+def _shared_kinds(c):
+    """The kinds of the last kv_shared_layers layers (Gemma 4's K/V sharing)."""
+    return c.layer_kinds[c.n_layer - c.kv_shared_layers:] if c.kv_shared_layers else []
 
 
 def _layers_ok(c):
@@ -2249,6 +2494,51 @@ DEPENDS = [
     (lambda c: c.index_topk is not None and c.pos == 'rope' and c.index_head_dim < c.rope_dim,
      lambda c: f"index_head_dim ({c.index_head_dim}) must be at least the rotated width of a head ({c.rope_dim}): "
                f"the indexer rotates its first dims with the attention's tables"),
+    # Gemma 4's
+    (lambda c: c.global_n_kv_head is not None and c.n_head % c.global_n_kv_head != 0,
+     lambda c: f"n_head ({c.n_head}) must be divisible by global_n_kv_head ({c.global_n_kv_head})"),
+    (lambda c: _changed(c, GLOBAL_FIELDS) and c.attn != 'mha',
+     lambda c: f"{_flag_list(c, _changed(c, GLOBAL_FIELDS))} apply to attn='mha' only, got attn={c.attn!r}"),
+    (lambda c: _changed(c, GLOBAL_FIELDS) and not set(c.layer_kinds) & set(GLOBAL_KINDS),
+     lambda c: f"{_flag_list(c, _changed(c, GLOBAL_FIELDS))} apply to global layers ('G', 'N') and layers={c.layers!r} "
+               f"has none: add one or leave them at None"),
+    (lambda c: c.pos == 'rope' and _changed(c, ('global_head_dim', 'rope_proportion')) and 'C' in c.layer_kinds,
+     lambda c: f"{_flag_list(c, _changed(c, ('global_head_dim', 'rope_proportion')))} change the global layers' RoPE, "
+               f"which chunked ('C') layers share: leave them at None with 'C' layers"),
+    (lambda c: c.pos == 'rope' and _changed(c, ('global_head_dim', 'rope_proportion')) and 'L' in c.layer_kinds
+     and c.rope_local_theta is None,
+     lambda c: f"{_flag_list(c, _changed(c, ('global_head_dim', 'rope_proportion')))} change the global layers' RoPE: "
+               f"local ('L') layers then need tables of their own, set rope_local_theta"),
+    (lambda c: c.rope_proportion is not None and (c.pos != 'rope' or c.rope_scaling is not None or c.rope_fraction != 1),
+     lambda c: f"rope_proportion={c.rope_proportion} needs pos='rope' without rope_scaling and rope_fraction=1 (it "
+               f"chooses the pairs that turn itself), got pos={c.pos!r}, rope_scaling={c.rope_scaling!r}, "
+               f"rope_fraction={c.rope_fraction}"),
+    (lambda c: c.pos == 'rope' and c.global_head_dim is not None and int(c.global_head_dim * c.rope_fraction) % 2,
+     lambda c: f"global_head_dim={c.global_head_dim} with pos='rope' needs an even number of rotated dims (times "
+               f"rope_fraction={c.rope_fraction})"),
+    (lambda c: _changed(c, ('moe_dense_mlp', 'moe_activation')) and c.mlp != 'moe',
+     lambda c: f"{_flag_list(c, _changed(c, ('moe_dense_mlp', 'moe_activation')))} apply to mlp='moe' only, "
+               f"got mlp={c.mlp!r}"),
+    (lambda c: c.moe_dense_mlp and _changed(c, MOE_DENSE_CANNOT),
+     lambda c: f"moe_dense_mlp=True routes as Gemma 4 does (softmax, no groups, no shared experts, no scaling, every "
+               f"layer): {_flag_list(c, _changed(c, MOE_DENSE_CANNOT))} cannot apply"),
+    (lambda c: c.v_norm and c.attn != 'mha',
+     lambda c: f"v_norm=True normalizes the values of attn='mha', got attn={c.attn!r}"),
+    (lambda c: c.attn_k_eq_v and c.attn != 'mha',
+     lambda c: f"attn_k_eq_v=True makes the values of attn='mha' from its keys, got attn={c.attn!r}"),
+    (lambda c: c.attn_k_eq_v and not set(c.layer_kinds) & set(GLOBAL_KINDS),
+     lambda c: f"attn_k_eq_v=True applies to global layers ('G', 'N') and layers={c.layers!r} has none: add one or "
+               f"set --attn_k_eq_v=False"),
+    (lambda c: c.kv_shared_layers and c.attn != 'mha',
+     lambda c: f"kv_shared_layers={c.kv_shared_layers} shares keys and values of attn='mha' only, got attn={c.attn!r}"),
+    (lambda c: set(_shared_kinds(c)) - set(KV_SHARING_KINDS),
+     lambda c: f"kv_shared_layers={c.kv_shared_layers} covers layers of kinds "
+               f"{''.join(sorted(set(_shared_kinds(c))))!r}; only attention layers "
+               f"({', '.join(map(repr, KV_SHARING_KINDS))}) share keys and values"),
+    (lambda c: set(_shared_kinds(c)) - set(c.layer_kinds[:c.n_layer - c.kv_shared_layers]),
+     lambda c: f"kv_shared_layers={c.kv_shared_layers}: the shared layers' kinds "
+               f"{''.join(sorted(set(_shared_kinds(c)) - set(c.layer_kinds[:c.n_layer - c.kv_shared_layers])))!r} have "
+               f"no earlier layer to share from (share fewer layers)"),
 ]
 
 

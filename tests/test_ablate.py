@@ -638,3 +638,20 @@ def test_the_sparse_and_mtp_groups_vary_only_their_flags(monkeypatch):
     from model import GPTConfig
     for flags in variants.values():
         GPTConfig(**{**ablate_module.model_args(base), **flags})
+
+
+def test_the_kv_sharing_group_shares_a_quarter_and_a_half_of_the_layers_and_sets_k_eq_v(monkeypatch):
+    monkeypatch.setattr(sys, 'argv', ['ablate.py', '--grid=kv_sharing'])
+    monkeypatch.syspath_prepend(str(REPO))
+    sys.modules.pop('ablate', None)
+    ablate_module = importlib.import_module('ablate')
+    base = ablate_module.base_recipe(str(REPO))  # the CPU recipe: 4 layers
+    variants = ablate_module.build_grid(base)
+    sys.modules.pop('ablate', None)
+    modern = variants['modern']
+    assert list(variants) == ['modern', 'kv_shared_layers=1', 'kv_shared_layers=2', 'modern+attn_k_eq_v']
+    assert variants['kv_shared_layers=2'] == {**modern, 'kv_shared_layers': 2}
+    from model import GPT, GPTConfig
+    cache = [GPT(GPTConfig(**{**ablate_module.model_args(base), 'vocab_size': 65, **flags})).kv_cache_bytes(1, 64)
+             for flags in variants.values()]
+    assert cache == [cache[0], cache[0] * 3 // 4, cache[0] // 2, cache[0]]  # K = V keeps both in the cache

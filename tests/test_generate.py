@@ -523,3 +523,37 @@ def test_speculative_decoding_refuses_what_it_cannot_take_back(flags, fragment):
     with pytest.raises(ValueError) as e:
         G.generate_speculative(model, torch.zeros(1, 3, dtype=torch.long), 4)
     assert fragment in str(e.value) and '\n' not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- Gemma 4's K/V sharing
+
+@torch.no_grad()
+def test_a_decoding_step_through_kv_sharing_layers_gives_a_full_forwards_logits():
+    """'LG' with the last two layers sharing: each reads its source's ring or full store, and its mask, in the step."""
+    from test_model import KV_SHARING
+    model = build(**KV_SHARING)
+    seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(93))
+    cache = G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
+    assert [layer.slots for layer in cache.layers] == [5, BLOCK, 0, 0]
+    model(seq[:, :3], cache=cache)
+    for i in range(3, BLOCK):
+        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
+        cache.advance(1)
+        assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
+
+
+def test_compiled_decoding_of_kv_sharing_layers_is_one_graph():
+    import torch._dynamo
+    from test_model import KV_SHARING
+    model = build(**KV_SHARING)
+    idx = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(94))
+    eager = model.generate(idx, 3 * BLOCK, temperature=0)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    try:
+        model.compile_decoding(backend='aot_eager')
+        assert torch.equal(model.generate(idx, 3 * BLOCK, temperature=0), eager)
+        assert torch._dynamo.utils.counters['stats']['unique_graphs'] == 1
+        assert not torch._dynamo.utils.counters['graph_break']
+    finally:
+        torch._dynamo.reset()

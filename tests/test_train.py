@@ -971,3 +971,13 @@ def test_a_muon_checkpoint_resumed_under_fsdp_names_the_optimizer(workdir, run, 
                               '--fsdp=True', monkeypatch=monkeypatch, capsys=capsys)
     one_line_error(code, err, "was trained with optimizer='muon', which cannot run with fsdp=True",
                    'under DDP (fsdp=False) with --optimizer=muon')
+
+
+def test_resume_is_exact_for_gemma4s_parts(workdir, run):
+    """Gemma 4's state under Muon: the per-layer table and projection (AdamW), each layer's gated projection (Muon),
+    the router's and experts' scales, the layer scalars (saved buffers); K/V sharing and K = V change only shapes."""
+    test_resume_is_exact(workdir, run, ['--optimizer=muon', '--n_layer=4', '--layers=LG', '--sliding_window=8',
+                                        '--rope_local_theta=100.0', '--kv_shared_layers=2', '--attn_k_eq_v=True',
+                                        '--v_norm=True', '--layer_scalar=True', '--per_layer_embd=4', '--mlp=moe',
+                                        '--n_expert=4', '--moe_dense_mlp=True', '--moe_activation=gelu',
+                                        '--global_head_dim=32', '--rope_proportion=0.25'])
