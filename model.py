@@ -13,14 +13,19 @@ It reads top to bottom as the lesson goes. First the GPT-2 block and the four sw
 
 then each later chapter in a section of its own: mixture of experts (mlp='moe'), multi-head latent attention
 (attn='mla'), long context (rope_scaling), layers of several kinds (layers='LG', 'GGGN': sliding windows and
-NoPE), attention sinks (attn_sinks), linear attention (layers='DDDG': Gated DeltaNet), Kimi Delta Attention
-(layers='KKKG', pos='none'), sparse attention (index_topk: DeepSeek's lightning indexer); then the machinery (the
-swaps' table, old checkpoints' names, the config's checks as tables).
+NoPE), attention sinks (attn_sinks), linear attention (layers='DDDG': Gated DeltaNet), nanochat (norm_gain=False,
+embed_norm), Llama 4 (layers='CCCN': chunked attention), gated short convolution (layers='VVG': LFM2), Mamba-2
+(layers='SSSG'), layers of one part (layers='S-S-N-', mlp_with_mixer=False: Nemotron-H), Kimi Delta Attention
+(layers='KKKG', pos='none'), sparse attention (index_topk: DeepSeek's lightning indexer), multi-token prediction
+(mtp_depth), Gemma 4 (attn_k_eq_v, kv_shared_layers, global layers' shapes, the MoE block, per-layer embeddings);
+then the machinery (the swaps' table, old checkpoints' names, the config's checks as tables).
 
-Every layer's token mixer (attention, latent attention, Gated DeltaNet, ...) is a TokenMixer that declares
-what it needs (its positions, its window, what a cache keeps for it, its FLOPs) and is entered in LAYER_KINDS
-under its letter; the rest of the model asks it. The decoding engine (caches, the decoding step, compiled
-decoding, sampling) is generate.py and the Muon optimizer optim.py: both build on this file.
+Every layer's token mixer is a TokenMixer that declares what it needs (its positions, its window, what a cache
+keeps for it, its FLOPs) and is entered in LAYER_KINDS under its letter: 'G' global, 'L' local, 'N' global
+without RoPE and 'C' chunked softmax attention, 'D' Gated DeltaNet, 'K' Kimi Delta Attention, 'V' gated short
+convolution, 'S' Mamba-2, '-' no mixer (the MLP alone); the rest of the model asks it. The decoding engine
+(caches, the decoding step, compiled decoding, sampling) is generate.py and the Muon optimizer optim.py: both
+build on this file.
 
 GPTConfig is the one list of model flags: the scripts read it (each field is a setting, its comment the
 help text), SWAPS says which values make the vanilla and the modern block, BEYOND_MODERN the next swaps.
@@ -57,17 +62,17 @@ class GPTConfig:
     norm_eps: float = 1e-5  # epsilon inside every norm
     norm_position: str = 'pre'  # 'pre' x + f(norm(x)); 'post' norm(x + f(x)) (2017/BERT); 'sandwich' x + norm(f(norm(x))) (Gemma 2/3); 'after' x + norm(f(x)) (OLMo 2/3)
     # MLPs
-    mlp: str = 'gelu'  # a key of MLPS: 'gelu' (GPT-2), 'relu', 'relu2' (squared ReLU: Primer, the speedrun), 'swiglu' or 'geglu'
+    mlp: str = 'gelu'  # a key of MLPS: 'gelu' (GPT-2), 'relu', 'relu2' (squared ReLU: Primer, the speedrun), 'swiglu', 'geglu' or 'moe' (mixture of experts)
     ffn_hidden: Optional[int] = None  # MLP width; None: 4*n_embd, gated MLPs 8/3*n_embd rounded up to multiple_of
     multiple_of: int = 64  # gated MLP widths are rounded up to a multiple of this
     # attention
-    attn: str = 'mha'  # a key of ATTENTIONS: 'mha' (multi-head, with n_kv_head also GQA and MQA)
+    attn: str = 'mha'  # a key of ATTENTIONS: 'mha' (multi-head, with n_kv_head also GQA and MQA) or 'mla' (DeepSeek's latent attention)
     n_kv_head: Optional[int] = None  # K/V heads; None: n_head (MHA), fewer: GQA, 1: MQA
     head_dim: Optional[int] = None  # width of each head; None: n_embd // n_head (Qwen3 sets its own)
     qkv_bias: bool = False  # biases on the q, k and v projections only (Qwen2), whatever `bias` says
     qk_norm: bool = False  # RMSNorm on each query and key head before RoPE (Qwen3, Gemma 3, GLM-4.5)
     sliding_window: Optional[int] = None  # each query sees only the last W keys, itself included (Mistral)
-    layers: Optional[str] = None  # each layer's attention, the string tiled over the layers: 'G' global, 'L' local (sliding_window), 'N' global without RoPE, 'D' Gated DeltaNet (linear attention), 'K' Kimi Delta Attention; None: all 'G' (all 'L' with a sliding_window)
+    layers: Optional[str] = None  # each layer's token mixer, the string tiled over the layers: 'G' global, 'L' local (sliding_window), 'N' global without RoPE, 'C' chunked (attention_chunk_size, Llama 4), 'D' Gated DeltaNet (linear attention), 'K' Kimi Delta Attention, 'V' gated short convolution (LFM2), 'S' Mamba-2, '-' no mixer (the MLP alone, Nemotron-H); None: all 'G' (all 'L' with a sliding_window)
     attn_sinks: bool = False  # a learned logit per head in the softmax's denominator, so a head may attend nowhere (gpt-oss)
     attn_gate: bool = False  # the attention output times sigmoid(a projection of the block input), per head dim (Qwen3-Next)
     qk_norm_all_heads: bool = False  # with qk_norm: normalize each token's whole query and key, all heads at once (OLMo 2, MiniMax-M2)
@@ -196,7 +201,8 @@ class GPTConfig:
     @property
     def layer_kinds(self):
         """Each layer's letter in LAYER_KINDS: 'G' global attention, 'L' local (sliding_window), 'N' global
-        without RoPE, 'D' Gated DeltaNet, 'K' Kimi Delta Attention."""
+        without RoPE, 'C' chunked, 'D' Gated DeltaNet, 'K' Kimi Delta Attention, 'V' gated short convolution,
+        'S' Mamba-2, '-' no mixer."""
         pattern = self.layers or ('L' if self.sliding_window is not None else 'G')
         return [pattern[i % len(pattern)] for i in range(self.n_layer)]
 
