@@ -736,14 +736,14 @@ def train_step(it):
         scaler.step(optim)
         scaler.update()
         optim.zero_grad(set_to_none=True)
-        balance_experts()
+        update_expert_bias()
     except Exception:
         deliver_interrupts(discard=True)  # what ends the process is under way: an interrupt adds nothing
         raise
     return loss_sum
 
 
-def balance_experts():
+def update_expert_bias():
     """Sigmoid routers' balancing bias follows this step's load, alike on every rank."""
     if not raw_model.moe_layers():
         return
