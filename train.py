@@ -385,7 +385,8 @@ block_size = model.config.block_size
 tokens_per_iter = gradient_accumulation_steps * batch_size * (example_shape['train'][1] - 1 if example_data
                                                              else block_size)
 # learned positions stop at block_size; rotary tables grow: a longer evaluation split runs only with them
-unreachable_splits = [s for s in eval_splits if model.config.pos == 'learned' and example_shape[s][1] - 1 > block_size]
+unreachable_splits = [s for s in eval_splits if example_data and model.config.pos == 'learned'
+                      and example_shape[s][1] - 1 > block_size]
 
 # where the run stands: a resume continues from its checkpoint's counters
 iter_num, best_val_loss, elapsed_before, tokens_seen = 0, float('inf'), 0.0, 0
