@@ -1075,6 +1075,6 @@ def test_task_lengths_past_block_size_run_only_where_the_positions_go(tmp_path, 
 ], ids=['no mask', 'mask of another size', 'block_size too short', 'shards'])
 def test_a_damaged_task_dataset_is_one_line(tmp_path, monkeypatch, capsys, damage, args, fragments):
     damage(make_task(tmp_path, 'recall', monkeypatch, capsys))
-    code, _, err = train_here(tmp_path, '--dataset=recall', '--block_size=15', *args, monkeypatch=monkeypatch,
-                              capsys=capsys)
+    code, _, err = train_here(tmp_path, '--dataset=recall', '--block_size=15', '--max_iters=0', *args,
+                              monkeypatch=monkeypatch, capsys=capsys)
     one_line_error(code, err, *fragments)
