@@ -62,6 +62,8 @@ muon_lrs = '0.005,0.01,0.02,0.04'  # for the optimizer group: Muon's (AdamW keep
 target = ''  # a variant whose final val loss the "reaches" column times each variant to; '' the reference
 custom = ''  # e.g. "{'tiny_rope': {'pos': 'rope', 'rope_theta': 500.0}}"
 train_args = ''  # passed to every train.py run, e.g. '--max_iters=20 --eval_interval=10'
+recall_widths = '32,64,128'  # the recall group's n_embd (n_head = n_embd // 32: heads 32 wide)
+recall_lengths = '32,64,128'  # the recall group's seq_len L: the dataset data/recall_<L> (num_pairs L / 8)
 extrapolation = 'plain'  # methods of the length table: plain, linear, dynamic, yarn, window; '' for none
 extrapolation_iters = 20  # batches per length and method
 parallel = 1  # runs at once
@@ -95,14 +97,18 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from common import (build_model, die, load_checkpoint, model_from_checkpoint, output_refusal,  # noqa: E402
-                    pick_device, tmp_path, write_json, write_output)
+                    pick_device, read_examples, tmp_path, write_json, write_output)
+from probes import probe, summarize as summarize_probe  # noqa: E402
+from stats import welch  # noqa: E402
 from model import SWAPS, GPTConfig, swap_flags  # noqa: E402
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 TRAIN_PY = os.path.join(REPO, 'train.py')
 EXTRAPOLATION_SEED = 4242  # one set of batches per length, the same for every variant
 MULTIPLES = (1, 2, 4, 8)
-SUMMARY_VERSION = 3  # done.json figures older than this are recomputed from the run's files
+SUMMARY_VERSION = 4  # done.json figures older than this are recomputed from the run's files
+PROBE_ROWS, PROBE_SKIP = 16, 4  # the probes' rows, and the first queries left out of the sink share
+PROBE_FIGURES = ('sink_share', 'sink_share_max', 'equal_share', 'massive_ratio')
 CLAIM_STALE_S = 600  # a claim whose owner stopped refreshing it this long ago is free
 REPORT_FILES = ('results.md', 'results.json', 'val_loss_vs_iter.png', 'val_loss_vs_time.png')
 
@@ -173,20 +179,29 @@ def group_members(group, base):
     window = {'sliding_window': max(1, base['block_size'] // 4)}  # a quarter of the context, as Gemma 3's ratio
     if group == 'local_global':  # all global, gpt-oss's 1:1, OLMo 3's 3:1, all local
         return [('modern', modern)] + [(f'layers={p}', {**modern, 'layers': p, **window}) for p in ('LG', 'LLLG', 'L')]
-    if group == 'sinks':  # windowed attention with and without sinks (StreamingLLM, gpt-oss)
-        return [(f'layers={p}{s}', {**modern, 'layers': p, **window, **({'attn_sinks': True} if s else {})})
-                for p in ('L', 'LG') for s in ('', '+sinks')]
+    if group == 'sinks':  # the first-token sink and what removes it: the output gate, learned sinks (probed)
+        return [('modern', modern), ('modern+gate', {**modern, 'attn_gate': True}),
+                ('modern+sinks', {**modern, 'attn_sinks': True}),
+                ('modern+gate+sinks', {**modern, 'attn_gate': True, 'attn_sinks': True})] + [
+            # windowed attention with and without sinks (StreamingLLM, gpt-oss)
+            (f'layers={p}{s}', {**modern, 'layers': p, **window, **({'attn_sinks': True} if s else {})})
+            for p in ('L', 'LG') for s in ('', '+sinks')]
+    if group == 'recall':
+        return recall_members(base)
+    if group == 'length_generalization':  # on data/copy: trained at strings of 1..16, evaluated at 16, 32, 64
+        trained, longest = copy_inputs()
+        copy = {**modern, 'dataset': 'copy', 'block_size': trained}
+        # learned positions get a table as long as the longest evaluation: its rows past `trained` never train
+        return [('learned', {**copy, 'pos': 'learned', 'block_size': longest}), ('rope', copy),
+                ('nope', {**copy, 'layers': 'N'}), ('layers=GGGN', {**copy, 'layers': 'GGGN'}),
+                ('rope_fraction=0.25', {**copy, 'rope_fraction': 0.25})]
     if group == 'gate':
         return [('modern', modern), ('modern+gate', {**modern, 'attn_gate': True})]
     if group == 'nope':  # where positions are: every layer rotates all dims, a NoPE layer in four, part of each head
         return [('modern', modern), ('layers=GGGN', {**modern, 'layers': 'GGGN'})] + [
             (f'rope_fraction={f:g}', {**modern, 'rope_fraction': f}) for f in (0.5, 0.25)]
     if group == 'hybrid':  # linear attention in the block: Qwen3-Next's 3:1, and every layer
-        cfg = GPTConfig(**{**model_args(base), **modern})
-        # q, k, v, the output gate and the output projection at 3/5 of a head each: the parameters of GQA's
-        # q, k + v (half the heads) and output, 3 head widths
-        width = max(1, round(0.6 * cfg.head_size))
-        linear = {'linear_key_dim': width, 'linear_value_dim': width}
+        linear = deltanet_widths(base, modern)
         return [('modern', modern)] + [(f'layers={p}', {**modern, 'layers': p, **linear}) for p in ('DDDG', 'D')]
     if group == 'chunked':  # Llama 4's three chunked layers and a NoPE one, against windows of the chunk's size
         sizes = sorted({max(1, base['block_size'] // 4), max(1, base['block_size'] // 2)})
@@ -207,12 +222,9 @@ def group_members(group, base):
                 ('dense-as-total', {**modern, 'ffn_hidden': total})]
     if group == 'attention':
         # MLA with the cache of GQA (n_head/2 K/V heads) and of MQA (one): latent + rotated key = that width
-        cfg = GPTConfig(**{**model_args(base), **modern})
-        rope = max(2, cfg.head_size // 2)
-        mla = {**modern, 'n_kv_head': None, 'attn': 'mla', 'qk_rope_head_dim': rope}
         return [('mha', {**modern, 'n_kv_head': None}), ('modern', modern), ('mqa', {**modern, 'n_kv_head': 1}),
-                ('mla-gqa-cache', {**mla, 'kv_lora_rank': 2 * cfg.kv_heads * cfg.head_size - rope}),
-                ('mla-mqa-cache', {**mla, 'kv_lora_rank': 2 * cfg.head_size - rope})]
+                ('mla-gqa-cache', mla_flags(base, modern, gqa_cache=True)),
+                ('mla-mqa-cache', mla_flags(base, modern, gqa_cache=False))]
     if group == 'long_context':
         return [('vanilla', {}), ('modern', modern)]
     if group == 'stability':
@@ -237,7 +249,62 @@ def group_members(group, base):
     if group == 'custom':
         return list(parse_custom(custom, base).items())
     die(f"unknown grid group {group!r}; groups are default, leave_one_out, norm_position, mlp, kv, moe, attention, "
-        f"long_context, stability, local_global, sinks, gate, nope, hybrid, chunked, optimizer, schedule, recipe_mlp, zero_init, custom")
+        f"long_context, stability, local_global, sinks, gate, nope, hybrid, chunked, optimizer, schedule, recipe_mlp, "
+        f"zero_init, recall, length_generalization, custom")
+
+
+def deltanet_widths(base, modern):
+    """Gated DeltaNet's q, k, v, gate and output at 3/5 of a head each: the parameters of GQA's q, k + v (half
+    the heads) and output, 3 head widths."""
+    width = max(1, round(0.6 * GPTConfig(**{**model_args(base), **modern}).head_size))
+    return {'linear_key_dim': width, 'linear_value_dim': width}
+
+
+def mla_flags(base, modern, gqa_cache):
+    """MLA whose cache (latent + rotated key) is the width of GQA's (n_head/2 K/V heads) or MQA's (one)."""
+    cfg = GPTConfig(**{**model_args(base), **modern})
+    rope = max(2, cfg.head_size // 2)
+    heads = cfg.kv_heads if gqa_cache else 1
+    return {**modern, 'n_kv_head': None, 'attn': 'mla', 'qk_rope_head_dim': rope,
+            'kv_lora_rank': 2 * heads * cfg.head_size - rope}
+
+
+def recall_members(base):
+    """Zoology's figure: every architecture at every width and sequence length L, each L its own dataset."""
+    members = []
+    for length in int_list(recall_lengths, 'recall_lengths'):
+        data = {'dataset': recall_dataset(length), 'block_size': length - 1}
+        for width in int_list(recall_widths, 'recall_widths'):
+            sized = {**base, **data, 'n_embd': width, 'n_head': max(1, width // 32)}
+            modern = {**data, 'n_embd': width, 'n_head': sized['n_head'], **swap_flags('modern', sized)}
+            window = {'sliding_window': max(1, length // 4)}
+            for name, flags in (('global', modern), ('DDDG', {**modern, 'layers': 'DDDG'}),
+                                ('D', {**modern, 'layers': 'D'}), ('L', {**modern, 'layers': 'L', **window}),
+                                ('mla', mla_flags(sized, modern, gqa_cache=True))):
+                linear = deltanet_widths(sized, modern) if 'D' in flags.get('layers', '') else {}
+                members.append((f'{name} d={width} L={length}', {**flags, **linear}))
+    return members
+
+
+def recall_dataset(length):
+    """data/recall_<length>, checked to be there and of that length: else one line naming the command."""
+    name, pairs = f'recall_{length}', max(1, length // 8)
+    meta_path = os.path.join(run_dir or REPO, 'data', name, 'meta.json')
+    meta = read_json(meta_path) if os.path.exists(meta_path) else {}
+    if meta.get('example_length') != length:
+        die(f"the recall group needs data/{name} (examples of {length} tokens); make it with: python "
+            f"data/recall/prepare.py --seq_len {length} --num_pairs {pairs} --vocab_size 64 --out_dir data/{name}")
+    return name
+
+
+def copy_inputs():
+    """(the training inputs' length, the longest evaluation split's) of data/copy, in tokens."""
+    meta_path = os.path.join(run_dir or REPO, 'data', 'copy', 'meta.json')
+    meta = read_json(meta_path) if os.path.exists(meta_path) else {}
+    splits = meta.get('splits') or {}
+    if 'train' not in splits:
+        die("the length_generalization group needs data/copy; make it with: python data/copy/prepare.py")
+    return splits['train']['example_length'] - 1, max(s['example_length'] for s in splits.values()) - 1
 
 
 def model_args(base):
@@ -317,14 +384,50 @@ def summarize_run(path, cwd):
                'load_max_over_mean': statistics.mean(last['moe']['max_over_mean']) if 'moe' in last else None,
                'diverged_at': read_json(diverged)['iter'] if os.path.exists(diverged) else None,
                'parameters': None, 'active_parameters': None, 'kv_bytes_per_token': None,
-               'task': task_scores(last)}
+               'task': task_scores(last), 'accuracy': last.get('accuracy'), 'lengths': last.get('lengths'),
+               'best_accuracy': max((r['accuracy'] for r in records if r.get('accuracy') is not None), default=None),
+               'probe': None}
     ckpt_path = os.path.join(path, 'ckpt.pt')
     if os.path.exists(ckpt_path):  # not when val loss never improved with always_save_checkpoint=False
-        model = model_from_checkpoint(load_checkpoint(ckpt_path), ckpt_path)
+        checkpoint = load_checkpoint(ckpt_path)
+        model = model_from_checkpoint(checkpoint, ckpt_path)
         block = model.config.block_size
         figures.update(parameters=model.get_num_params(), active_parameters=model.get_num_params(active=True),
-                       kv_bytes_per_token=model.kv_cache_bytes(1, block, torch.float32) / block)
+                       kv_bytes_per_token=model.kv_cache_bytes(1, block, torch.float32) / block,
+                       probe=probe_run(model, probe_tokens(cwd, checkpoint['config']['dataset'], block)))
     return figures
+
+
+def probe_tokens(cwd, dataset, block_size):
+    """The tokens the probes read, the same for every variant: a task's first PROBE_ROWS val examples (inputs),
+    or PROBE_ROWS windows of block_size of the val text at offsets drawn from EXTRAPOLATION_SEED; None without
+    the data."""
+    data_dir = os.path.join(cwd, 'data', dataset)
+    meta_path = os.path.join(data_dir, 'meta.json')
+    meta = read_json(meta_path) if os.path.exists(meta_path) else {}
+    if 'example_length' in meta:
+        if not os.path.isfile(os.path.join(data_dir, 'val_mask.bin')):
+            return None
+        length = meta['splits']['val']['example_length']
+        inputs, _ = read_examples(data_dir, 'val', range(min(PROBE_ROWS, meta['splits']['val']['examples'])), length)
+        return torch.from_numpy(inputs)
+    files = [f for f in val_files(cwd, dataset) if os.path.isfile(f)]
+    data = np.memmap(files[0], dtype=np.uint16, mode='r') if files else []
+    if len(data) <= block_size:
+        return None
+    offsets = torch.randint(len(data) - block_size, (PROBE_ROWS,), generator=torch.Generator().manual_seed(
+        EXTRAPOLATION_SEED)).tolist()
+    return torch.from_numpy(np.stack([data[i:i + block_size] for i in offsets]).astype(np.int64))
+
+
+def probe_run(model, tokens):
+    """The probes' summary (sink share, massive activations), the equal-attention share of the same queries,
+    and the per-layer report; None without tokens."""
+    if tokens is None or tokens.size(1) <= PROBE_SKIP:
+        return None
+    report = probe(model, tokens, skip=PROBE_SKIP)
+    equal = statistics.mean(1 / (t + 1) for t in range(PROBE_SKIP, tokens.size(1)))
+    return {**summarize_probe(report), 'equal_share': equal, 'layers': report}
 
 
 def task_scores(record):
@@ -598,6 +701,11 @@ def aggregate(runs):
             **{k: mean_or_none(r[k] for r in runs) for k in ('final_val_loss', 'best_val_loss', 'ms_per_iter',
                                                               'tokens_per_s', 'kv_bytes_per_token',
                                                               'load_max_over_mean')},
+            **{k: mean_or_none(r.get(k) for r in runs) for k in ('accuracy', 'best_accuracy')},
+            'lengths': {s: {k: mean_or_none(((r.get('lengths') or {}).get(s) or {}).get(k) for r in runs)
+                            for k in ('loss', 'accuracy')}
+                        for s in dict.fromkeys(s for r in runs for s in (r.get('lengths') or {}))},
+            'probe': {k: mean_or_none((r.get('probe') or {}).get(k) for r in runs) for k in PROBE_FIGURES},
             'diverged_at': [r['diverged_at'] for r in runs],
             'task': {k: mean_or_none((r.get('task') or {}).get(k) for r in runs)
                      for k in dict.fromkeys(k for r in runs for k in (r.get('task') or {}))},
@@ -605,6 +713,57 @@ def aggregate(runs):
                                   for x in (f'{k}x' for k in MULTIPLES)} for m in methods_asked()},
             'curve': [[i, statistics.mean(c[i][1] for c in curves), statistics.mean(c[i][2] for c in curves)]
                       for i in iters]}
+
+
+def seed_values(runs, name, key):
+    return [r[key] for r in runs if r['variant'] == name and r.get(key) is not None]
+
+
+def delta(agg, reference, key, n_seeds):
+    """'+0.0123 (p 0.004)' against the reference's mean, '≈' marking a p >= 0.05; '(1 seed)': nothing to test."""
+    if agg[key] is None or reference[key] is None:
+        return 'n/a'
+    text, test = f"{agg[key] - reference[key]:+.4f}", agg['welch'][key]
+    if agg is reference:
+        return text
+    if test is None:
+        return f"{text} ({n_seeds} seed{'s' if n_seeds > 1 else ''}: untested)"
+    return f"{text} (p {test['p']:.2g}{' ≈' if test['p'] >= 0.05 else ''})"
+
+
+def lengths_table(variants):
+    """A task's accuracy (loss) at each evaluation length (train.py's eval_splits, its last evaluation)."""
+    splits = list(dict.fromkeys(s for agg in variants.values() for s in agg['lengths']))
+    if not splits:
+        return []
+    lines = ['', "Accuracy (loss) at each evaluation length, each run's last evaluation by train.py (plain positions: "
+                 "no scaling); n/a: learned positions cannot go there.", '',
+             '| variant | val (1x) | ' + ' | '.join(splits) + ' |', '|' + ' --- |' * (2 + len(splits))]
+    for name, agg in variants.items():
+        cells = [f"{fmt(agg['accuracy'], '.3f')}"] + [
+            'n/a' if agg['lengths'].get(s, {}).get('accuracy') is None else
+            f"{agg['lengths'][s]['accuracy']:.3f} ({agg['lengths'][s]['loss']:.3f})" for s in splits]
+        lines.append(f"| {name} | " + ' | '.join(cells) + ' |')
+    return lines
+
+
+def probes_table(variants):
+    """The probes of each variant's ckpt.pt: the attention sink and massive activations."""
+    probed = {n: agg['probe'] for n, agg in variants.items() if agg['probe']['sink_share'] is not None
+              or agg['probe']['massive_ratio'] is not None}
+    if not probed:
+        return []
+    lines = ['', f"Probes (probes.py) of each run's ckpt.pt on {PROBE_ROWS} fixed val rows: sink share, the attention "
+                 f"a query gives the first position (mean over softmax layers and heads, and the largest head), over "
+                 f"queries past the first {PROBE_SKIP}; equal attention would give it 1/(t+1), whose mean over the "
+                 f"same queries is the 'equal' column: a share far above it is a sink. Massive ratio: the largest "
+                 f"|activation| in the residual stream over its median, the largest over layers (n/a sink share: no "
+                 f"softmax layer).", '',
+             '| variant | sink share (mean) | sink share (max) | equal | massive ratio |', '|' + ' --- |' * 5]
+    for name, figures in probed.items():
+        lines.append('| ' + ' | '.join([name] + [fmt(figures[k], '.3f') for k in PROBE_FIGURES if k != 'massive_ratio']
+                                       + [fmt(figures['massive_ratio'], '.1f')]) + ' |')
+    return lines
 
 
 def methods_asked():
@@ -697,11 +856,14 @@ def write_report(out, order, failed, cwd, n_layer):
                              r['seed']))
     names = dict.fromkeys(r['variant'] for r in runs)
     variants = {n: aggregate([r for r in runs if r['variant'] == n]) for n in names}
+    reference = 'vanilla' if 'vanilla' in variants else next(iter(variants), None)
+    for name, agg in variants.items():  # each difference to the reference over seeds, tested against noise
+        agg['welch'] = {k: welch(*(seed_values(runs, n, k) for n in (name, reference))) if name != reference else None
+                        for k in ('final_val_loss', 'accuracy')}
     command = ' '.join(['python ablate.py'] + [shell_quote(a) for a in sys.argv[1:]])
     write_output(os.path.join(out, 'results.json'), json.dumps({'command': command, 'settings': dict(settings),
                                                                 'variants': variants, 'runs': runs}, indent=1),
                  'results.json')
-    reference = 'vanilla' if 'vanilla' in variants else next(iter(variants), None)
     base = variants[reference]['final_val_loss'] if reference else None
     # steps to a loss: the first evaluation where the variant's mean curve is at the target's final loss
     goal = target if target in variants else reference
@@ -710,11 +872,13 @@ def write_report(out, order, failed, cwd, n_layer):
                for n, agg in variants.items()}
     # a downstream task's metric is a column when runs logged one (train.py's eval_task)
     tasks = list(dict.fromkeys(k for agg in variants.values() for k in agg['task']))
+    accuracy = any(agg['accuracy'] is not None for agg in variants.values())  # a task dataset's runs
     lines = [f"Base recipe `{train_config}`{f' with `{train_args}`' if train_args else ''}, seeds "
              f"{', '.join(str(1337 + s) for s in range(seeds))}; command: `{command}`", '',
              f'| variant | flags | parameters | active | final val loss | best val loss | Δ final vs {reference} '
              f'| reaches {goal} at iter | ms/iter | tokens/s | KV cache bytes/token | load max/mean | diverged at |'
-             + ''.join(f' {t} |' for t in tasks), '|' + ' --- |' * (13 + len(tasks))]
+             + ''.join(f' {t} |' for t in tasks) + (f' val accuracy | Δ accuracy vs {reference} |' if accuracy else ''),
+             '|' + ' --- |' * (13 + len(tasks) + 2 * accuracy)]
     for name, agg in variants.items():
         seeds_runs = [r for r in runs if r['variant'] == name]
         flags = ', '.join(f'{k}={v}' for k, v in agg['flags'].items()).replace('|', '\\|') or '(base recipe)'
@@ -722,13 +886,18 @@ def write_report(out, order, failed, cwd, n_layer):
         lines.append('| ' + ' | '.join([
             name, flags, fmt(agg['parameters'], ','), fmt(agg['active_parameters'], ','),
             mean_std([r['final_val_loss'] for r in seeds_runs]), mean_std([r['best_val_loss'] for r in seeds_runs]),
-            'n/a' if base is None or agg['final_val_loss'] is None else f"{agg['final_val_loss'] - base:+.4f}",
+            delta(agg, variants[reference], 'final_val_loss', len(seeds_runs)),
             'not reached' if reaches[name] is None else str(reaches[name]), fmt(agg['ms_per_iter'], '.1f'),
             fmt(agg['tokens_per_s'], ',.0f'), fmt(agg['kv_bytes_per_token'], ',.0f'),
-            fmt(agg['load_max_over_mean'], '.2f'), diverged] + [fmt(agg['task'].get(t)) for t in tasks]) + ' |')
+            fmt(agg['load_max_over_mean'], '.2f'), diverged] + [fmt(agg['task'].get(t)) for t in tasks]
+            + ([mean_std([r['accuracy'] for r in seeds_runs]), delta(agg, variants[reference], 'accuracy',
+                                                                     len(seeds_runs))] if accuracy else [])) + ' |')
+    lines += ['', f"p: Welch's two-sided t-test over seeds against {reference} (stats.welch); ≈: p >= 0.05, a "
+                  f"difference noise could explain; the per-seed figures are in results.json's runs."]
     lines += ['', "ms/iter and tokens/s come from runs trained one after another (or `parallel` at once) on this "
                   "machine: another job's load during one run slows it alone, so compare them across variants with "
                   "care; bench.py times variants side by side, its steps taken in turn."]
+    lines += lengths_table(variants) + probes_table(variants)
     if 'layers=LLLG' in variants:
         lines += ['', "layers=LLLG is 3 local layers to 1 global (OLMo 3's ratio), not Gemma 3's 5:1 'LLLLLG'" + (
             f", which tiled over this {n_layer}-layer model would be {('LLLLLG' * n_layer)[:n_layer]!r}: LLLG stands "
