@@ -273,16 +273,15 @@ def recall_members(base):
     """Zoology's figure: every architecture at every width and sequence length L, each L its own dataset."""
     members = []
     for length in int_list(recall_lengths, 'recall_lengths'):
-        data = {'dataset': recall_dataset(length), 'block_size': length - 1}
+        dataset, window = recall_dataset(length), {'sliding_window': max(1, length // 4)}
         for width in int_list(recall_widths, 'recall_widths'):
-            sized = {**base, **data, 'n_embd': width, 'n_head': max(1, width // 32)}
-            modern = {**data, 'n_embd': width, 'n_head': sized['n_head'], **swap_flags('modern', sized)}
-            window = {'sliding_window': max(1, length // 4)}
-            for name, flags in (('global', modern), ('DDDG', {**modern, 'layers': 'DDDG'}),
-                                ('D', {**modern, 'layers': 'D'}), ('L', {**modern, 'layers': 'L', **window}),
-                                ('mla', mla_flags(sized, modern, gqa_cache=True))):
-                linear = deltanet_widths(sized, modern) if 'D' in flags.get('layers', '') else {}
-                members.append((f'{name} d={width} L={length}', {**flags, **linear}))
+            sizes = {'block_size': length - 1, 'n_embd': width, 'n_head': max(1, width // 32)}
+            modern = {**sizes, **swap_flags('modern', {**base, **sizes})}
+            linear = deltanet_widths({**base, **sizes}, modern)
+            for name, flags in (('global', modern), ('DDDG', {**modern, 'layers': 'DDDG', **linear}),
+                                ('D', {**modern, 'layers': 'D', **linear}), ('L', {**modern, 'layers': 'L', **window}),
+                                ('mla', mla_flags({**base, **sizes}, modern, gqa_cache=True))):
+                members.append((f'{name} d={width} L={length}', {'dataset': dataset, **flags}))
     return members
 
 
