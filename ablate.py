@@ -97,7 +97,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from common import (build_model, die, load_checkpoint, model_from_checkpoint, output_refusal,  # noqa: E402
-                    pick_device, read_examples, tmp_path, write_json, write_output)
+                    masked_accuracy, pick_device, read_examples, tmp_path, write_json, write_output)
 from probes import probe, summarize as summarize_probe  # noqa: E402
 from stats import welch  # noqa: E402
 from model import SWAPS, GPTConfig, swap_flags  # noqa: E402
@@ -520,6 +520,63 @@ def length_loss(checkpoint, ckpt_path, shards, method, multiple):
     return total / extrapolation_iters
 
 
+SCALINGS = ('linear', 'dynamic', 'yarn')
+
+
+def task_lengths(path, cwd, methods):
+    """{scaling: {split: {'loss', 'accuracy'}} or None} of a RoPE run's ckpt.pt on a task dataset's evaluation
+    splits (data/copy's val, val_2x, val_4x), each scaling of methods applied to the trained weights; train.py
+    logged the plain ones. Cached in the run's lengths.json."""
+    cache_path = os.path.join(path, 'lengths.json')
+    cache = read_json(cache_path) if os.path.exists(cache_path) else {}
+    keys = {m: f'{m}@{extrapolation_iters}' for m in methods if m in SCALINGS}
+    found = task_checkpoint(path, cwd) if any(k not in cache for k in keys.values()) else None
+    if found:
+        checkpoint, data_dir, meta = found
+        for method in [m for m, k in keys.items() if k not in cache]:
+            cache[keys[method]] = {s: task_split_figures(checkpoint, os.path.join(path, 'ckpt.pt'), data_dir, meta,
+                                                         method, s) for s in meta['eval_splits']}
+        write_json(cache_path, cache)
+    return {m: cache.get(k) for m, k in keys.items()}
+
+
+def task_checkpoint(path, cwd):
+    """(checkpoint, data_dir, meta) of a RoPE run on a task dataset with its evaluation splits here, else None."""
+    ckpt_path = os.path.join(path, 'ckpt.pt')
+    if not os.path.exists(ckpt_path):
+        return None
+    checkpoint = load_checkpoint(ckpt_path)
+    data_dir = os.path.join(cwd, 'data', checkpoint['config']['dataset'])
+    meta_path = os.path.join(data_dir, 'meta.json')
+    meta = read_json(meta_path) if os.path.exists(meta_path) else {}
+    splits = meta.get('eval_splits') if 'example_length' in meta else None
+    if checkpoint['model_args'].get('pos') != 'rope' or not splits or not all(
+            os.path.isfile(os.path.join(data_dir, f'{s}_mask.bin')) for s in splits):
+        return None
+    return checkpoint, data_dir, meta
+
+
+@torch.no_grad()
+def task_split_figures(checkpoint, ckpt_path, data_dir, meta, method, split):
+    """{'loss', 'accuracy'} over the scored targets of the split's first extrapolation_iters batches of examples,
+    the trained model scaled from its training examples' length to the split's."""
+    trained, length = meta['splits']['train']['example_length'] - 1, meta['splits'][split]['example_length']
+    args = {**checkpoint['model_args'], **method_args(method, trained, (length - 1) / trained),
+            'block_size': max(length - 1, checkpoint['model_args']['block_size'])}
+    device = pick_device('auto')
+    model = build_model(args, checkpoint['model'], f"checkpoint '{ckpt_path}'").to(device).eval()
+    batch_size = checkpoint['config']['batch_size']
+    n = min(meta['splits'][split]['examples'], extrapolation_iters * batch_size)
+    loss_sum, right, scored = 0.0, 0, 0
+    for start in range(0, n, batch_size):
+        rows = range(start, min(n, start + batch_size))
+        x, y = (torch.from_numpy(a).to(device) for a in read_examples(data_dir, split, rows, length))
+        logits, loss = model(x, y)
+        hits, count = (int(v) for v in masked_accuracy(logits, y))
+        loss_sum, right, scored = loss_sum + loss.item() * count, right + hits, scored + count
+    return {'loss': loss_sum / scored, 'accuracy': right / scored}
+
+
 def finished(path, cwd):
     """The run's done.json, its figures brought up to date."""
     done = read_json(os.path.join(path, 'done.json'))
@@ -701,10 +758,10 @@ def aggregate(runs):
                                                               'tokens_per_s', 'kv_bytes_per_token',
                                                               'load_max_over_mean')},
             **{k: mean_or_none(r.get(k) for r in runs) for k in ('accuracy', 'best_accuracy')},
-            'lengths': {s: {k: mean_or_none(((r.get('lengths') or {}).get(s) or {}).get(k) for r in runs)
-                            for k in ('loss', 'accuracy')}
-                        for s in dict.fromkeys(s for r in runs for s in (r.get('lengths') or {}))},
+            'lengths': mean_lengths([r.get('lengths') or {} for r in runs]),
             'probe': {k: mean_or_none((r.get('probe') or {}).get(k) for r in runs) for k in PROBE_FIGURES},
+            'scaled_lengths': {m: mean_lengths([(r.get('scaled_lengths') or {}).get(m) or {} for r in runs])
+                               for m in methods_asked() if m in SCALINGS},
             'diverged_at': [r['diverged_at'] for r in runs],
             'task': {k: mean_or_none((r.get('task') or {}).get(k) for r in runs)
                      for k in dict.fromkeys(k for r in runs for k in (r.get('task') or {}))},
@@ -712,6 +769,13 @@ def aggregate(runs):
                                   for x in (f'{k}x' for k in MULTIPLES)} for m in methods_asked()},
             'curve': [[i, statistics.mean(c[i][1] for c in curves), statistics.mean(c[i][2] for c in curves)]
                       for i in iters]}
+
+
+def mean_lengths(per_run):
+    """{split: {'loss', 'accuracy'}} of several runs, each figure's mean over the runs that have it."""
+    splits = dict.fromkeys(s for lengths in per_run for s in lengths)
+    return {s: {k: mean_or_none((lengths.get(s) or {}).get(k) for lengths in per_run) for k in ('loss', 'accuracy')}
+            for s in splits}
 
 
 def seed_values(runs, name, key):
@@ -735,15 +799,24 @@ def lengths_table(variants):
     splits = list(dict.fromkeys(s for agg in variants.values() for s in agg['lengths']))
     if not splits:
         return []
-    lines = ['', "Accuracy (loss) at each evaluation length, each run's last evaluation by train.py (plain positions: "
-                 "no scaling); n/a: learned positions cannot go there.", '',
-             '| variant | val (1x) | ' + ' | '.join(splits) + ' |', '|' + ' --- |' * (2 + len(splits))]
+    lines = ['', "Accuracy (loss) at each evaluation length: plain, each run's last evaluation by train.py; a RoPE "
+                 f"scaling, its ckpt.pt stretched from the training length to the split's ({extrapolation_iters} "
+                 "batches of the split's first examples); n/a: the positions cannot go there.", '',
+             '| variant | positions | val (1x) | ' + ' | '.join(splits) + ' |', '|' + ' --- |' * (3 + len(splits))]
     for name, agg in variants.items():
-        cells = [f"{fmt(agg['accuracy'], '.3f')}"] + [
-            'n/a' if agg['lengths'].get(s, {}).get('accuracy') is None else
-            f"{agg['lengths'][s]['accuracy']:.3f} ({agg['lengths'][s]['loss']:.3f})" for s in splits]
-        lines.append(f"| {name} | " + ' | '.join(cells) + ' |')
+        lines.append(f"| {name} | plain | {accuracy_cell({'accuracy': agg['accuracy'], 'loss': agg['final_val_loss']})} | "
+                     + ' | '.join(accuracy_cell(agg['lengths'].get(s)) for s in splits) + ' |')
+        for method, figures in agg['scaled_lengths'].items():
+            if figures:
+                lines.append(f"| {name} | {method} | {accuracy_cell(figures.get('val'))} | "
+                             + ' | '.join(accuracy_cell(figures.get(s)) for s in splits) + ' |')
     return lines
+
+
+def accuracy_cell(figures):
+    if not figures or figures.get('accuracy') is None:
+        return 'n/a'
+    return f"{figures['accuracy']:.3f} ({figures['loss']:.3f})"
 
 
 def probes_table(variants):
@@ -824,6 +897,7 @@ def measure_lengths(runs, roots, cwd):
     for run, root in zip(runs, roots):
         t0 = time.time()
         run['extrapolation'], why = extrapolation_losses(root, cwd, methods_asked())
+        run['scaled_lengths'] = task_lengths(root, cwd, methods_asked())
         if why:
             no_data[f"{run['variant']} seed {run['seed']}"] = why
         if root in todo:

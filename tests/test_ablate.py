@@ -658,8 +658,8 @@ def test_each_difference_gets_welchs_p_and_noise_is_marked(tmp_path, monkeypatch
     assert rows['apart'][header.index('val accuracy')].startswith('0.9467 ±')
     assert "Welch's two-sided t-test over seeds against vanilla" in md
     lengths = {cells[0]: cells for cells in tables(md)[1][1:]}
-    assert tables(md)[1][0] == ['variant', 'val (1x)', 'val_2x', 'val_4x']
-    assert lengths['apart'] == ['apart', '0.947', '0.473 (2.500)', 'n/a']
+    assert tables(md)[1][0] == ['variant', 'positions', 'val (1x)', 'val_2x', 'val_4x']
+    assert lengths['apart'] == ['apart', 'plain', '0.947 (1.800)', '0.473 (2.500)', 'n/a']
 
 
 def test_the_probes_of_each_variant_are_reported_beside_equal_attention(ablated):
@@ -711,3 +711,36 @@ def test_the_evidence_groups(tmp_path, monkeypatch, capsys):
     from model import GPTConfig
     for flags in variants.values():  # every variant is a model the recipe can build
         GPTConfig(**{**ablate_module.model_args(base), **{k: v for k, v in flags.items() if k != 'dataset'}})
+
+
+def test_a_rope_run_on_copy_is_scaled_to_each_evaluation_length(tmp_path, monkeypatch, capsys):
+    """task_lengths: each scaling of a RoPE checkpoint at data/copy's val, val_2x, val_4x; at 1x a scaling is plain
+    RoPE, so it scores train.py's own val evaluation (the same first examples); cached in lengths.json."""
+    import common
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, 'argv', ['prepare.py', '--length', '4', '--num_train', '64', '--num_val', '16',
+                                      '--out_dir', str(tmp_path / 'data' / 'copy')])
+    runpy.run_path(str(REPO / 'data' / 'copy' / 'prepare.py'), run_name='__main__')
+    monkeypatch.setattr(sys, 'argv', ['train.py', '--dataset=copy', '--device=cpu', '--compile=False', '--n_layer=1',
+                                      '--n_head=2', '--n_embd=16', '--block_size=8', '--batch_size=4', '--eval_iters=2',
+                                      '--gradient_accumulation_steps=1', '--max_iters=4', '--eval_interval=4',
+                                      '--pos=rope', '--out_dir=run'])
+    monkeypatch.setattr(common, 'catch_interrupts', lambda: None)
+    try:
+        runpy.run_path(str(REPO / 'train.py'), run_name='__main__')
+    finally:
+        common.release_out_dirs()
+    logged = json.loads((tmp_path / 'run' / 'log.jsonl').read_text().splitlines()[-1])
+    monkeypatch.setattr(sys, 'argv', ['ablate.py', '--extrapolation_iters=2'])
+    monkeypatch.syspath_prepend(str(REPO))
+    sys.modules.pop('ablate', None)
+    ablate_module = importlib.import_module('ablate')
+    sys.modules.pop('ablate', None)
+    figures = ablate_module.task_lengths(str(tmp_path / 'run'), str(tmp_path), ['plain', 'linear', 'yarn'])
+    capsys.readouterr()
+    assert set(figures) == {'linear', 'yarn'} and set(figures['linear']) == {'val', 'val_2x', 'val_4x'}
+    assert figures['linear']['val']['accuracy'] == pytest.approx(logged['accuracy'])
+    assert figures['linear']['val']['loss'] == pytest.approx(logged['val_loss'], rel=1e-5)
+    assert all(0 <= f['accuracy'] <= 1 for f in figures['yarn'].values())
+    monkeypatch.setattr(ablate_module, 'load_checkpoint', lambda *a: pytest.fail('cached: nothing to load'))
+    assert ablate_module.task_lengths(str(tmp_path / 'run'), str(tmp_path), ['linear', 'yarn']) == figures
