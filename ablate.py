@@ -970,7 +970,6 @@ def write_report(out, order, failed, cwd, n_layer):
     lines += ['', "ms/iter and tokens/s come from runs trained one after another (or `parallel` at once) on this "
                   "machine: another job's load during one run slows it alone, so compare them across variants with "
                   "care; bench.py times variants side by side, its steps taken in turn."]
-    lines += lengths_table(variants) + probes_table(variants)
     if 'layers=LLLG' in variants:
         lines += ['', "layers=LLLG is 3 local layers to 1 global (OLMo 3's ratio), not Gemma 3's 5:1 'LLLLLG'" + (
             f", which tiled over this {n_layer}-layer model would be {('LLLLLG' * n_layer)[:n_layer]!r}: LLLG stands "
@@ -991,6 +990,7 @@ def write_report(out, order, failed, cwd, n_layer):
         if no_data:
             lines += ['', f"Not in the length table (rerun once the data is back): "
                           f"{', '.join(f'{run} ({why})' for run, why in no_data.items())}"]
+    lines += lengths_table(variants) + probes_table(variants)  # after the tables of every run
     if target and target not in variants:
         lines += ['', f"target {target!r} has no finished runs here: the reaches column uses {goal!r}"]
     if other:

@@ -98,7 +98,7 @@ def test_report_has_a_row_per_variant_with_extrapolation(ablated):
     assert result.stdout.index('[2/4] vanilla seed 1338 started') < result.stdout.index('done in')
     md = (out / 'results.md').read_text(encoding='utf-8')
     assert 'Base recipe' in md and '1337, 1338' in md and 'python ablate.py' in md
-    main, length = tables(md)
+    main, length, _ = tables(md)  # the probes' table last
     assert main[0][:5] == ['variant', 'flags', 'parameters', 'active', 'final val loss']
     rows = table_rows(md)
     assert list(rows) == ['vanilla', 'rope']
