@@ -676,7 +676,8 @@ def load_tokenizer(meta_path=None, pretrained=None, name=''):
 
 
 def _recall_tokenizer(meta, meta_path):
-    """data/recall's ids as names joined by spaces: '.' the filler, k<i> the i-th key, v<i> the i-th value."""
+    """data/recall's ids as names, each followed by a space: '.' the filler, k<i> the i-th key, v<i> the i-th
+    value."""
     vocabulary = meta.get('vocabulary') or {}
     try:
         (k_lo, k_hi), (v_lo, v_hi) = vocabulary['keys'], vocabulary['values']
@@ -694,7 +695,8 @@ def _recall_tokenizer(meta, meta_path):
             die(f"not names of the recall vocabulary of '{meta_path}' ('.', k0..k{k_hi - k_lo - 1}, "
                 f"v0..v{v_hi - v_lo - 1}): {' '.join(unknown[:5])}")
         return [ids[word] for word in text.split()]
-    return Tokenizer(encode, lambda tokens: ' '.join(names.get(i, f'<{i}>') for i in tokens), meta['vocab_size'],
+    # each name ends in its space: pieces decoded one after another (sample.py streams) read as the whole
+    return Tokenizer(encode, lambda tokens: ''.join(names.get(i, f'<{i}>') + ' ' for i in tokens), meta['vocab_size'],
                      f"'{meta_path}'")
 
 

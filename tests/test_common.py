@@ -240,7 +240,8 @@ def test_a_recall_vocabulary_reads_as_names_and_an_unknown_kind_is_one_line(tmp_
     meta = {'kind': 'recall', 'vocab_size': 16, 'vocabulary': {'filler': 0, 'keys': [1, 8], 'values': [8, 16]}}
     (tmp_path / 'meta.json').write_text(json.dumps(meta))
     tok = common.load_tokenizer(str(tmp_path / 'meta.json'))
-    assert tok.decode([4, 11, 1, 9, 0, 4]) == 'k3 v3 k0 v1 . k3' and tok.vocab_size == 16
+    assert tok.decode([4, 11, 1, 9, 0, 4]) == 'k3 v3 k0 v1 . k3 ' and tok.vocab_size == 16
+    assert tok.decode([4, 11]) + tok.decode([1]) == tok.decode([4, 11, 1])  # streamed pieces read as the whole
     assert tok.encode('k3 v3 k0 v1 . k3') == [4, 11, 1, 9, 0, 4]
     with pytest.raises(SystemExit):
         tok.encode('k3 v9')
