@@ -804,7 +804,8 @@ def lengths_table(variants):
                  "batches of the split's first examples); n/a: the positions cannot go there.", '',
              '| variant | positions | val (1x) | ' + ' | '.join(splits) + ' |', '|' + ' --- |' * (3 + len(splits))]
     for name, agg in variants.items():
-        lines.append(f"| {name} | plain | {accuracy_cell({'accuracy': agg['accuracy'], 'loss': agg['final_val_loss']})} | "
+        val = {'accuracy': agg['accuracy'], 'loss': agg['final_val_loss']}
+        lines.append(f"| {name} | plain | {accuracy_cell(val)} | "
                      + ' | '.join(accuracy_cell(agg['lengths'].get(s)) for s in splits) + ' |')
         for method, figures in agg['scaled_lengths'].items():
             if figures:
@@ -950,7 +951,8 @@ def write_report(out, order, failed, cwd, n_layer):
              f"{', '.join(str(1337 + s) for s in range(seeds))}; command: `{command}`", '',
              f'| variant | flags | parameters | active | final val loss | best val loss | Δ final vs {reference} '
              f'| reaches {goal} at iter | ms/iter | tokens/s | KV cache bytes/token | load max/mean | diverged at |'
-             + ''.join(f' {t} |' for t in tasks) + (f' val accuracy | Δ accuracy vs {reference} |' if accuracy else ''),
+             + ''.join(f' {t} |' for t in tasks)
+             + (f' val accuracy | Δ accuracy vs {reference} |' if accuracy else ''),
              '|' + ' --- |' * (13 + len(tasks) + 2 * accuracy)]
     for name, agg in variants.items():
         seeds_runs = [r for r in runs if r['variant'] == name]
