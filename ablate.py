@@ -64,6 +64,8 @@ muon_lrs = '0.005,0.01,0.02,0.04'  # for the optimizer group: Muon's (AdamW keep
 target = ''  # a variant whose final val loss the "reaches" column times each variant to; '' the reference
 custom = ''  # e.g. "{'tiny_rope': {'pos': 'rope', 'rope_theta': 500.0}}"
 train_args = ''  # passed to every train.py run, e.g. '--max_iters=20 --eval_interval=10'
+recall_widths = '32,64,128'  # the recall group's n_embd (n_head = n_embd // 32: heads 32 wide)
+recall_lengths = '32,64,128'  # the recall group's seq_len L: the dataset data/recall_<L> (num_pairs L / 8)
 extrapolation = 'plain'  # methods of the length table: plain, linear, dynamic, yarn, window; '' for none
 extrapolation_iters = 20  # batches per length and method
 parallel = 1  # runs at once
@@ -97,14 +99,18 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from common import (build_model, die, load_checkpoint, model_from_checkpoint, output_refusal,  # noqa: E402
-                    pick_device, tmp_path, write_json, write_output)
+                    masked_accuracy, pick_device, read_examples, tmp_path, write_json, write_output)
+from probes import probe, summarize as summarize_probe  # noqa: E402
+from stats import welch  # noqa: E402
 from model import SWAPS, GPTConfig, swap_flags  # noqa: E402
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 TRAIN_PY = os.path.join(REPO, 'train.py')
 EXTRAPOLATION_SEED = 4242  # one set of batches per length, the same for every variant
 MULTIPLES = (1, 2, 4, 8)
-SUMMARY_VERSION = 3  # done.json figures older than this are recomputed from the run's files
+SUMMARY_VERSION = 4  # done.json figures older than this are recomputed from the run's files
+PROBE_ROWS, PROBE_SKIP = 16, 4  # the probes' rows, and the first queries left out of the sink share
+PROBE_FIGURES = ('sink_share', 'sink_share_max', 'equal_share', 'massive_ratio')
 CLAIM_STALE_S = 600  # a claim whose owner stopped refreshing it this long ago is free
 REPORT_FILES = ('results.md', 'results.json', 'val_loss_vs_iter.png', 'val_loss_vs_time.png')
 
@@ -175,20 +181,29 @@ def group_members(group, base):
     window = {'sliding_window': max(1, base['block_size'] // 4)}  # a quarter of the context, as Gemma 3's ratio
     if group == 'local_global':  # all global, gpt-oss's 1:1, OLMo 3's 3:1, all local
         return [('modern', modern)] + [(f'layers={p}', {**modern, 'layers': p, **window}) for p in ('LG', 'LLLG', 'L')]
-    if group == 'sinks':  # windowed attention with and without sinks (StreamingLLM, gpt-oss)
-        return [(f'layers={p}{s}', {**modern, 'layers': p, **window, **({'attn_sinks': True} if s else {})})
-                for p in ('L', 'LG') for s in ('', '+sinks')]
+    if group == 'sinks':  # the first-token sink and what removes it: the output gate, learned sinks (probed)
+        return [('modern', modern), ('modern+gate', {**modern, 'attn_gate': True}),
+                ('modern+sinks', {**modern, 'attn_sinks': True}),
+                ('modern+gate+sinks', {**modern, 'attn_gate': True, 'attn_sinks': True})] + [
+            # windowed attention with and without sinks (StreamingLLM, gpt-oss)
+            (f'layers={p}{s}', {**modern, 'layers': p, **window, **({'attn_sinks': True} if s else {})})
+            for p in ('L', 'LG') for s in ('', '+sinks')]
+    if group == 'recall':
+        return recall_members(base)
+    if group == 'length_generalization':  # on data/copy: trained at strings of 1..16, evaluated at 16, 32, 64
+        trained, longest = copy_inputs()
+        copy = {**modern, 'dataset': 'copy', 'block_size': trained}
+        # learned positions get a table as long as the longest evaluation: its rows past `trained` never train
+        return [('learned', {**copy, 'pos': 'learned', 'block_size': longest}), ('rope', copy),
+                ('nope', {**copy, 'layers': 'N'}), ('layers=GGGN', {**copy, 'layers': 'GGGN'}),
+                ('rope_fraction=0.25', {**copy, 'rope_fraction': 0.25})]
     if group == 'gate':
         return [('modern', modern), ('modern+gate', {**modern, 'attn_gate': True})]
     if group == 'nope':  # where positions are: every layer rotates all dims, a NoPE layer in four, part of each head
         return [('modern', modern), ('layers=GGGN', {**modern, 'layers': 'GGGN'})] + [
             (f'rope_fraction={f:g}', {**modern, 'rope_fraction': f}) for f in (0.5, 0.25)]
     if group == 'hybrid':  # linear attention in the block: Qwen3-Next's 3:1, and every layer
-        cfg = GPTConfig(**{**model_args(base), **modern})
-        # q, k, v, the output gate and the output projection at 3/5 of a head each: the parameters of GQA's
-        # q, k + v (half the heads) and output, 3 head widths
-        width = max(1, round(0.6 * cfg.head_size))
-        linear = {'linear_key_dim': width, 'linear_value_dim': width}
+        linear = deltanet_widths(base, modern)
         return [('modern', modern)] + [(f'layers={p}', {**modern, 'layers': p, **linear}) for p in ('DDDG', 'D')]
     if group == 'chunked':  # Llama 4's three chunked layers and a NoPE one, against windows of the chunk's size
         sizes = sorted({max(1, base['block_size'] // 4), max(1, base['block_size'] // 2)})
@@ -222,12 +237,9 @@ def group_members(group, base):
                 ('dense-as-total', {**modern, 'ffn_hidden': total})]
     if group == 'attention':
         # MLA with the cache of GQA (n_head/2 K/V heads) and of MQA (one): latent + rotated key = that width
-        cfg = GPTConfig(**{**model_args(base), **modern})
-        rope = max(2, cfg.head_size // 2)
-        mla = {**modern, 'n_kv_head': None, 'attn': 'mla', 'qk_rope_head_dim': rope}
         return [('mha', {**modern, 'n_kv_head': None}), ('modern', modern), ('mqa', {**modern, 'n_kv_head': 1}),
-                ('mla-gqa-cache', {**mla, 'kv_lora_rank': 2 * cfg.kv_heads * cfg.head_size - rope}),
-                ('mla-mqa-cache', {**mla, 'kv_lora_rank': 2 * cfg.head_size - rope})]
+                ('mla-gqa-cache', mla_flags(base, modern, gqa_cache=True)),
+                ('mla-mqa-cache', mla_flags(base, modern, gqa_cache=False))]
     if group == 'long_context':
         return [('vanilla', {}), ('modern', modern)]
     if group == 'stability':
@@ -253,7 +265,60 @@ def group_members(group, base):
         return list(parse_custom(custom, base).items())
     die(f"unknown grid group {group!r}; groups are default, leave_one_out, norm_position, mlp, kv, moe, attention, "
         f"long_context, stability, local_global, sinks, gate, nope, hybrid, chunked, sparse, mtp, kv_sharing, optimizer, "
-        f"schedule, recipe_mlp, zero_init, custom")
+        f"schedule, recipe_mlp, zero_init, recall, length_generalization, custom")
+
+
+def deltanet_widths(base, modern):
+    """Gated DeltaNet's q, k, v, gate and output at 3/5 of a head each: the parameters of GQA's q, k + v (half
+    the heads) and output, 3 head widths."""
+    width = max(1, round(0.6 * GPTConfig(**{**model_args(base), **modern}).head_size))
+    return {'linear_key_dim': width, 'linear_value_dim': width}
+
+
+def mla_flags(base, modern, gqa_cache):
+    """MLA whose cache (latent + rotated key) is the width of GQA's (n_head/2 K/V heads) or MQA's (one)."""
+    cfg = GPTConfig(**{**model_args(base), **modern})
+    rope = max(2, cfg.head_size // 2)
+    heads = cfg.kv_heads if gqa_cache else 1
+    return {**modern, 'n_kv_head': None, 'attn': 'mla', 'qk_rope_head_dim': rope,
+            'kv_lora_rank': 2 * heads * cfg.head_size - rope}
+
+
+def recall_members(base):
+    """Zoology's figure: every architecture at every width and sequence length L, each L its own dataset."""
+    members = []
+    for length in int_list(recall_lengths, 'recall_lengths'):
+        dataset, window = recall_dataset(length), {'sliding_window': max(1, length // 4)}
+        for width in int_list(recall_widths, 'recall_widths'):
+            sizes = {'block_size': length - 1, 'n_embd': width, 'n_head': max(1, width // 32)}
+            modern = {**sizes, **swap_flags('modern', {**base, **sizes})}
+            linear = deltanet_widths({**base, **sizes}, modern)
+            for name, flags in (('global', modern), ('DDDG', {**modern, 'layers': 'DDDG', **linear}),
+                                ('D', {**modern, 'layers': 'D', **linear}), ('L', {**modern, 'layers': 'L', **window}),
+                                ('mla', mla_flags({**base, **sizes}, modern, gqa_cache=True))):
+                members.append((f'{name} d={width} L={length}', {'dataset': dataset, **flags}))
+    return members
+
+
+def recall_dataset(length):
+    """data/recall_<length>, checked to be there and of that length: else one line naming the command."""
+    name, pairs = f'recall_{length}', max(1, length // 8)
+    meta_path = os.path.join(run_dir or REPO, 'data', name, 'meta.json')
+    meta = read_json(meta_path) if os.path.exists(meta_path) else {}
+    if meta.get('example_length') != length:
+        die(f"the recall group needs data/{name} (examples of {length} tokens); make it with: python "
+            f"data/recall/prepare.py --seq_len {length} --num_pairs {pairs} --vocab_size 64 --out_dir data/{name}")
+    return name
+
+
+def copy_inputs():
+    """(the training inputs' length, the longest evaluation split's) of data/copy, in tokens."""
+    meta_path = os.path.join(run_dir or REPO, 'data', 'copy', 'meta.json')
+    meta = read_json(meta_path) if os.path.exists(meta_path) else {}
+    splits = meta.get('splits') or {}
+    if 'train' not in splits:
+        die("the length_generalization group needs data/copy; make it with: python data/copy/prepare.py")
+    return splits['train']['example_length'] - 1, max(s['example_length'] for s in splits.values()) - 1
 
 
 def model_args(base):
@@ -333,14 +398,50 @@ def summarize_run(path, cwd):
                'load_max_over_mean': statistics.mean(last['moe']['max_over_mean']) if 'moe' in last else None,
                'diverged_at': read_json(diverged)['iter'] if os.path.exists(diverged) else None,
                'parameters': None, 'active_parameters': None, 'kv_bytes_per_token': None,
-               'task': task_scores(last)}
+               'task': task_scores(last), 'accuracy': last.get('accuracy'), 'lengths': last.get('lengths'),
+               'best_accuracy': max((r['accuracy'] for r in records if r.get('accuracy') is not None), default=None),
+               'probe': None}
     ckpt_path = os.path.join(path, 'ckpt.pt')
     if os.path.exists(ckpt_path):  # not when val loss never improved with always_save_checkpoint=False
-        model = model_from_checkpoint(load_checkpoint(ckpt_path), ckpt_path)
+        checkpoint = load_checkpoint(ckpt_path)
+        model = model_from_checkpoint(checkpoint, ckpt_path)
         block = model.config.block_size
         figures.update(parameters=model.get_num_params(), active_parameters=model.get_num_params(active=True),
-                       kv_bytes_per_token=model.kv_cache_bytes(1, block, torch.float32) / block)
+                       kv_bytes_per_token=model.kv_cache_bytes(1, block, torch.float32) / block,
+                       probe=probe_run(model, probe_tokens(cwd, checkpoint['config']['dataset'], block)))
     return figures
+
+
+def probe_tokens(cwd, dataset, block_size):
+    """The tokens the probes read, the same for every variant: a task's first PROBE_ROWS val examples (inputs),
+    or PROBE_ROWS windows of block_size of the val text at offsets drawn from EXTRAPOLATION_SEED; None without
+    the data."""
+    data_dir = os.path.join(cwd, 'data', dataset)
+    meta_path = os.path.join(data_dir, 'meta.json')
+    meta = read_json(meta_path) if os.path.exists(meta_path) else {}
+    if 'example_length' in meta:
+        if not os.path.isfile(os.path.join(data_dir, 'val_mask.bin')):
+            return None
+        length = meta['splits']['val']['example_length']
+        inputs, _ = read_examples(data_dir, 'val', range(min(PROBE_ROWS, meta['splits']['val']['examples'])), length)
+        return torch.from_numpy(inputs)
+    files = [f for f in val_files(cwd, dataset) if os.path.isfile(f)]
+    data = np.memmap(files[0], dtype=np.uint16, mode='r') if files else []
+    if len(data) <= block_size:
+        return None
+    offsets = torch.randint(len(data) - block_size, (PROBE_ROWS,), generator=torch.Generator().manual_seed(
+        EXTRAPOLATION_SEED)).tolist()
+    return torch.from_numpy(np.stack([data[i:i + block_size] for i in offsets]).astype(np.int64))
+
+
+def probe_run(model, tokens):
+    """The probes' summary (sink share, massive activations), the equal-attention share of the same queries,
+    and the per-layer report; None without tokens."""
+    if tokens is None or tokens.size(1) <= PROBE_SKIP:
+        return None
+    report = probe(model, tokens, skip=PROBE_SKIP)
+    equal = statistics.mean(1 / (t + 1) for t in range(PROBE_SKIP, tokens.size(1)))
+    return {**summarize_probe(report), 'equal_share': equal, 'layers': report}
 
 
 def task_scores(record):
@@ -432,6 +533,63 @@ def length_loss(checkpoint, ckpt_path, shards, method, multiple):
         xy = torch.stack(rows).to(device)
         total += model(xy[:, :-1], xy[:, 1:].contiguous())[1].item()
     return total / extrapolation_iters
+
+
+SCALINGS = ('linear', 'dynamic', 'yarn')
+
+
+def task_lengths(path, cwd, methods):
+    """{scaling: {split: {'loss', 'accuracy'}} or None} of a RoPE run's ckpt.pt on a task dataset's evaluation
+    splits (data/copy's val, val_2x, val_4x), each scaling of methods applied to the trained weights; train.py
+    logged the plain ones. Cached in the run's lengths.json."""
+    cache_path = os.path.join(path, 'lengths.json')
+    cache = read_json(cache_path) if os.path.exists(cache_path) else {}
+    keys = {m: f'{m}@{extrapolation_iters}' for m in methods if m in SCALINGS}
+    found = task_checkpoint(path, cwd) if any(k not in cache for k in keys.values()) else None
+    if found:
+        checkpoint, data_dir, meta = found
+        for method in [m for m, k in keys.items() if k not in cache]:
+            cache[keys[method]] = {s: task_split_figures(checkpoint, os.path.join(path, 'ckpt.pt'), data_dir, meta,
+                                                         method, s) for s in meta['eval_splits']}
+        write_json(cache_path, cache)
+    return {m: cache.get(k) for m, k in keys.items()}
+
+
+def task_checkpoint(path, cwd):
+    """(checkpoint, data_dir, meta) of a RoPE run on a task dataset with its evaluation splits here, else None."""
+    ckpt_path = os.path.join(path, 'ckpt.pt')
+    if not os.path.exists(ckpt_path):
+        return None
+    checkpoint = load_checkpoint(ckpt_path)
+    data_dir = os.path.join(cwd, 'data', checkpoint['config']['dataset'])
+    meta_path = os.path.join(data_dir, 'meta.json')
+    meta = read_json(meta_path) if os.path.exists(meta_path) else {}
+    splits = meta.get('eval_splits') if 'example_length' in meta else None
+    if checkpoint['model_args'].get('pos') != 'rope' or not splits or not all(
+            os.path.isfile(os.path.join(data_dir, f'{s}_mask.bin')) for s in splits):
+        return None
+    return checkpoint, data_dir, meta
+
+
+@torch.no_grad()
+def task_split_figures(checkpoint, ckpt_path, data_dir, meta, method, split):
+    """{'loss', 'accuracy'} over the scored targets of the split's first extrapolation_iters batches of examples,
+    the trained model scaled from its training examples' length to the split's."""
+    trained, length = meta['splits']['train']['example_length'] - 1, meta['splits'][split]['example_length']
+    args = {**checkpoint['model_args'], **method_args(method, trained, (length - 1) / trained),
+            'block_size': max(length - 1, checkpoint['model_args']['block_size'])}
+    device = pick_device('auto')
+    model = build_model(args, checkpoint['model'], f"checkpoint '{ckpt_path}'").to(device).eval()
+    batch_size = checkpoint['config']['batch_size']
+    n = min(meta['splits'][split]['examples'], extrapolation_iters * batch_size)
+    loss_sum, right, scored = 0.0, 0, 0
+    for start in range(0, n, batch_size):
+        rows = range(start, min(n, start + batch_size))
+        x, y = (torch.from_numpy(a).to(device) for a in read_examples(data_dir, split, rows, length))
+        logits, loss = model(x, y)
+        hits, count = (int(v) for v in masked_accuracy(logits, y))
+        loss_sum, right, scored = loss_sum + loss.item() * count, right + hits, scored + count
+    return {'loss': loss_sum / scored, 'accuracy': right / scored}
 
 
 def finished(path, cwd):
@@ -614,6 +772,11 @@ def aggregate(runs):
             **{k: mean_or_none(r[k] for r in runs) for k in ('final_val_loss', 'best_val_loss', 'ms_per_iter',
                                                               'tokens_per_s', 'kv_bytes_per_token',
                                                               'load_max_over_mean')},
+            **{k: mean_or_none(r.get(k) for r in runs) for k in ('accuracy', 'best_accuracy')},
+            'lengths': mean_lengths([r.get('lengths') or {} for r in runs]),
+            'probe': {k: mean_or_none((r.get('probe') or {}).get(k) for r in runs) for k in PROBE_FIGURES},
+            'scaled_lengths': {m: mean_lengths([(r.get('scaled_lengths') or {}).get(m) or {} for r in runs])
+                               for m in methods_asked() if m in SCALINGS},
             'diverged_at': [r['diverged_at'] for r in runs],
             'task': {k: mean_or_none((r.get('task') or {}).get(k) for r in runs)
                      for k in dict.fromkeys(k for r in runs for k in (r.get('task') or {}))},
@@ -621,6 +784,74 @@ def aggregate(runs):
                                   for x in (f'{k}x' for k in MULTIPLES)} for m in methods_asked()},
             'curve': [[i, statistics.mean(c[i][1] for c in curves), statistics.mean(c[i][2] for c in curves)]
                       for i in iters]}
+
+
+def mean_lengths(per_run):
+    """{split: {'loss', 'accuracy'}} of several runs, each figure's mean over the runs that have it."""
+    splits = dict.fromkeys(s for lengths in per_run for s in lengths)
+    return {s: {k: mean_or_none((lengths.get(s) or {}).get(k) for lengths in per_run) for k in ('loss', 'accuracy')}
+            for s in splits}
+
+
+def seed_values(runs, name, key):
+    return [r[key] for r in runs if r['variant'] == name and r.get(key) is not None]
+
+
+def delta(agg, reference, key, n_seeds):
+    """'+0.0123 (p 0.004)' against the reference's mean, '≈' marking a p >= 0.05; '(1 seed)': nothing to test."""
+    if agg[key] is None or reference[key] is None:
+        return 'n/a'
+    text, test = f"{agg[key] - reference[key]:+.4f}", agg['welch'][key]
+    if agg is reference:
+        return text
+    if test is None:
+        return f"{text} ({n_seeds} seed{'s' if n_seeds > 1 else ''}: untested)"
+    return f"{text} (p {test['p']:.2g}{' ≈' if test['p'] >= 0.05 else ''})"
+
+
+def lengths_table(variants):
+    """A task's accuracy (loss) at each evaluation length (train.py's eval_splits, its last evaluation)."""
+    splits = list(dict.fromkeys(s for agg in variants.values() for s in agg['lengths']))
+    if not splits:
+        return []
+    lines = ['', "Accuracy (loss) at each evaluation length: plain, each run's last evaluation by train.py; a RoPE "
+                 f"scaling, its ckpt.pt stretched from the training length to the split's ({extrapolation_iters} "
+                 "batches of the split's first examples); n/a: the positions cannot go there.", '',
+             '| variant | positions | val (1x) | ' + ' | '.join(splits) + ' |', '|' + ' --- |' * (3 + len(splits))]
+    for name, agg in variants.items():
+        val = {'accuracy': agg['accuracy'], 'loss': agg['final_val_loss']}
+        lines.append(f"| {name} | plain | {accuracy_cell(val)} | "
+                     + ' | '.join(accuracy_cell(agg['lengths'].get(s)) for s in splits) + ' |')
+        for method, figures in agg['scaled_lengths'].items():
+            if figures:
+                lines.append(f"| {name} | {method} | {accuracy_cell(figures.get('val'))} | "
+                             + ' | '.join(accuracy_cell(figures.get(s)) for s in splits) + ' |')
+    return lines
+
+
+def accuracy_cell(figures):
+    if not figures or figures.get('accuracy') is None:
+        return 'n/a'
+    return f"{figures['accuracy']:.3f} ({figures['loss']:.3f})"
+
+
+def probes_table(variants):
+    """The probes of each variant's ckpt.pt: the attention sink and massive activations."""
+    probed = {n: agg['probe'] for n, agg in variants.items() if agg['probe']['sink_share'] is not None
+              or agg['probe']['massive_ratio'] is not None}
+    if not probed:
+        return []
+    lines = ['', f"Probes (probes.py) of each run's ckpt.pt on {PROBE_ROWS} fixed val rows: sink share, the attention "
+                 f"a query gives the first position (mean over softmax layers and heads, and the largest head), over "
+                 f"queries past the first {PROBE_SKIP}; equal attention would give it 1/(t+1), whose mean over the "
+                 f"same queries is the 'equal' column: a share far above it is a sink. Massive ratio: the largest "
+                 f"|activation| in the residual stream over its median, the largest over layers (n/a sink share: no "
+                 f"softmax layer).", '',
+             '| variant | sink share (mean) | sink share (max) | equal | massive ratio |', '|' + ' --- |' * 5]
+    for name, figures in probed.items():
+        lines.append('| ' + ' | '.join([name] + [fmt(figures[k], '.3f') for k in PROBE_FIGURES if k != 'massive_ratio']
+                                       + [fmt(figures['massive_ratio'], '.1f')]) + ' |')
+    return lines
 
 
 def methods_asked():
@@ -682,6 +913,7 @@ def measure_lengths(runs, roots, cwd):
     for run, root in zip(runs, roots):
         t0 = time.time()
         run['extrapolation'], why = extrapolation_losses(root, cwd, methods_asked())
+        run['scaled_lengths'] = task_lengths(root, cwd, methods_asked())
         if why:
             no_data[f"{run['variant']} seed {run['seed']}"] = why
         if root in todo:
@@ -713,12 +945,14 @@ def write_report(out, order, failed, cwd, n_layer):
                              r['seed']))
     names = dict.fromkeys(r['variant'] for r in runs)
     variants = {n: aggregate([r for r in runs if r['variant'] == n]) for n in names}
+    reference = 'vanilla' if 'vanilla' in variants else next(iter(variants), None)
+    for name, agg in variants.items():  # each difference to the reference over seeds, tested against noise
+        agg['welch'] = {k: welch(*(seed_values(runs, n, k) for n in (name, reference))) if name != reference else None
+                        for k in ('final_val_loss', 'accuracy')}
     command = ' '.join(['python ablate.py'] + [shell_quote(a) for a in sys.argv[1:]])
     write_output(os.path.join(out, 'results.json'), json.dumps({'command': command, 'settings': dict(settings),
                                                                 'variants': variants, 'runs': runs}, indent=1),
                  'results.json')
-    reference = 'vanilla' if 'vanilla' in variants else next(iter(variants), None)
-    base = variants[reference]['final_val_loss'] if reference else None
     # steps to a loss: the first evaluation where the variant's mean curve is at the target's final loss
     goal = target if target in variants else reference
     goal_loss = variants[goal]['final_val_loss'] if goal else None
@@ -726,11 +960,14 @@ def write_report(out, order, failed, cwd, n_layer):
                for n, agg in variants.items()}
     # a downstream task's metric is a column when runs logged one (train.py's eval_task)
     tasks = list(dict.fromkeys(k for agg in variants.values() for k in agg['task']))
+    accuracy = any(agg['accuracy'] is not None for agg in variants.values())  # a task dataset's runs
     lines = [f"Base recipe `{train_config}`{f' with `{train_args}`' if train_args else ''}, seeds "
              f"{', '.join(str(1337 + s) for s in range(seeds))}; command: `{command}`", '',
              f'| variant | flags | parameters | active | final val loss | best val loss | Δ final vs {reference} '
              f'| reaches {goal} at iter | ms/iter | tokens/s | KV cache bytes/token | load max/mean | diverged at |'
-             + ''.join(f' {t} |' for t in tasks), '|' + ' --- |' * (13 + len(tasks))]
+             + ''.join(f' {t} |' for t in tasks)
+             + (f' val accuracy | Δ accuracy vs {reference} |' if accuracy else ''),
+             '|' + ' --- |' * (13 + len(tasks) + 2 * accuracy)]
     for name, agg in variants.items():
         seeds_runs = [r for r in runs if r['variant'] == name]
         flags = ', '.join(f'{k}={v}' for k, v in agg['flags'].items()).replace('|', '\\|') or '(base recipe)'
@@ -738,10 +975,14 @@ def write_report(out, order, failed, cwd, n_layer):
         lines.append('| ' + ' | '.join([
             name, flags, fmt(agg['parameters'], ','), fmt(agg['active_parameters'], ','),
             mean_std([r['final_val_loss'] for r in seeds_runs]), mean_std([r['best_val_loss'] for r in seeds_runs]),
-            'n/a' if base is None or agg['final_val_loss'] is None else f"{agg['final_val_loss'] - base:+.4f}",
+            delta(agg, variants[reference], 'final_val_loss', len(seeds_runs)),
             'not reached' if reaches[name] is None else str(reaches[name]), fmt(agg['ms_per_iter'], '.1f'),
             fmt(agg['tokens_per_s'], ',.0f'), fmt(agg['kv_bytes_per_token'], ',.0f'),
-            fmt(agg['load_max_over_mean'], '.2f'), diverged] + [fmt(agg['task'].get(t)) for t in tasks]) + ' |')
+            fmt(agg['load_max_over_mean'], '.2f'), diverged] + [fmt(agg['task'].get(t)) for t in tasks]
+            + ([mean_std([r['accuracy'] for r in seeds_runs]), delta(agg, variants[reference], 'accuracy',
+                                                                     len(seeds_runs))] if accuracy else [])) + ' |')
+    lines += ['', f"p: Welch's two-sided t-test over seeds against {reference} (stats.welch); ≈: p >= 0.05, a "
+                  f"difference noise could explain; the per-seed figures are in results.json's runs."]
     lines += ['', "ms/iter and tokens/s come from runs trained one after another (or `parallel` at once) on this "
                   "machine: another job's load during one run slows it alone, so compare them across variants with "
                   "care; bench.py times variants side by side, its steps taken in turn."]
@@ -765,6 +1006,7 @@ def write_report(out, order, failed, cwd, n_layer):
         if no_data:
             lines += ['', f"Not in the length table (rerun once the data is back): "
                           f"{', '.join(f'{run} ({why})' for run, why in no_data.items())}"]
+    lines += lengths_table(variants) + probes_table(variants)  # after the tables of every run
     if target and target not in variants:
         lines += ['', f"target {target!r} has no finished runs here: the reaches column uses {goal!r}"]
     if other:

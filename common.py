@@ -16,6 +16,7 @@ from collections import namedtuple
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 
+import numpy as np
 import torch
 
 from model import GPT, RUNTIME_FLAGS, GPTConfig, upgrade_args
@@ -573,6 +574,48 @@ def no_train_split_fix(dataset, meta):
             f"{command} --val_tokens={val_tokens // 10} (a tenth for val, the rest for train); {start_over}")
 
 
+# ----------------------------------------------------------------------------- task datasets: whole examples
+def example_split(data_dir, split, meta):
+    """(examples, example_length) of one split of a task dataset (data/recall, data/copy: whole examples back to
+    back in {split}.bin, one byte per token in {split}_mask.bin, 1 where the next token is scored), its files
+    checked against meta.json."""
+    task = meta.get('task', os.path.basename(data_dir))
+    fix = f"python data/{task}/prepare.py" + ('' if os.path.basename(data_dir) == task else f" --out_dir {data_dir}")
+    info = (meta.get('splits') or {}).get(split)
+    if not isinstance(info, dict) or not all(isinstance(info.get(k), int) for k in ('examples', 'example_length')):
+        die(f"'{os.path.join(data_dir, 'meta.json')}' lists no split {split!r} (examples, example_length); rerun {fix}")
+    examples, length = info['examples'], info['example_length']
+    if examples < 1 or length < 2:
+        die(f"split {split!r} of '{data_dir}' holds {examples} examples of {length} tokens: nothing to train or "
+            f"evaluate on; rerun {fix}")
+    for name, size in ((f'{split}.bin', 2 * examples * length), (f'{split}_mask.bin', examples * length)):
+        path = os.path.join(data_dir, name)
+        if not os.path.isfile(path):
+            die(f"dataset file '{path}' not found; create it with: {fix}")
+        if os.path.getsize(path) != size:
+            die(f"'{path}' is {os.path.getsize(path)} bytes but meta.json promises {size} ({examples} examples of "
+                f"{length} tokens): the files are from different runs of prepare.py; rerun {fix}")
+    return examples, length
+
+
+def read_examples(data_dir, split, rows, length):
+    """(inputs, targets): int64 (len(rows), length - 1) of the examples at indices rows, the targets -1 where
+    the mask does not score them (GPT.forward ignores -1). Fresh memmaps: a long-lived one's pages stay."""
+    span = np.asarray(rows, dtype=np.int64)[:, None] * length + np.arange(length)
+    tokens = np.memmap(os.path.join(data_dir, f'{split}.bin'), dtype=np.uint16, mode='r')[span].astype(np.int64)
+    mask = np.memmap(os.path.join(data_dir, f'{split}_mask.bin'), dtype=np.uint8, mode='r')[span]
+    targets = tokens[:, 1:].copy()
+    targets[mask[:, :-1] == 0] = -1
+    return tokens[:, :-1], targets
+
+
+def masked_accuracy(logits, targets):
+    """(right, scored): how many greedy next-token predictions hit their scored targets (not -1), and how many
+    targets are scored, as tensors."""
+    scored = targets != -1
+    return (logits.argmax(-1)[scored] == targets[scored]).sum(), scored.sum()
+
+
 # ----------------------------------------------------------------------------- tokenizers
 
 # source: what the text is encoded with, named in errors ("GPT-2's BPE (tried because 'DIR' holds no tokenizer)");
@@ -612,6 +655,11 @@ def load_tokenizer(meta_path=None, pretrained=None, name=''):
                     f"{' '.join(repr(c) for c in unknown)}")
             return [stoi[c] for c in text]
         return Tokenizer(encode, lambda ids: ''.join(chars[i] for i in ids), len(chars), f"'{meta_path}'")
+    if meta.get('kind') == 'recall':
+        return _recall_tokenizer(meta, meta_path)
+    if meta.get('kind', 'tiktoken') != 'tiktoken':  # a task's own ids are no BPE text: never decode them as one
+        die(f"'{meta_path}' has a vocabulary of kind {meta['kind']!r}, which no tokenizer here reads (kinds: 'char', "
+            f"'tiktoken', 'recall')")
     if pretrained is not None and not pretrained.startswith('gpt2'):
         # a Llama checkpoint brings its own tokenizer (an export.py directory too); a bare GPT-2 one may not, and
         # transformers then makes an empty one that encodes any text to nothing
@@ -625,6 +673,31 @@ def load_tokenizer(meta_path=None, pretrained=None, name=''):
                 missing = f"no tokenizer was found with '{pretrained}'"
         return _tiktoken('gpt2', f"GPT-2's BPE (tried because {missing})")._replace(guessed=True)
     return _tiktoken(meta.get('encoding', 'gpt2'), f"tiktoken's {meta.get('encoding', 'gpt2')!r}")
+
+
+def _recall_tokenizer(meta, meta_path):
+    """data/recall's ids as names, each followed by a space: '.' the filler, k<i> the i-th key, v<i> the i-th
+    value."""
+    vocabulary = meta.get('vocabulary') or {}
+    try:
+        (k_lo, k_hi), (v_lo, v_hi) = vocabulary['keys'], vocabulary['values']
+        names = {vocabulary['filler']: '.'}
+    except (KeyError, TypeError, ValueError):
+        die(f"'{meta_path}' is a recall vocabulary without its 'vocabulary' (filler, keys, values); rerun "
+            f"python data/recall/prepare.py")
+    names.update({i: f'k{i - k_lo}' for i in range(k_lo, k_hi)})
+    names.update({i: f'v{i - v_lo}' for i in range(v_lo, v_hi)})
+    ids = {name: i for i, name in names.items()}
+
+    def encode(text):
+        unknown = [word for word in text.split() if word not in ids]
+        if unknown:
+            die(f"not names of the recall vocabulary of '{meta_path}' ('.', k0..k{k_hi - k_lo - 1}, "
+                f"v0..v{v_hi - v_lo - 1}): {' '.join(unknown[:5])}")
+        return [ids[word] for word in text.split()]
+    # each name ends in its space: pieces decoded one after another (sample.py streams) read as the whole
+    return Tokenizer(encode, lambda tokens: ''.join(names.get(i, f'<{i}>') + ' ' for i in tokens), meta['vocab_size'],
+                     f"'{meta_path}'")
 
 
 def _tiktoken(encoding, source):

@@ -123,7 +123,8 @@ from common import (DTYPES, all_reduce_sum, append_log, autocast, catch_interrup
                     collective_error, critical, dataset_meta, deliver_interrupts, die, first_line, grad_scaler,
                     hold_interrupts, Interrupted, keep_as, load_checkpoint, load_pretrained, measure_matmul_flops,
                     model_from_checkpoint, new_checkpoint, out_of_memory, peak_flops as measure_peak_flops,
-                    pick_device, pick_dtype, repair_log, save_checkpoint, split_files, write_json)
+                    pick_device, pick_dtype, repair_log, save_checkpoint, split_files, write_json, example_split,
+                    masked_accuracy, read_examples)
 from model import GPT, RUNTIME_FLAGS, GPTConfig  # noqa: E402
 
 catch_interrupts()
@@ -167,13 +168,27 @@ meta_path, meta = dataset_meta(dataset)
 meta_vocab_size = meta.get('vocab_size')
 if meta.get('kind') == 'tiktoken':  # GPT-2's 50257 padded to 50304: a multiple of 64 runs faster on GPUs
     meta_vocab_size = 64 * math.ceil(meta_vocab_size / 64)
+data_dir = os.path.join('data', dataset)
+# a task dataset (data/recall, data/copy): whole examples, a mask of the scored targets, and splits to evaluate at
+# other lengths; its batches are examples, aligned, and its evaluations also log accuracy
+example_data = 'example_length' in meta
+eval_splits = list(meta.get('eval_splits') or ['val']) if example_data else ['val']
+if example_data and isinstance(meta.get('shards'), dict):
+    die(f"'{meta_path}' has both example_length and shards: a task dataset is one file per split; rerun its "
+        f"prepare.py")
+example_shape = {split: example_split(data_dir, split, meta) for split in ('train', *eval_splits)} \
+    if example_data else {}
 shard_files = {split: split_files(dataset, meta, split) for split in ('train', 'val')}
 split_tokens = {split: [os.path.getsize(p) // 2 for p in files] for split, files in shard_files.items()}
 
 
 def get_batch(split, generator, fetch=True):
     """(x, y) on the device; fetch=False only draws the batch's offsets (the generator moves alike) -> None.
-    Over shards, every window of every shard is equally likely (uniform by tokens): one draw over them all."""
+    Over shards, every window of every shard is equally likely (uniform by tokens): one draw over them all.
+    A task dataset's rows are whole examples, x and y within one, y -1 where not scored."""
+    if example_data:
+        rows = torch.randint(example_shape[split][0], (batch_size,), generator=generator).tolist()
+        return example_batch(split, rows) if fetch else None
     # each shard's windows, one after another: one file's draws are those of the single file they always were
     starts = [max(0, n - block_size) for n in split_tokens[split]]
     ix = torch.randint(sum(starts), (batch_size,), generator=generator).tolist()
@@ -188,13 +203,29 @@ def get_batch(split, generator, fetch=True):
         offset = i - (ends[k - 1] if k else 0)
         rows.append(data[offset:offset + 1 + block_size])
     xy = np.stack(rows).astype(np.int64)
-    if xy.max() >= vocab_limit:
-        die(f"'{files[int(xy.max(axis=1).argmax())]}' holds token id {xy.max()} but the model's vocabulary has "
-            f"{vocab_limit}: the data and meta.json (or the model) do not belong together")
-    # one contiguous (B, T+1) block pinned and sent once; inputs and targets are its views on the device
-    xy = torch.from_numpy(xy)
-    xy = xy.pin_memory().to(device, non_blocking=True) if device_type == 'cuda' else xy.to(device)
+    check_token_ids(xy, files[int(xy.max(axis=1).argmax())])
+    xy = to_device(xy)  # one contiguous (B, T+1) block; inputs and targets are its views on the device
     return xy[:, :-1], xy[:, 1:]
+
+
+def example_batch(split, rows):
+    """(x, y) of the split's examples at indices rows, on the device."""
+    x, y = read_examples(data_dir, split, rows, example_shape[split][1])
+    check_token_ids(np.maximum(x, y), os.path.join(data_dir, f'{split}.bin'))
+    xy = to_device(np.stack((x, y)))
+    return xy[0], xy[1]
+
+
+def check_token_ids(tokens, path):
+    if tokens.max() >= vocab_limit:
+        die(f"'{path}' holds token id {tokens.max()} but the model's vocabulary has {vocab_limit}: the data and "
+            f"meta.json (or the model) do not belong together")
+
+
+def to_device(array):
+    """A numpy array pinned and sent once."""
+    tensor = torch.from_numpy(array)
+    return tensor.pin_memory().to(device, non_blocking=True) if device_type == 'cuda' else tensor.to(device)
 
 
 def train_generator(it, micro):
@@ -204,7 +235,14 @@ def train_generator(it, micro):
 
 
 def check_splits_fit(length):
-    """Each split needs a file longer than one window of length tokens."""
+    """Each split needs a file longer than one window of length tokens; a task dataset's block_size must hold its
+    training and val examples (their inputs: one token shorter)."""
+    if example_data:
+        longest = max(example_shape['train'][1], example_shape['val'][1])
+        if length < longest - 1:
+            die(f"block_size {length} is shorter than the examples of {data_dir} ({longest} tokens: inputs of "
+                f"{longest - 1}); set --block_size={longest - 1}")
+        return
     for split in ('train', 'val'):
         tokens = max(split_tokens[split])
         if tokens <= length:
@@ -343,7 +381,12 @@ check_splits_fit(model.config.block_size)
 trained_args = {**GPT_DEFAULTS, **checkpoint['model_args']} if checkpoint else asdict(model.config)
 settings.update({k: getattr(model.config, k) for k in MODEL_FLAGS})
 block_size = model.config.block_size
-tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
+# a task's examples may be shorter than block_size: a step trains on its inputs' tokens
+tokens_per_iter = gradient_accumulation_steps * batch_size * (example_shape['train'][1] - 1 if example_data
+                                                             else block_size)
+# learned positions stop at block_size; rotary tables grow: a longer evaluation split runs only with them
+unreachable_splits = [s for s in eval_splits if example_data and model.config.pos == 'learned'
+                      and example_shape[s][1] - 1 > block_size]
 
 # where the run stands: a resume continues from its checkpoint's counters
 iter_num, best_val_loss, elapsed_before, tokens_seen = 0, float('inf'), 0.0, 0
@@ -420,35 +463,74 @@ if distributed and not fsdp:
 
 @torch.no_grad()
 def estimate_loss():
-    """Mean loss on eval_iters fixed batches per split, shared out across processes; with MoE layers, also their
-    load and balancing losses on the val batches (out['moe']). A long evaluation shows a progress bar."""
+    """Mean loss on fixed batches per split, shared out across processes: eval_iters random windows of text, or
+    a task's first eval_iters * batch_size examples (the same ones every time), whose greedy accuracy over the
+    scored targets goes in out['accuracy']; a split the positions cannot reach is None. With MoE layers, also
+    their load and balancing losses on the val batches (out['moe']). A long evaluation shows a progress bar."""
     eval_model.eval()
-    out = {}
-    bar = progress(2 * len(range(rank, eval_iters, world_size)), 'evaluating', slow=eval_seconds > 10)
-    for split in ('train', 'val'):
-        generator = torch.Generator().manual_seed(EVAL_SEED + (split == 'val'))
+    out = {'accuracy': {}} if example_data else {}
+    splits = [s for s in ('train', *eval_splits) if s not in unreachable_splits]
+    bar = progress(sum(len(range(rank, eval_batches(s), world_size)) for s in splits), 'evaluating',
+                   slow=eval_seconds > 10)
+    for split in ('train', *eval_splits):
         raw_model.moe_report_and_reset()  # restart the experts' counts
-        total, batch = torch.zeros((), device=device), None
-        for k in range(eval_iters):  # every process draws every batch (the same ones, in order), reads its own
-            own = k % world_size == rank
-            # FSDP: a rank short of a batch runs the last one too (below), so it reads that one
-            batch = get_batch(split, generator, fetch=own or (fsdp and k == eval_iters - 1)) or batch
-            if own:
-                with ctx:
-                    total += eval_model(*batch)[1].float()
-                bar.update()
-        if fsdp and eval_iters % world_size and rank >= eval_iters % world_size:
-            join_last_round(batch)
-        if distributed:
-            dist.all_reduce(total)
-        out[split] = total.item() / eval_iters
+        loss, accuracy = evaluate_split(split, bar) if split in splits else (None, None)
+        out[split] = loss
+        if example_data:
+            out['accuracy'][split] = accuracy
+        if split == 'val' and raw_model.moe_layers():
+            if distributed:
+                all_reduce_sum(raw_model.moe_counters())
+            out['moe'] = raw_model.moe_report_and_reset()
     bar.close()
-    if raw_model.moe_layers():
-        if distributed:
-            all_reduce_sum(raw_model.moe_counters())
-        out['moe'] = raw_model.moe_report_and_reset()
     eval_model.train()
     return out
+
+
+def eval_batches(split):
+    """How many batches an evaluation of split reads."""
+    if not example_data:
+        return eval_iters
+    return math.ceil(min(example_shape[split][0], eval_iters * batch_size) / batch_size)
+
+
+def eval_batch(split, k, generator, fetch):
+    """The split's k-th evaluation batch (None unless fetch): a window drawn by generator, or examples in order."""
+    if not example_data:
+        return get_batch(split, generator, fetch)
+    end = min(example_shape[split][0], eval_iters * batch_size, (k + 1) * batch_size)
+    return example_batch(split, range(k * batch_size, end)) if fetch else None
+
+
+def evaluate_split(split, bar):
+    """(mean loss, greedy accuracy or None) on the split's evaluation batches: per batch for text, per scored
+    target for a task (its batches score different counts)."""
+    generator = torch.Generator().manual_seed(EVAL_SEED + (split != 'train'))
+    sums, batch, n = torch.zeros(3, device=device), None, eval_batches(split)  # loss, right, weight
+    for k in range(n):  # every process draws every batch (the same ones, in order), reads its own
+        own = k % world_size == rank
+        # FSDP: a rank short of a batch runs the last one too (below), so it reads that one
+        batch = eval_batch(split, k, generator, fetch=own or (fsdp and k == n - 1)) or batch
+        if own:
+            sums += batch_sums(*batch)
+            bar.update()
+    if fsdp and n % world_size and rank >= n % world_size:
+        join_last_round(batch)
+    if distributed:
+        dist.all_reduce(sums)
+    loss, right, weight = sums.tolist()
+    return loss / weight, right / weight if example_data else None
+
+
+def batch_sums(x, y):
+    """(loss, right, weight) of one evaluation batch: a text batch weighs 1; a task's, its scored targets."""
+    with ctx:
+        logits, loss = eval_model(x, y)
+    loss = loss.float()
+    if not example_data:
+        return torch.stack([loss, torch.zeros_like(loss), torch.ones_like(loss)])
+    right, scored = masked_accuracy(logits, y)
+    return torch.stack([torch.where(scored > 0, loss * scored, 0.0), right.float(), scored.float()])
 
 
 def join_last_round(batch):
@@ -575,6 +657,10 @@ def describe_run():
     total, active = raw_model.get_num_params(), raw_model.get_num_params(active=True)
     print(f"model: {total / 1e6:.2f}M parameters{f' ({active / 1e6:.2f}M active)' if active != total else ''}; "
           + ' '.join(f"{k}={v}" for k, v in asdict(raw_model.config).items() if k in SIZES or v != GPT_DEFAULTS.get(k)))
+    if unreachable_splits:
+        print(f"note: learned positions cannot go past block_size {block_size}: "
+              + ', '.join(f"{s} ({example_shape[s][1]} tokens)" for s in unreachable_splits)
+              + " not evaluated (logged as None); pos='rope' can go there")
     if decay_lr and not eval_only and iter_num < max_iters <= warmup_iters:
         print(f"note: warmup_iters ({warmup_iters}) outlasts max_iters ({max_iters}): the learning rate never reaches "
               f"its peak (the last step runs at {lr_scale(max_iters - 1):.0%} of it); lower warmup_iters to reach it")
@@ -679,10 +765,10 @@ def report_evaluation(losses, lr, elapsed_s, save, blown_up):
     """Rank 0: the evaluation's lines printed, the task scored -> its log.jsonl record (None on other ranks)."""
     if not master:
         return None
-    print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+    print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{accuracy_text(losses)}")
     record = {'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val'], 'lr': lr,
               'tokens': tokens_seen, 'elapsed_s': elapsed_s,
-              'ms_per_iter': 1000 * train_time / train_steps if train_steps else None}
+              'ms_per_iter': 1000 * train_time / train_steps if train_steps else None, **accuracy_fields(losses)}
     task_scores = score_task() if task_lm is not None else None
     if task_scores is not None:
         record['task'] = {eval_task: task_scores}
@@ -702,6 +788,27 @@ def report_evaluation(losses, lr, elapsed_s, save, blown_up):
         print(f"val loss {losses['val']:.4f} is over twice the best ({best_val_loss:.4f}): not saving; "
               f"{last_checkpoint()}")
     return record
+
+
+def accuracy_fields(losses):
+    """A task's accuracy for log.jsonl: val's and train's, and loss and accuracy at each longer evaluation split."""
+    if 'accuracy' not in losses:
+        return {}
+    accuracy = losses['accuracy']
+    fields = {'accuracy': accuracy['val'], 'train_accuracy': accuracy['train']}
+    longer = [s for s in eval_splits if s != 'val']
+    if longer:
+        fields['lengths'] = {s: {'loss': losses[s], 'accuracy': accuracy[s]} for s in longer}
+    return fields
+
+
+def accuracy_text(losses):
+    """', accuracy 0.872 (val_2x 0.314, val_4x n/a)' for the evaluation's line; '' for text."""
+    if 'accuracy' not in losses:
+        return ''
+    longer = ', '.join(f"{s} {'n/a' if losses['accuracy'][s] is None else format(losses['accuracy'][s], '.3f')}"
+                       for s in eval_splits if s != 'val')
+    return f", accuracy {losses['accuracy']['val']:.3f}" + (f" ({longer})" if longer else '')
 
 
 def log_evaluation(record):

@@ -98,7 +98,7 @@ def test_report_has_a_row_per_variant_with_extrapolation(ablated):
     assert result.stdout.index('[2/4] vanilla seed 1338 started') < result.stdout.index('done in')
     md = (out / 'results.md').read_text(encoding='utf-8')
     assert 'Base recipe' in md and '1337, 1338' in md and 'python ablate.py' in md
-    main, length = tables(md)
+    main, length, _ = tables(md)  # the probes' table last
     assert main[0][:5] == ['variant', 'flags', 'parameters', 'active', 'final val loss']
     rows = table_rows(md)
     assert list(rows) == ['vanilla', 'rope']
@@ -655,3 +655,138 @@ def test_the_kv_sharing_group_shares_a_quarter_and_a_half_of_the_layers_and_sets
     cache = [GPT(GPTConfig(**{**ablate_module.model_args(base), 'vocab_size': 65, **flags})).kv_cache_bytes(1, 64)
              for flags in variants.values()]
     assert cache == [cache[0], cache[0] * 3 // 4, cache[0] // 2, cache[0]]  # K = V keeps both in the cache
+
+
+# ----------------------------------------------------------------------------- evidence: tasks, statistics, probes
+def fabricated_run(workdir, out, name, flags, seed, val_loss, accuracy, lengths=None):
+    """A finished run written by hand: an old done.json (so the report summarizes it again from its log.jsonl)
+    and a log of two evaluations, the last with the given val loss and task accuracy."""
+    path = out / 'runs' / name / f'seed{seed}'
+    path.mkdir(parents=True)
+    args = [str(workdir / 'tiny.py')] + [f'--{k}={v!r}' for k, v in flags.items()] + [f'--seed={seed}',
+                                                                                      '--wandb_log=False']
+    (path / 'done.json').write_text(json.dumps({'variant': name, 'flags': flags, 'seed': seed, 'args': args,
+                                                'duration_s': 1.0, 'version': 3}))
+    records = [{'iter': 0, 'val_loss': 3.0, 'elapsed_s': 0.0, 'ms_per_iter': None, 'tokens': 0, 'accuracy': 0.1},
+               {'iter': 4, 'val_loss': val_loss, 'elapsed_s': 1.0, 'ms_per_iter': 10.0, 'tokens': 64,
+                'accuracy': accuracy, **({'lengths': lengths} if lengths else {})}]
+    (path / 'log.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
+
+
+def test_each_difference_gets_welchs_p_and_noise_is_marked(tmp_path, monkeypatch, capsys):
+    """Three variants x 3 seeds: the Δ cells carry the p stats.welch gives on the per-seed figures, '≈' exactly
+    where p >= 0.05; accuracy (read from each run's log.jsonl) is a column with its own p, and each evaluation
+    length a column of the length table."""
+    from stats import welch
+    workdir = make_workdir(tmp_path)
+    out = tmp_path / 'out'
+    losses = {'vanilla': [2.00, 2.02, 2.01], 'close': [2.01, 2.00, 2.03], 'apart': [1.80, 1.81, 1.79]}
+    accuracies = {'vanilla': [0.30, 0.35, 0.32], 'close': [0.31, 0.36, 0.30], 'apart': [0.90, 0.95, 0.99]}
+    flags = {'vanilla': {}, 'close': {'learning_rate': 1e-3}, 'apart': {'learning_rate': 2e-3}}
+    for name in losses:
+        for k, seed in enumerate((1337, 1338, 1339)):
+            fabricated_run(workdir, out, name, flags[name], seed, losses[name][k], accuracies[name][k],
+                           {'val_2x': {'loss': 2.5, 'accuracy': accuracies[name][k] / 2},
+                            'val_4x': {'loss': None, 'accuracy': None}})
+    code, _, err = report_here(workdir, out, f'--custom={flags}', '--seeds=3', '--extrapolation=',
+                               monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, err
+    md = (out / 'results.md').read_text(encoding='utf-8')
+    rows, header = table_rows(md), tables(md)[0][0]
+    loss_col, acc_col = header.index('Δ final vs vanilla'), header.index('Δ accuracy vs vanilla')
+    saved = json.loads((out / 'results.json').read_text())['variants']
+    for name in ('close', 'apart'):
+        for col, key, figures in ((loss_col, 'final_val_loss', losses), (acc_col, 'accuracy', accuracies)):
+            p = welch(figures[name], figures['vanilla'])['p']
+            assert saved[name]['welch'][key]['p'] == pytest.approx(p)
+            assert f"(p {p:.2g}{' ≈' if p >= 0.05 else ''})" in rows[name][col]
+    assert rows['close'][loss_col].endswith('≈)') and not rows['apart'][loss_col].endswith('≈)')
+    assert rows['apart'][header.index('val accuracy')].startswith('0.9467 ±')
+    assert "Welch's two-sided t-test over seeds against vanilla" in md
+    lengths = {cells[0]: cells for cells in tables(md)[1][1:]}
+    assert tables(md)[1][0] == ['variant', 'positions', 'val (1x)', 'val_2x', 'val_4x']
+    assert lengths['apart'] == ['apart', 'plain', '0.947 (1.800)', '0.473 (2.500)', 'n/a']
+
+
+def test_the_probes_of_each_variant_are_reported_beside_equal_attention(ablated):
+    """Every run's ckpt.pt probed on the same val windows: the table's 'equal' is the mean of 1/(t+1) over the
+    queries past the first 4 of block_size 16, and each share a probability."""
+    md = (ablated[1] / 'results.md').read_text(encoding='utf-8')
+    probes = next(t for t in tables(md) if t[0][:2] == ['variant', 'sink share (mean)'])
+    rows = {cells[0]: cells for cells in probes[1:]}
+    assert set(rows) == {'vanilla', 'rope'}
+    equal = sum(1 / (t + 1) for t in range(4, 16)) / 12
+    for cells in rows.values():
+        assert cells[3] == f'{equal:.3f}' and 0 < float(cells[1]) <= float(cells[2]) <= 1 and float(cells[4]) >= 1
+    done = json.loads((ablated[1] / 'runs' / 'rope' / 'seed1337' / 'done.json').read_text())
+    assert len(done['probe']['layers']['sink_share']) == 1  # the per-layer, per-head figures stay in done.json
+
+
+def test_the_evidence_groups(tmp_path, monkeypatch, capsys):
+    """recall: 5 architectures x widths x lengths, each length its own dataset (a missing one is one line naming
+    its prepare command); length_generalization on data/copy; sinks with the gate and learned sinks."""
+    workdir = make_workdir(tmp_path)
+    code, err = ablate_here(workdir, tmp_path / 'out', '--grid=recall', monkeypatch=monkeypatch, capsys=capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and 'python data/recall/prepare.py --seq_len 32 --num_pairs 4' in lines[0]
+    for length in (32, 64):
+        (workdir / 'data' / f'recall_{length}').mkdir(parents=True)
+        (workdir / 'data' / f'recall_{length}' / 'meta.json').write_text(json.dumps({'example_length': length}))
+    (workdir / 'data' / 'copy').mkdir()
+    (workdir / 'data' / 'copy' / 'meta.json').write_text(json.dumps({'splits': {
+        'train': {'example_length': 33}, 'val': {'example_length': 33}, 'val_4x': {'example_length': 129}}}))
+    monkeypatch.setattr(sys, 'argv', ['ablate.py', f'--run_dir={workdir}', '--grid=recall,length_generalization,sinks',
+                                      '--recall_widths=32,64', '--recall_lengths=32,64'])
+    monkeypatch.syspath_prepend(str(REPO))
+    sys.modules.pop('ablate', None)
+    ablate_module = importlib.import_module('ablate')
+    sys.modules.pop('ablate', None)
+    base = ablate_module.base_recipe(str(REPO))
+    variants = ablate_module.build_grid(base)
+    recall = [n for n in variants if n.endswith(('L=32', 'L=64'))]
+    assert len(recall) == 5 * 2 * 2
+    wide = variants['global_d=64_L=32']
+    assert {k: wide[k] for k in ('dataset', 'block_size', 'n_embd', 'n_head', 'pos')} == {
+        'dataset': 'recall_32', 'block_size': 31, 'n_embd': 64, 'n_head': 2, 'pos': 'rope'}
+    assert variants['L_d=32_L=64'] == {**variants['global_d=32_L=64'], 'layers': 'L', 'sliding_window': 16}
+    assert variants['DDDG_d=64_L=64']['layers'] == 'DDDG' and variants['mla_d=64_L=64']['attn'] == 'mla'
+    assert variants['learned']['pos'] == 'learned' and variants['learned']['block_size'] == 128
+    assert variants['rope']['block_size'] == 32 and variants['nope']['layers'] == 'N'
+    assert all(variants[n]['dataset'] == 'copy' for n in ('learned', 'rope', 'nope', 'layers=GGGN'))
+    assert variants['modern+gate+sinks'] == {**variants['modern'], 'attn_gate': True, 'attn_sinks': True}
+    from model import GPTConfig
+    for flags in variants.values():  # every variant is a model the recipe can build
+        GPTConfig(**{**ablate_module.model_args(base), **{k: v for k, v in flags.items() if k != 'dataset'}})
+
+
+def test_a_rope_run_on_copy_is_scaled_to_each_evaluation_length(tmp_path, monkeypatch, capsys):
+    """task_lengths: each scaling of a RoPE checkpoint at data/copy's val, val_2x, val_4x; at 1x a scaling is plain
+    RoPE, so it scores train.py's own val evaluation (the same first examples); cached in lengths.json."""
+    import common
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, 'argv', ['prepare.py', '--length', '4', '--num_train', '64', '--num_val', '16',
+                                      '--out_dir', str(tmp_path / 'data' / 'copy')])
+    runpy.run_path(str(REPO / 'data' / 'copy' / 'prepare.py'), run_name='__main__')
+    monkeypatch.setattr(sys, 'argv', ['train.py', '--dataset=copy', '--device=cpu', '--compile=False', '--n_layer=1',
+                                      '--n_head=2', '--n_embd=16', '--block_size=8', '--batch_size=4', '--eval_iters=2',
+                                      '--gradient_accumulation_steps=1', '--max_iters=4', '--eval_interval=4',
+                                      '--pos=rope', '--out_dir=run'])
+    monkeypatch.setattr(common, 'catch_interrupts', lambda: None)
+    try:
+        runpy.run_path(str(REPO / 'train.py'), run_name='__main__')
+    finally:
+        common.release_out_dirs()
+    logged = json.loads((tmp_path / 'run' / 'log.jsonl').read_text().splitlines()[-1])
+    monkeypatch.setattr(sys, 'argv', ['ablate.py', '--extrapolation_iters=2'])
+    monkeypatch.syspath_prepend(str(REPO))
+    sys.modules.pop('ablate', None)
+    ablate_module = importlib.import_module('ablate')
+    sys.modules.pop('ablate', None)
+    figures = ablate_module.task_lengths(str(tmp_path / 'run'), str(tmp_path), ['plain', 'linear', 'yarn'])
+    capsys.readouterr()
+    assert set(figures) == {'linear', 'yarn'} and set(figures['linear']) == {'val', 'val_2x', 'val_4x'}
+    assert figures['linear']['val']['accuracy'] == pytest.approx(logged['accuracy'])
+    assert figures['linear']['val']['loss'] == pytest.approx(logged['val_loss'], rel=1e-5)
+    assert all(0 <= f['accuracy'] <= 1 for f in figures['yarn'].values())
+    monkeypatch.setattr(ablate_module, 'load_checkpoint', lambda *a: pytest.fail('cached: nothing to load'))
+    assert ablate_module.task_lengths(str(tmp_path / 'run'), str(tmp_path), ['linear', 'yarn']) == figures

@@ -981,3 +981,112 @@ def test_resume_is_exact_for_gemma4s_parts(workdir, run):
                                         '--v_norm=True', '--layer_scalar=True', '--per_layer_embd=4', '--mlp=moe',
                                         '--n_expert=4', '--moe_dense_mlp=True', '--moe_activation=gelu',
                                         '--global_head_dim=32', '--rope_proportion=0.25'])
+
+
+# ----------------------------------------------------------------------------- task datasets (data/recall, data/copy)
+TASKS = {'recall': ['--num_pairs', '2', '--seq_len', '16', '--vocab_size', '16'], 'copy': ['--length', '4']}
+
+
+def make_task(root, task, monkeypatch, capsys):
+    """data/<task> in root, written by the task's own prepare.py (64 train, 16 val examples): -> its directory."""
+    out = root / 'data' / task
+    monkeypatch.setattr(sys, 'argv', ['prepare.py', *TASKS[task], '--num_train', '64', '--num_val', '16',
+                                      '--out_dir', str(out)])
+    runpy.run_path(str(REPO / 'data' / task / 'prepare.py'), run_name='__main__')
+    capsys.readouterr()
+    return out
+
+
+def task_file(data_dir, split, length):
+    """(tokens, mask) of a split as (examples, length) arrays, read plainly."""
+    tokens = np.fromfile(data_dir / f'{split}.bin', dtype=np.uint16).astype(np.int64).reshape(-1, length)
+    return tokens, np.fromfile(data_dir / f'{split}_mask.bin', dtype=np.uint8).reshape(-1, length)
+
+
+def script_globals(ns):
+    """The script's own globals (which its functions read) as they were when it ended."""
+    g = ns['get_batch'].__globals__
+    g.update(ns)  # runpy clears them when the run ends, and returns a copy
+    return g
+
+
+def test_task_batches_are_whole_examples_with_unscored_targets_minus_one(tmp_path, monkeypatch, capsys,
+                                                                         single_thread):
+    """Every row is one example (x its first L-1 tokens, y the next ones), y is -1 exactly where the mask does not
+    score, and the loss is the cross-entropy over the scored targets alone."""
+    data_dir = make_task(tmp_path, 'recall', monkeypatch, capsys)
+    g = script_globals(train_namespace(tmp_path, '--dataset=recall', '--block_size=15', '--max_iters=0',
+                                       '--out_dir=out', monkeypatch=monkeypatch))
+    tokens, mask = task_file(data_dir, 'train', 16)
+    for seed in range(5):
+        x, y = g['get_batch']('train', torch.Generator().manual_seed(seed))
+        assert x.shape == y.shape == (4, 15)
+        for row_x, row_y in zip(x.numpy(), y.numpy()):
+            i = int(np.flatnonzero((tokens[:, :-1] == row_x).all(axis=1))[0])  # the example it came from
+            assert np.array_equal(row_y, np.where(mask[i, :-1] == 1, tokens[i, 1:], -1))
+    logits, loss = g['raw_model'](x, y)
+    scored = y != -1
+    assert scored.sum() == 4 * 2  # recall scores num_pairs targets per example
+    assert loss.item() == pytest.approx(torch.nn.functional.cross_entropy(logits[scored], y[scored]).item(), rel=1e-5)
+
+
+def test_task_accuracy_is_greedy_over_the_scored_targets_of_the_first_examples(tmp_path, monkeypatch, capsys,
+                                                                               single_thread):
+    """Evaluations read the split's first eval_iters * batch_size examples in order; accuracy is the share of
+    scored targets whose argmax is right, logged beside val loss."""
+    data_dir = make_task(tmp_path, 'recall', monkeypatch, capsys)
+    ns = train_namespace(tmp_path, '--dataset=recall', '--block_size=15', '--max_iters=0', '--out_dir=out',
+                         monkeypatch=monkeypatch)
+    record = log_records(tmp_path / 'out')[-1]
+    g = script_globals(ns)
+    tokens, mask = task_file(data_dir, 'val', 16)
+    x, y = torch.from_numpy(tokens[:8, :-1]), torch.from_numpy(tokens[:8, 1:])  # eval_iters 2 x batch_size 4
+    scored = torch.from_numpy(mask[:8, :-1] == 1)
+    with torch.no_grad():
+        logits, _ = g['raw_model'](x)  # no targets: the logits of every position
+    by_hand = (logits.argmax(-1)[scored] == y[scored]).float().mean().item()
+    assert record['accuracy'] == pytest.approx(by_hand) and 'train_accuracy' in record and 'lengths' not in record
+
+    class RightOnEvenIds(torch.nn.Module):  # predicts an even target, and the id before an odd one
+        def forward(self, inputs, targets):
+            guess = torch.where(targets % 2 == 0, targets, targets - 1).clamp(min=0)
+            return torch.nn.functional.one_hot(guess, 16).float(), torch.tensor(1.0)
+    monkeypatch.setitem(g, 'eval_model', RightOnEvenIds())
+    accuracy = g['estimate_loss']()['accuracy']
+    for split in ('train', 'val'):
+        tokens, mask = task_file(data_dir, split, 16)
+        targets = tokens[:8, 1:][mask[:8, :-1] == 1]  # the first eval_iters * batch_size examples
+        assert accuracy[split] == pytest.approx((targets % 2 == 0).mean())
+        assert accuracy[split] != pytest.approx((tokens[8:, 1:][mask[8:, :-1] == 1] % 2 == 0).mean())
+
+
+def test_task_lengths_past_block_size_run_only_where_the_positions_go(tmp_path, run, monkeypatch, capsys,
+                                                                      single_thread):
+    """copy's val_2x (17 tokens) and val_4x (33) with block_size 16: RoPE evaluates both; learned positions
+    val_2x only (inputs of 16), val_4x logged None, said once at start."""
+    make_task(tmp_path, 'copy', monkeypatch, capsys)
+    rope = run(tmp_path, '--dataset=copy', '--pos=rope', '--max_iters=2', '--eval_interval=2', '--out_dir=rope')
+    lengths = log_records(tmp_path / 'rope')[-1]['lengths']
+    assert set(lengths) == {'val_2x', 'val_4x'}
+    assert all(v['loss'] > 0 and 0 <= v['accuracy'] <= 1 for v in lengths.values())
+    assert re.search(r'accuracy [\d.]+ \(val_2x [\d.]+, val_4x [\d.]+\)', rope.stdout)
+    learned = run(tmp_path, '--dataset=copy', '--max_iters=2', '--eval_interval=2', '--out_dir=learned')
+    lengths = log_records(tmp_path / 'learned')[-1]['lengths']
+    assert lengths['val_4x'] == {'loss': None, 'accuracy': None} and lengths['val_2x']['accuracy'] is not None
+    assert learned.stdout.count('learned positions cannot go past block_size 16: val_4x (33 tokens)') == 1
+    assert 'val_4x n/a' in learned.stdout
+
+
+@pytest.mark.parametrize('damage, args, fragments', [
+    (lambda d: (d / 'val_mask.bin').unlink(), [], ["'data/recall/val_mask.bin' not found", 'data/recall/prepare.py']),
+    (lambda d: (d / 'train_mask.bin').write_bytes(b'\1' * 10), [], ['train_mask.bin', 'is 10 bytes', 'rerun']),
+    (lambda d: None, ['--block_size=8'], ['block_size 8 is shorter than the examples', '--block_size=15']),
+    (lambda d: (d / 'meta.json').write_text(json.dumps({**json.loads((d / 'meta.json').read_text()),
+                                                        'shards': {'train': [], 'val': []}})),
+     [], ['both example_length and shards']),
+], ids=['no mask', 'mask of another size', 'block_size too short', 'shards'])
+def test_a_damaged_task_dataset_is_one_line(tmp_path, monkeypatch, capsys, damage, args, fragments):
+    damage(make_task(tmp_path, 'recall', monkeypatch, capsys))
+    code, _, err = train_here(tmp_path, '--dataset=recall', '--block_size=15', '--max_iters=0', *args,
+                              monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err, *fragments)
