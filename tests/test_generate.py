@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import generate as G
-from test_model import BLOCK, N_EMBD, N_HEAD, VOCAB, assert_close, build, reference_greedy
+from test_model import BLOCK, N_EMBD, N_HEAD, VOCAB, assert_steps_equal_full_forwards, build, reference_greedy
 
 pytestmark = pytest.mark.usefixtures('single_thread')
 
@@ -195,11 +195,7 @@ def test_a_decoding_step_gives_the_logits_of_a_full_forward(kind):
     model = build(**STEP_KINDS[kind])
     seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(60))
     cache = G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
-    model(seq[:, :3], cache=cache)  # the prefill
-    for i in range(3, BLOCK):
-        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
-        cache.advance(1)
-        assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
+    assert_steps_equal_full_forwards(model, seq, cache, 3)  # the prefill
 
 
 @pytest.mark.parametrize('kind', ['local+global+deltanet', 'mla, kept cache'])
@@ -372,11 +368,7 @@ def test_a_decoding_step_of_chunked_and_tempered_layers_gives_the_logits_of_a_fu
     model = build(**LLAMA4_LAYERS)
     seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(63))
     cache = G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
-    model(seq[:, :3], cache=cache)
-    for i in range(3, BLOCK):
-        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
-        cache.advance(1)
-        assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
+    assert_steps_equal_full_forwards(model, seq, cache, 3)
 # ----------------------------------------------------------------------------- gated short convolution ('V')
 
 
@@ -386,11 +378,8 @@ def test_a_decoding_step_through_short_conv_layers_gives_a_full_forwards_logits(
     model = build(pos='rope', layers='VG', short_conv_kernel=4)
     seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(80))
     cache = G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
-    model(seq[:, :2], cache=cache)  # a prefill shorter than the kernel: the zeros before it stay in the window
-    for i in range(2, BLOCK):
-        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
-        cache.advance(1)
-        assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
+    # a prefill shorter than the kernel: the zeros before it stay in the window
+    assert_steps_equal_full_forwards(model, seq, cache, 2)
 
 
 def test_short_conv_layers_keep_a_cache_that_does_not_grow():
@@ -411,11 +400,7 @@ def test_a_decoding_step_through_mamba2_layers_gives_a_full_forwards_logits():
     model = build(pos='rope', layers='SG', ssm_state_dim=4, ssm_n_groups=2, ssm_chunk_size=3)
     seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(82))
     cache = G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
-    model(seq[:, :5], cache=cache)  # a prefill of two chunks, the second partial
-    for i in range(5, BLOCK):
-        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
-        cache.advance(1)
-        assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
+    assert_steps_equal_full_forwards(model, seq, cache, 5)  # a prefill of two chunks, the second partial
 
 
 @torch.no_grad()
@@ -426,11 +411,7 @@ def test_a_decoding_step_masks_attention_after_a_recurrent_layer_of_the_same_pos
     model = build(pos='rope', layers=layers, ssm_state_dim=4) if layers == 'SN' else build(pos='rope', layers=layers)
     seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(83))
     cache = G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
-    model(seq[:, :3], cache=cache)
-    for i in range(3, BLOCK):
-        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
-        cache.advance(1)
-        assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
+    assert_steps_equal_full_forwards(model, seq, cache, 3)
 
 
 @torch.no_grad()
@@ -440,11 +421,7 @@ def test_a_decoding_step_of_kimi_delta_attention_and_mla_without_positions():
     model = build(pos='none', layers='KG', attn='mla', linear_key_dim=4, linear_value_dim=4, linear_chunk_size=3)
     seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(62))
     cache = G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
-    model(seq[:, :3], cache=cache)
-    for i in range(3, BLOCK):
-        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
-        cache.advance(1)
-        assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
+    assert_steps_equal_full_forwards(model, seq, cache, 3)
 
 
 def test_compiled_decoding_of_chunked_and_tempered_layers_is_one_graph():
@@ -535,11 +512,7 @@ def test_a_decoding_step_through_kv_sharing_layers_gives_a_full_forwards_logits(
     seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(93))
     cache = G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
     assert [layer.slots for layer in cache.layers] == [5, BLOCK, 0, 0]
-    model(seq[:, :3], cache=cache)
-    for i in range(3, BLOCK):
-        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
-        cache.advance(1)
-        assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
+    assert_steps_equal_full_forwards(model, seq, cache, 3)
 
 
 def test_compiled_decoding_of_kv_sharing_layers_is_one_graph():

@@ -44,6 +44,17 @@ def assert_close(actual, expected, atol):
     torch.testing.assert_close(actual, expected, rtol=0.0, atol=atol)
 
 
+@torch.no_grad()
+def assert_steps_equal_full_forwards(model, seq, cache, prefill, atol=2e-5):
+    """seq's first `prefill` tokens into the cache, then decode_step one token at a time (each written into the
+    cache in place): every step's logits are those of a full forward over the tokens so far."""
+    model(seq[:, :prefill], cache=cache)
+    for i in range(prefill, seq.size(1)):
+        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
+        cache.advance(1)
+        assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=atol)
+
+
 def reference_greedy(model, idx, max_new_tokens):
     """Greedy decoding with full forwards only, following generate_stream's documented window policy:
     at most block_size tokens; when a new token overflows the window, the oldest half is dropped."""
@@ -2270,12 +2281,7 @@ def test_per_layer_embeddings_train_decode_through_the_cache_and_count():
     assert torch.equal(model.generate(prompt, 3 * BLOCK, temperature=0.0), reference_greedy(model, prompt, 3 * BLOCK))
     seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(101))
     cache = G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
-    with torch.no_grad():
-        model(seq[:, :3], cache=cache)
-        for i in range(3, BLOCK):
-            logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
-            cache.advance(1)
-            assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
+    assert_steps_equal_full_forwards(model, seq, cache, 3)
     plain, width = build(**{**PER_LAYER, 'per_layer_embd': 0}), 3 * 8
     assert model.kv_cache_bytes(2, BLOCK) == plain.kv_cache_bytes(2, BLOCK)
     projections = N_EMBD * width + 3 * 2 * N_EMBD * 8  # the main embedding's, and each layer's gate and up
@@ -2371,12 +2377,7 @@ def test_global_layers_have_their_own_head_shapes_and_proportional_rope():
     assert torch.equal(model.generate(prompt, 3 * BLOCK, temperature=0.0), reference_greedy(model, prompt, 3 * BLOCK))
     seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(107))
     cache = G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
-    with torch.no_grad():
-        model(seq[:, :3], cache=cache)
-        for i in range(3, BLOCK):
-            logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
-            cache.advance(1)
-            assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
+    assert_steps_equal_full_forwards(model, seq, cache, 3)
 
 
 @pytest.mark.parametrize('overrides, message', [
