@@ -84,7 +84,7 @@ globals().update(settings)
 import torch  # noqa: E402
 
 from common import (DTYPES, autocast, catch_interrupts, die, output_refusal,  # noqa: E402
-                    peak_flops as measure_peak_flops, pick_device, pick_dtype, tmp_path, write_output)
+                    peak_flops as measure_peak_flops, pick_device, pick_dtype, write_output)
 from model import BEYOND_MODERN, GPT, SWAPS, GPTConfig, swap_flags  # noqa: E402
 
 catch_interrupts()  # Ctrl-C or kill: one line, exit 130 or 143
@@ -132,12 +132,6 @@ if json:  # a checkpoint, a hard-linked file, a directory or a place we cannot w
     refusal = output_refusal(json)
     if refusal:
         die(f"cannot write --json={json}: {refusal}")
-    probe = tmp_path(os.path.abspath(json))  # the file is written aside and switched in: the directory must take it
-    try:
-        open(probe, 'w').close()
-        os.remove(probe)
-    except OSError as e:
-        die(f"cannot write --json={json}: {e.strerror or e}")
 nanogpt = None
 if nanogpt_dir:
     path = os.path.join(nanogpt_dir, 'model.py')

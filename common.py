@@ -347,10 +347,17 @@ def is_checkpoint(path):
 def output_refusal(path):
     """Why an output (a report, a JSON of figures) may not be written at path, or None: it must not replace a
     directory, a checkpoint, or a file with a second name (a hard link: best.pt is ckpt.pt's)."""
+    directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         return f"'{path}' is a directory (give a file name)"
-    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        return f"no directory '{os.path.dirname(os.path.abspath(path))}'"
+    if not os.path.isdir(directory):
+        return f"no directory '{directory}'"
+    probe = tmp_path(os.path.abspath(path))  # the file is written aside there and switched in: try it (root's
+    try:  # os.access says yes to a read-only mount or /proc)
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        os.remove(probe)
+    except OSError as e:
+        return f"directory '{directory}' is not writable ({e.strerror or e})"
     if os.path.exists(path):
         if is_checkpoint(path):
             return f"'{path}' is a checkpoint; outputs never replace one (choose another file name)"

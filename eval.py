@@ -317,8 +317,6 @@ if __name__ == '__main__':
     if output:  # said now, not after the whole evaluation
         from common import output_refusal
         refusal = output_refusal(output)
-        if refusal is None and not os.access(os.path.dirname(os.path.abspath(output)), os.W_OK):
-            refusal = f"directory '{os.path.dirname(os.path.abspath(output))}' is not writable"
         if refusal:
             usage_error(f"cannot write --output={output}: {refusal}")
     try:

@@ -344,8 +344,13 @@ def test_an_unwritable_output_directory_is_refused_before_the_evaluation(tmp_pat
     write_char_checkpoint(tmp_path)
     (tmp_path / 'readonly').mkdir()
     readonly = str(tmp_path / 'readonly')
-    access = os.access  # as a directory without write permission answers (root may write anywhere: simulated)
-    monkeypatch.setattr(os, 'access', lambda path, mode, **kw: False if str(path) == readonly else access(path, mode))
+    opener = os.open  # as a directory without write permission answers (root may write anywhere: simulated)
+
+    def refusing(path, *args, **kw):
+        if os.path.dirname(os.path.abspath(path)) == readonly:
+            raise PermissionError(13, 'Permission denied')
+        return opener(path, *args, **kw)
+    monkeypatch.setattr(os, 'open', refusing)
     code, out, err = run_eval(tmp_path, '--out_dir=out', '--tasks=shakespeare_cloze', '--include_path=examples/eval_task',
                               '--output=readonly/scores.json', monkeypatch=monkeypatch, capsys=capsys)
     one_line_error(code, err, '--output=readonly/scores.json', 'not writable')
