@@ -33,10 +33,6 @@ MODEL_PY = os.path.join(HERE, 'model.py')
 
 SETTING_TYPES = (bool, int, float, str, type(None))
 # settings that were renamed, so an old command line or config file is told what replaced them:
-# old name -> (new name, {old value: new value}); model.py's upgrade_args reads old checkpoints the same way
-RENAMED_SETTINGS = {
-    'prenorm': ('norm_position', {True: 'pre', False: 'post'}),
-}
 _TYPE_NAMES = {'bool': bool, 'int': int, 'float': float, 'str': str}
 
 
@@ -105,6 +101,11 @@ def model_flags(runtime_only=False):
     return flags
 
 
+def renamed_flags():
+    """model.py's RENAMED_FLAGS (old name -> (new name, {old value: new value})), read from its source."""
+    return next(ast.literal_eval(value) for name, value, _, _ in _assignments(MODEL_PY) if name == 'RENAMED_FLAGS')
+
+
 def script_defaults(path):
     """The settings a flat script starts from, read without running it: its top-level assignments of
     constant expressions (`gradient_accumulation_steps = 5 * 8`), and the model flags at the place it
@@ -154,7 +155,7 @@ def _descriptions(prog):
 
 def _renamed(key, value, on_command_line):
     """What replaced a renamed setting, written as the user would write it there (--new=value, or new = 'value')."""
-    new_key, values = RENAMED_SETTINGS[key]
+    new_key, values = renamed_flags()[key]
     if isinstance(value, str) and value.lower() in ('true', 'false'):
         value = value.lower() == 'true'
     new_value = values.get(value) if isinstance(value, (bool, int, float, str)) else None
@@ -168,7 +169,8 @@ def _renamed(key, value, on_command_line):
 def _check(defaults, key, value, raw=None, kinds=None):
     """Return `value` as the type of defaults[key] (for a None default: None, or the type kinds[key] names,
     else any literal), or raise ConfigError."""
-    if key in RENAMED_SETTINGS and key not in defaults and RENAMED_SETTINGS[key][0] in defaults:
+    renamed = renamed_flags()
+    if key in renamed and key not in defaults and renamed[key][0] in defaults:
         raise ConfigError(_renamed(key, value, on_command_line=raw is not None))
     if key not in defaults:
         close = difflib.get_close_matches(key, list(defaults), n=1)

@@ -2219,12 +2219,18 @@ RUNTIME_FLAGS = ('block_size', 'dropout', 'sliding_window', 'rope_scaling', 'rop
                  'mtp_loss_coef')
 
 
+# Renamed flags: old name -> (new name, {old value: new value}). Old checkpoints load through upgrade_args, and
+# configurator.py reads this table to tell a user the setting that replaced an old one.
+RENAMED_FLAGS = {'prenorm': ('norm_position', {True: 'pre', False: 'post'})}
+
+
 def upgrade_args(args):
-    """A saved config's flags under today's names: checkpoints from before norm_position said prenorm."""
+    """A saved config's flags under today's names (checkpoints from before norm_position said prenorm)."""
     args = dict(args)
-    if 'prenorm' in args:
-        prenorm = args.pop('prenorm')
-        args.setdefault('norm_position', 'pre' if prenorm else 'post')
+    for old, (new, values) in RENAMED_FLAGS.items():
+        if old in args:
+            value = args.pop(old)
+            args.setdefault(new, values.get(value, value))
     return args
 
 
