@@ -112,7 +112,7 @@ SUMMARY_VERSION = 4  # done.json figures older than this are recomputed from the
 PROBE_ROWS, PROBE_SKIP = 16, 4  # the probes' rows, and the first queries left out of the sink share
 PROBE_FIGURES = ('sink_share', 'sink_share_max', 'equal_share', 'massive_ratio')
 CLAIM_STALE_S = 600  # a claim whose owner stopped refreshing it this long ago is free
-REPORT_FILES = ('results.md', 'results.json', 'val_loss_vs_iter.png', 'val_loss_vs_time.png')
+REPORT_FILES = ('results.md', 'results.json', 'val_loss_vs_iter.png', 'val_loss_vs_time.png', 'accuracy_vs_width.png')
 
 
 # ----------------------------------------------------------------------------- the grid
@@ -829,6 +829,67 @@ def lengths_table(variants):
     return lines
 
 
+def recall_points(variants):
+    """{name: (architecture, L, width)} of the recall group's variants (named '<arch>_d=<width>_L=<L>')."""
+    points = {}
+    for name in variants:
+        match = re.fullmatch(r'(.+)_d=(\d+)_L=(\d+)', name)
+        if match:
+            points[name] = (match[1], int(match[3]), int(match[2]))
+    return points
+
+
+def recall_table(variants, runs):
+    """Zoology's figure as a table: each architecture's recall accuracy at every (L, width), tested against all
+    global attention of the same shape, the architecture that solves it."""
+    points = recall_points(variants)
+    if not points:
+        return []
+    shapes = sorted({(length, width) for _, length, width in points.values()})
+    lines = ['', "Recall accuracy (val, the last evaluation; mean ± std over seeds) at each sequence length L and "
+                 "width d; p: Welch's test against global attention at the same L and d (≈: p >= 0.05, noise could "
+                 "explain it). Chance is 1/num_pairs among the values of an example.", '',
+             '| architecture | ' + ' | '.join(f'L={length} d={width}' for length, width in shapes) + ' |',
+             '|' + ' --- |' * (1 + len(shapes))]
+    for arch in dict.fromkeys(a for a, _, _ in points.values()):
+        cells = []
+        for length, width in shapes:
+            name, reference = f'{arch}_d={width}_L={length}', f'global_d={width}_L={length}'
+            accuracies = seed_values(runs, name, 'accuracy')
+            if not accuracies:
+                cells.append('-')
+                continue
+            cell = f"{statistics.mean(accuracies):.3f}" + (
+                f" ± {statistics.stdev(accuracies):.3f}" if len(accuracies) > 1 else ' (1 seed)')
+            test = welch(accuracies, seed_values(runs, reference, 'accuracy')) if name != reference else None
+            cells.append(cell + (f" (p {test['p']:.2g}{' ≈' if test['p'] >= 0.05 else ''})" if test else ''))
+        lines.append(f"| {arch} | " + ' | '.join(cells) + ' |')
+    return lines
+
+
+def plot_recall(variants, runs, path):
+    """accuracy_vs_width.png: a panel per sequence length, a line per architecture (mean, ± std bars)."""
+    points = recall_points(variants)
+    lengths = sorted({length for _, length, _ in points.values()})
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(lengths), figsize=(4.5 * len(lengths), 4), squeeze=False)
+    for ax, length in zip(axes[0], lengths):
+        for arch in dict.fromkeys(a for a, _, _ in points.values()):
+            at = sorted((w, seed_values(runs, n, 'accuracy')) for n, (a, l, w) in points.items()
+                        if a == arch and l == length and seed_values(runs, n, 'accuracy'))
+            if at:
+                ax.errorbar([w for w, _ in at], [statistics.mean(v) for _, v in at], marker='o', capsize=3,
+                            yerr=[statistics.stdev(v) if len(v) > 1 else 0 for _, v in at], label=arch)
+        ax.set(xscale='log', xlabel='width (n_embd)', ylabel='recall accuracy', title=f'L={length}', ylim=(0, 1.05))
+        ax.set_xticks(sorted({w for _, l, w in points.values() if l == length}))
+        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize='small')
+    save_figure(fig, path)
+
+
 def accuracy_cell(figures):
     if not figures or figures.get('accuracy') is None:
         return 'n/a'
@@ -877,6 +938,11 @@ def plot(variants, x_index, xlabel, path):
     if later:
         ax.set_ylim(min(later) - 0.05, min(max(later), 2 * min(later)) + 0.05)
     ax.legend(fontsize='small')
+    save_figure(fig, path)
+
+
+def save_figure(fig, path):
+    import matplotlib.pyplot as plt
     fig.tight_layout()
     tmp = tmp_path(path)  # written aside and switched in: a reader never sees half a picture
     try:
@@ -1006,7 +1072,7 @@ def write_report(out, order, failed, cwd, n_layer):
         if no_data:
             lines += ['', f"Not in the length table (rerun once the data is back): "
                           f"{', '.join(f'{run} ({why})' for run, why in no_data.items())}"]
-    lines += lengths_table(variants) + probes_table(variants)  # after the tables of every run
+    lines += lengths_table(variants) + recall_table(variants, runs) + probes_table(variants)  # after the run tables
     if target and target not in variants:
         lines += ['', f"target {target!r} has no finished runs here: the reaches column uses {goal!r}"]
     if other:
@@ -1017,6 +1083,8 @@ def write_report(out, order, failed, cwd, n_layer):
     if variants:
         plot(variants, 0, 'iteration', os.path.join(out, 'val_loss_vs_iter.png'))
         plot(variants, 2, 'time (s)', os.path.join(out, 'val_loss_vs_time.png'))
+    if recall_points(variants):
+        plot_recall(variants, runs, os.path.join(out, 'accuracy_vs_width.png'))
     print(f"report: {os.path.join(out, 'results.md')} ({len(runs)} finished runs of {len(variants)} variants)")
     return reported
 

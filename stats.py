@@ -2,8 +2,14 @@
 
     from stats import welch
     welch(variant_losses, reference_losses)  # {'diff', 't', 'df', 'p', 'low', 'high'}: low..high the 95% interval
+
+The test needs only each side's mean, standard deviation and count, so a table's "mean ± std (n seeds)" can be
+tested as printed (the README's Results table is, row by row):
+
+    python stats.py 1.6246 0.0100 3 1.6328 0.0061 3    # variant's mean std n, then the reference's
 """
 import math
+import sys
 
 
 def _beta_fraction(a, b, x):
@@ -66,8 +72,15 @@ def welch(a, b, level=0.95):
     if len(a) < 2 or len(b) < 2:
         return None
     (mean_a, var_a), (mean_b, var_b) = _mean_var(a), _mean_var(b)
+    return welch_summary(mean_a, var_a ** 0.5, len(a), mean_b, var_b ** 0.5, len(b), level)
+
+
+def welch_summary(mean_a, std_a, n_a, mean_b, std_b, n_b, level=0.95):
+    """welch() from each side's mean, sample standard deviation and count (a table's "mean ± std")."""
+    if n_a < 2 or n_b < 2:
+        return None
     diff = mean_a - mean_b
-    se_a, se_b = var_a / len(a), var_b / len(b)
+    se_a, se_b = std_a ** 2 / n_a, std_b ** 2 / n_b
     se2 = se_a + se_b
     if se2 == 0:  # no spread at all: any difference is certain, none is none
         p = 1.0 if diff == 0 else 0.0
@@ -75,6 +88,28 @@ def welch(a, b, level=0.95):
                 'low': diff, 'high': diff}
     t = diff / math.sqrt(se2)
     # Welch-Satterthwaite: the degrees of freedom of a sum of two scaled variances
-    df = se2 ** 2 / ((se_a ** 2 / (len(a) - 1) if se_a else 0.0) + (se_b ** 2 / (len(b) - 1) if se_b else 0.0))
+    df = se2 ** 2 / ((se_a ** 2 / (n_a - 1) if se_a else 0.0) + (se_b ** 2 / (n_b - 1) if se_b else 0.0))
     half = t_critical(df, 1 - level) * math.sqrt(se2)
     return {'diff': diff, 't': t, 'df': df, 'p': t_two_sided_p(t, df), 'low': diff - half, 'high': diff + half}
+
+
+def main(argv):
+    """`python stats.py MEAN STD N MEAN STD N`: the difference, its 95% interval and p, one line."""
+    usage = "usage: python stats.py MEAN STD N REF_MEAN REF_STD REF_N (each side's mean, sample std, seeds)"
+    if len(argv) != 6:
+        sys.exit(usage)
+    try:
+        mean_a, std_a, mean_b, std_b = (float(argv[i]) for i in (0, 1, 3, 4))
+        n_a, n_b = int(argv[2]), int(argv[5])
+    except ValueError:
+        sys.exit(f"{usage}; got {' '.join(argv)!r}")
+    if n_a < 2 or n_b < 2 or std_a < 0 or std_b < 0:
+        sys.exit(f"each side needs N >= 2 seeds and a std >= 0 to test; got {' '.join(argv)!r}")
+    test = welch_summary(mean_a, std_a, n_a, mean_b, std_b, n_b)
+    verdict = 'noise could explain it (p >= 0.05)' if test['p'] >= 0.05 else 'more than noise (p < 0.05)'
+    print(f"difference {test['diff']:+.4f}, 95% interval [{test['low']:+.4f}, {test['high']:+.4f}], "
+          f"Welch p {test['p']:.2g} (t {test['t']:.2f}, df {test['df']:.1f}): {verdict}")
+
+
+if __name__ == '__main__':
+    main(sys.argv[1:])

@@ -708,6 +708,39 @@ def test_each_difference_gets_welchs_p_and_noise_is_marked(tmp_path, monkeypatch
     assert lengths['apart'] == ['apart', 'plain', '0.947 (1.800)', '0.473 (2.500)', 'n/a']
 
 
+def test_the_recall_group_is_a_table_of_accuracy_by_length_and_width_tested_against_global(
+        tmp_path, monkeypatch, capsys):
+    """Zoology's figure as a table: one row per architecture, one column per (L, width), each cell the accuracy's
+    mean ± std with Welch's p against global attention of the same shape; and the same as a plot."""
+    from stats import welch
+    workdir = make_workdir(tmp_path)
+    out = tmp_path / 'out'
+    accuracies = {('global', 32): [1.0, 0.98, 0.99], ('global', 64): [1.0, 1.0, 0.99],
+                  ('D', 32): [0.40, 0.45, 0.35], ('D', 64): [0.99, 0.97, 1.0]}
+    custom = {}
+    for (arch, width), values in accuracies.items():
+        name = f'{arch}_d={width}_L=32'
+        custom[name] = {'n_embd': width, **({'layers': 'D'} if arch == 'D' else {})}
+        for k, seed in enumerate((1337, 1338, 1339)):
+            fabricated_run(workdir, out, name, custom[name], seed, 1.0, values[k])
+    code, _, err = report_here(workdir, out, f'--custom={custom}', '--seeds=3', '--extrapolation=',
+                               monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, err
+    md = (out / 'results.md').read_text(encoding='utf-8')
+    recall = next(t for t in tables(md) if t[0][0] == 'architecture')
+    assert recall[0] == ['architecture', 'L=32 d=32', 'L=32 d=64']
+    rows = {cells[0]: cells for cells in recall[1:]}
+    assert list(rows) == ['global', 'D']
+    assert rows['global'][1] == '0.990 ± 0.010'  # the reference: no test against itself
+    for col, width in ((1, 32), (2, 64)):
+        p = welch(accuracies[('D', width)], accuracies[('global', width)])['p']
+        assert rows['D'][col].endswith(f"(p {p:.2g}{' ≈' if p >= 0.05 else ''})")
+    assert rows['D'][1].startswith('0.400 ± 0.050 (p') and not rows['D'][1].endswith('≈)')
+    assert rows['D'][2].endswith('≈)')  # 0.987 against 0.997: noise could explain it
+    png = (out / 'accuracy_vs_width.png').read_bytes()
+    assert png.startswith(b'\x89PNG') and len(png) > 10_000
+
+
 def test_the_probes_of_each_variant_are_reported_beside_equal_attention(ablated):
     """Every run's ckpt.pt probed on the same val windows: the table's 'equal' is the mean of 1/(t+1) over the
     queries past the first 4 of block_size 16, and each share a probability."""

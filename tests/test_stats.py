@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from stats import incomplete_beta, t_critical, t_two_sided_p, welch
+from stats import incomplete_beta, main, t_critical, t_two_sided_p, welch, welch_summary
 
 
 @pytest.mark.parametrize("t", [0.0, 0.3, 1.0, 2.5, 12.7, 300.0])
@@ -54,3 +54,26 @@ def test_welch_without_spread_or_seeds():
     result = welch([1.0, 1.0, 1.0], [0.0, 0.5, 1.0])  # t = 0.5 / sqrt(0.25 / 3) = sqrt(3)
     assert result['df'] == pytest.approx(2.0) and result['t'] == pytest.approx(math.sqrt(3))
     assert result['p'] == pytest.approx(1 - math.sqrt(3) / math.sqrt(3 + 2))
+
+
+def test_a_tables_mean_and_std_give_the_same_test_as_its_seeds():
+    a, b = [1.465, 1.471, 1.468], [1.480, 1.478, 1.485, 1.475]
+    mean_std = lambda xs: (sum(xs) / len(xs), (sum((x - sum(xs) / len(xs)) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5)
+    summary = welch_summary(*mean_std(a), len(a), *mean_std(b), len(b))
+    assert summary == pytest.approx(welch(a, b), rel=1e-12)
+    assert welch_summary(1.0, 0.1, 1, 1.0, 0.1, 3) is None
+
+
+def test_the_command_line_prints_the_test_and_refuses_what_it_cannot_test(capsys):
+    main(['1.6246', '0.0100', '3', '1.6328', '0.0061', '3'])
+    line = capsys.readouterr().out
+    p = welch_summary(1.6246, 0.0100, 3, 1.6328, 0.0061, 3)['p']
+    assert line.startswith('difference -0.0082, 95% interval [') and f"Welch p {p:.2g} " in line
+    assert line.rstrip().endswith('noise could explain it (p >= 0.05)')
+    main(['1.5683', '0.0060', '3', '1.6327', '0.0061', '3'])
+    assert capsys.readouterr().out.rstrip().endswith('more than noise (p < 0.05)')
+    for argv, says in ((['1', '2'], 'usage: python stats.py'), (['1', 'x', '3', '1', '0.1', '3'], "got '1 x 3 1 0.1 3'"),
+                       (['1', '0.1', '1', '1', '0.1', '3'], 'N >= 2 seeds')):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert says in str(exit_.value) and '\n' not in str(exit_.value)
