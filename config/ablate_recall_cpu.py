@@ -1,0 +1,15 @@
+# Issue 29's recall group on a 2-core CPU: Zoology's accuracy against width, for all global, the 3:1 Gated
+# DeltaNet hybrid, all Gated DeltaNet, all local windows (a quarter of L) and MLA; 3 seeds, two runs at a time:
+#   python data/recall/prepare.py --seq_len 32 --num_pairs 4 --vocab_size 64 --out_dir data/recall_32
+#   python ablate.py config/ablate_recall_cpu.py
+# One length (32 tokens, 4 pairs) fits this CPU: at 64 tokens and 8 pairs global attention 64 wide was still at
+# 0.35 accuracy after 1,750 of 3,000 iterations (one seed, ~75 ms/iter), so a second length needs far more
+# iterations per run (docs/results.md). Add one with --recall_lengths=32,64 and its prepare command.
+out_dir = 'out-ablate-recall'
+train_config = 'config/recall_cpu.py'
+grid = 'recall'
+seeds = 3
+recall_widths = '32,64'
+recall_lengths = '32'
+extrapolation = ''  # recall's yardstick is accuracy on its own examples, not longer windows
+parallel = 2

@@ -1,0 +1,21 @@
+# The recall group's base recipe on a CPU (ablate.py sets dataset, block_size, n_embd and n_head per run):
+# 4 layers (room for the 3:1 hybrid 'DDDG'), batch 64 whole examples, AdamW at 1e-3 (3e-3 plateaus: see
+# docs/evidence_plan.md), 3000 iterations: past the phase change where global attention goes from ~0.3 to 1.0
+# accuracy (about 2,000-2,250 iterations at width 64 on data/recall_32).
+exec(open('config/shakespeare_vanilla_cpu.py').read())
+out_dir = 'out-recall-cpu'
+wandb_project = 'recall'
+dataset = 'recall_32'
+block_size = 31
+n_layer = 4
+n_head = 2
+n_embd = 64
+batch_size = 64
+learning_rate = 1e-3
+min_lr = 1e-4
+max_iters = 3000
+lr_decay_iters = 3000
+warmup_iters = 100
+eval_interval = 250
+eval_iters = 16  # 16 x 64 = 1,024 fixed val examples: accuracy steady to about +-0.01
+log_interval = 250
