@@ -102,7 +102,7 @@ from common import (build_model, die, load_checkpoint, model_from_checkpoint, ou
                     masked_accuracy, pick_device, read_examples, tmp_path, write_json, write_output)
 from probes import probe, summarize as summarize_probe  # noqa: E402
 from stats import welch  # noqa: E402
-from model import SWAPS, GPTConfig, swap_flags  # noqa: E402
+from model import GPT, SWAPS, GPTConfig, swap_flags  # noqa: E402
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 TRAIN_PY = os.path.join(REPO, 'train.py')
@@ -223,6 +223,17 @@ def group_members(group, base):
         shared = sorted({max(1, base['n_layer'] // 4), max(1, base['n_layer'] // 2)} - {base['n_layer']})
         return [('modern', modern)] + [(f'kv_shared_layers={n}', {**modern, 'kv_shared_layers': n}) for n in shared] + [
             ('modern+attn_k_eq_v', {**modern, 'attn_k_eq_v': True})]
+    if group == 'per_layer_embeddings':  # Gemma 4's per-layer tables, against the dense block given the same
+        # total parameters (the tables' rows cost lookups, not FLOPs) and the same FLOPs per token
+        ple = {**modern, 'per_layer_embd': max(1, base['n_embd'] // 4)}
+        args = {**model_args(base), 'vocab_size': base_vocab(base)}
+        with_ple = GPT(GPTConfig(**{**args, **ple}))
+        params, flops = with_ple.get_num_params(), with_ple.flops_per_token()
+        equal_params = widened(args, modern, params, lambda m: m.get_num_params())
+        equal_flops = widened(args, modern, flops, lambda m: m.flops_per_token())
+        return [('modern', modern), (f"per_layer_embd={ple['per_layer_embd']}", ple),
+                (f"equal_params_ffn={equal_params['ffn_hidden']}", equal_params),
+                (f"equal_flops_ffn={equal_flops['ffn_hidden']}", equal_flops)]
     if group == 'mlp':
         return [(f'mlp={m}', {'mlp': m}) for m in ('relu', 'gelu', 'swiglu', 'geglu')]
     if group == 'kv':
@@ -264,8 +275,23 @@ def group_members(group, base):
     if group == 'custom':
         return list(parse_custom(custom, base).items())
     die(f"unknown grid group {group!r}; groups are default, leave_one_out, norm_position, mlp, kv, moe, attention, "
-        f"long_context, stability, local_global, sinks, gate, nope, hybrid, chunked, sparse, mtp, kv_sharing, optimizer, "
-        f"schedule, recipe_mlp, zero_init, recall, length_generalization, custom")
+        f"long_context, stability, local_global, sinks, gate, nope, hybrid, chunked, sparse, mtp, kv_sharing, "
+        f"per_layer_embeddings, optimizer, schedule, recipe_mlp, zero_init, recall, length_generalization, custom")
+
+
+def base_vocab(base):
+    """The base recipe's vocabulary as train.py will set it: its dataset's meta.json, else GPT-2's 50304."""
+    meta_path = os.path.join(run_dir or REPO, 'data', base['dataset'], 'meta.json')
+    meta = read_json(meta_path) if os.path.exists(meta_path) else {}
+    return base.get('vocab_size') or meta.get('vocab_size') or 50304
+
+
+def widened(args, flags, target, measure):
+    """flags with the MLP's hidden width (ffn_hidden) raised until measure(model) is nearest target: a unit priced
+    on the model itself, so any MLP and layer kind count right."""
+    hidden = GPTConfig(**{**args, **flags}).mlp_width
+    now, one_more = (measure(GPT(GPTConfig(**{**args, **flags, 'ffn_hidden': h}))) for h in (hidden, hidden + 1))
+    return {**flags, 'ffn_hidden': hidden + round((target - now) / (one_more - now))}
 
 
 def deltanet_widths(base, modern):

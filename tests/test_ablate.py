@@ -657,6 +657,31 @@ def test_the_kv_sharing_group_shares_a_quarter_and_a_half_of_the_layers_and_sets
     assert cache == [cache[0], cache[0] * 3 // 4, cache[0] // 2, cache[0]]  # K = V keeps both in the cache
 
 
+def test_the_per_layer_embeddings_group_matches_the_dense_block_in_parameters_and_in_flops(monkeypatch):
+    """Gemma 4's per-layer embeddings against the modern block widened (ffn_hidden) to the same total parameters
+    and to the same FLOPs per token: each control nearer its target than one MLP unit more or less would be."""
+    monkeypatch.setattr(sys, 'argv', ['ablate.py', '--grid=per_layer_embeddings'])
+    monkeypatch.syspath_prepend(str(REPO))
+    sys.modules.pop('ablate', None)
+    ablate_module = importlib.import_module('ablate')
+    base = ablate_module.base_recipe(str(REPO))  # the CPU recipe: 4 layers, 128 wide
+    variants = ablate_module.build_grid(base)
+    sys.modules.pop('ablate', None)
+    names = list(variants)
+    assert names[:2] == ['modern', 'per_layer_embd=32'] and len(names) == 4
+    assert variants['per_layer_embd=32'] == {**variants['modern'], 'per_layer_embd': 32}
+    from model import GPT, GPTConfig
+    args = {**ablate_module.model_args(base), 'vocab_size': ablate_module.base_vocab(base)}
+    build = lambda flags: GPT(GPTConfig(**{**args, **flags}))
+    ple = build(variants['per_layer_embd=32'])
+    for name, measure in ((names[2], lambda m: m.get_num_params()), (names[3], lambda m: m.flops_per_token())):
+        flags = variants[name]
+        assert name.endswith(f"_ffn={flags['ffn_hidden']}") and 'per_layer_embd' not in flags
+        gaps = [abs(measure(build({**flags, 'ffn_hidden': flags['ffn_hidden'] + d})) - measure(ple)) for d in (-1, 0, 1)]
+        assert gaps[1] <= min(gaps[0], gaps[2])
+    assert build(variants[names[2]]).get_num_params() > build(variants['modern']).get_num_params()
+
+
 # ----------------------------------------------------------------------------- evidence: tasks, statistics, probes
 def fabricated_run(workdir, out, name, flags, seed, val_loss, accuracy, lengths=None):
     """A finished run written by hand: an old done.json (so the report summarizes it again from its log.jsonl)
