@@ -77,3 +77,15 @@ def test_the_command_line_prints_the_test_and_refuses_what_it_cannot_test(capsys
         with pytest.raises(SystemExit) as exit_:
             main(argv)
         assert says in str(exit_.value) and '\n' not in str(exit_.value)
+
+
+def test_every_test_in_docs_significance_prints_what_the_page_says(capsys):
+    """docs/significance.md quotes each `python stats.py ...` with the line it printed: rerun, each must match."""
+    import re
+    from pathlib import Path
+    text = (Path(__file__).resolve().parent.parent / 'docs' / 'significance.md').read_text(encoding='utf-8')
+    pairs = re.findall(r'`python stats\.py ([^`]+)`[^`]*?`(difference [^`]+)`', text)
+    assert len(pairs) >= 50
+    for argv, printed in pairs:
+        main(argv.split())
+        assert capsys.readouterr().out.strip() == printed, argv
