@@ -202,9 +202,15 @@ def group_members(group, base):
     if group == 'nope':  # where positions are: every layer rotates all dims, a NoPE layer in four, part of each head
         return [('modern', modern), ('layers=GGGN', {**modern, 'layers': 'GGGN'})] + [
             (f'rope_fraction={f:g}', {**modern, 'rope_fraction': f}) for f in (0.5, 0.25)]
-    if group == 'hybrid':  # linear attention in the block: Qwen3-Next's 3:1, and every layer
+    if group == 'hybrid':  # constant-memory layers in the block, 3:1 with full attention (Qwen3-Next, Kimi Linear,
+        # Nemotron-H, LFM2's share) and alone, at about the modern block's parameters: Gated DeltaNet by its widths,
+        # Kimi Delta Attention, Mamba-2 and the gated short convolution by their MLP's width
         linear = deltanet_widths(base, modern)
-        return [('modern', modern)] + [(f'layers={p}', {**modern, 'layers': p, **linear}) for p in ('DDDG', 'D')]
+        members = [('modern', modern)] + [(f'layers={p}', {**modern, 'layers': p, **linear}) for p in ('DDDG', 'D')]
+        args = {**model_args(base), 'vocab_size': base_vocab(base)}
+        params = GPT(GPTConfig(**{**args, **modern})).get_num_params()
+        return members + [(f'layers={p}', widened(args, {**modern, 'layers': p}, params, lambda m: m.get_num_params()))
+                          for kind in 'KSV' for p in (kind * 3 + 'G', kind)]
     if group == 'chunked':  # Llama 4's three chunked layers and a NoPE one, against windows of the chunk's size
         sizes = sorted({max(1, base['block_size'] // 4), max(1, base['block_size'] // 2)})
         return [('modern', modern), ('layers=GGGN', {**modern, 'layers': 'GGGN'})] + [
