@@ -916,7 +916,8 @@ def plot_recall(variants, runs, path):
                             yerr=[statistics.stdev(v) if len(v) > 1 else 0 for _, v in at], label=arch)
         ax.set(xscale='log', xlabel='width (n_embd)', ylabel='recall accuracy', title=f'L={length}', ylim=(0, 1.05))
         ax.set_xticks(sorted({w for _, l, w in points.values() if l == length}))
-        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # only the widths run are labelled
         ax.grid(alpha=0.3)
         ax.legend(fontsize='small')
     save_figure(fig, path)
