@@ -66,6 +66,7 @@ custom = ''  # e.g. "{'tiny_rope': {'pos': 'rope', 'rope_theta': 500.0}}"
 train_args = ''  # passed to every train.py run, e.g. '--max_iters=20 --eval_interval=10'
 recall_widths = '32,64,128'  # the recall group's n_embd (n_head = n_embd // 32: heads 32 wide)
 recall_lengths = '32,64,128'  # the recall group's seq_len L: the dataset data/recall_<L> (num_pairs L / 8)
+recall_archs = 'global,DDDG,D,L,mla'  # the recall group's architectures: global, mla, or a layers pattern (KKKG, S, ...)
 extrapolation = 'plain'  # methods of the length table: plain, linear, dynamic, yarn, window; '' for none
 extrapolation_iters = 20  # batches per length and method
 parallel = 1  # runs at once
@@ -205,12 +206,8 @@ def group_members(group, base):
     if group == 'hybrid':  # constant-memory layers in the block, 3:1 with full attention (Qwen3-Next, Kimi Linear,
         # Nemotron-H, LFM2's share) and alone, at about the modern block's parameters: Gated DeltaNet by its widths,
         # Kimi Delta Attention, Mamba-2 and the gated short convolution by their MLP's width
-        linear = deltanet_widths(base, modern)
-        members = [('modern', modern)] + [(f'layers={p}', {**modern, 'layers': p, **linear}) for p in ('DDDG', 'D')]
-        args = {**model_args(base), 'vocab_size': base_vocab(base)}
-        params = GPT(GPTConfig(**{**args, **modern})).get_num_params()
-        return members + [(f'layers={p}', widened(args, {**modern, 'layers': p}, params, lambda m: m.get_num_params()))
-                          for kind in 'KSV' for p in (kind * 3 + 'G', kind)]
+        return [('modern', modern)] + [(f'layers={p}', pattern_flags(base, modern, p))
+                                       for kind in 'DKSV' for p in (kind * 3 + 'G', kind)]
     if group == 'chunked':  # Llama 4's three chunked layers and a NoPE one, against windows of the chunk's size
         sizes = sorted({max(1, base['block_size'] // 4), max(1, base['block_size'] // 2)})
         return [('modern', modern), ('layers=GGGN', {**modern, 'layers': 'GGGN'})] + [
@@ -316,18 +313,39 @@ def mla_flags(base, modern, gqa_cache):
             'kv_lora_rank': 2 * heads * cfg.head_size - rope}
 
 
+def pattern_flags(base, modern, pattern, window=None):
+    """modern with these layers at about its parameters: Gated DeltaNet by its widths, Kimi Delta Attention, Mamba-2
+    and the short convolution by their MLP's width; local layers a window (default a quarter of block_size)."""
+    flags = {**modern, 'layers': pattern}
+    if 'D' in pattern:
+        flags.update(deltanet_widths(base, modern))
+    if 'L' in pattern:
+        flags['sliding_window'] = window or max(1, base['block_size'] // 4)
+    if set(pattern) & set('KSV'):
+        args = {**model_args(base), 'vocab_size': base_vocab(base)}
+        params = GPT(GPTConfig(**{**args, **modern})).get_num_params()
+        flags = widened(args, flags, params, lambda m: m.get_num_params())
+    return flags
+
+
 def recall_members(base):
     """Zoology's figure: every architecture at every width and sequence length L, each L its own dataset."""
+    archs = [a.strip() for a in recall_archs.split(',') if a.strip()]
+    letters = 'GLNDCVS-K'
+    bad = [a for a in archs if a not in ('global', 'mla') and not (set(a) <= set(letters))]
+    if bad or not archs:
+        die(f"recall_archs must be a comma-separated list of global, mla or layers patterns of {letters!r} "
+            f"(e.g. global,DDDG,KKKG); got {recall_archs!r}")
     members = []
     for length in int_list(recall_lengths, 'recall_lengths'):
-        dataset, window = recall_dataset(length), {'sliding_window': max(1, length // 4)}
+        dataset = recall_dataset(length)
         for width in int_list(recall_widths, 'recall_widths'):
             sizes = {'block_size': length - 1, 'n_embd': width, 'n_head': max(1, width // 32)}
-            modern = {**sizes, **swap_flags('modern', {**base, **sizes})}
-            linear = deltanet_widths({**base, **sizes}, modern)
-            for name, flags in (('global', modern), ('DDDG', {**modern, 'layers': 'DDDG', **linear}),
-                                ('D', {**modern, 'layers': 'D', **linear}), ('L', {**modern, 'layers': 'L', **window}),
-                                ('mla', mla_flags({**base, **sizes}, modern, gqa_cache=True))):
+            sized = {**base, **sizes}
+            modern = {**sizes, **swap_flags('modern', sized)}
+            for name in archs:
+                flags = (modern if name == 'global' else mla_flags(sized, modern, gqa_cache=True) if name == 'mla'
+                         else pattern_flags(sized, modern, name, window=max(1, length // 4)))
                 members.append((f'{name} d={width} L={length}', {'dataset': dataset, **flags}))
     return members
 

@@ -823,6 +823,33 @@ def test_the_evidence_groups(tmp_path, monkeypatch, capsys):
         GPTConfig(**{**ablate_module.model_args(base), **{k: v for k, v in flags.items() if k != 'dataset'}})
 
 
+def test_the_recall_group_takes_any_layer_pattern_at_about_equal_parameters(tmp_path, monkeypatch, capsys):
+    """recall_archs: Kimi Delta Attention, Mamba-2, the short convolution (issue 31's recall question) beside global
+    attention, each width's models within 1% of its global one; a pattern of unknown letters is one line."""
+    workdir = make_workdir(tmp_path)
+    (workdir / 'data' / 'recall_32').mkdir(parents=True)
+    (workdir / 'data' / 'recall_32' / 'meta.json').write_text(json.dumps({'example_length': 32, 'vocab_size': 64}))
+    code, err = ablate_here(workdir, tmp_path / 'out', '--grid=recall', '--recall_lengths=32', '--recall_archs=global,XG',
+                            monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "recall_archs must be" in err and "'global,XG'" in err
+    monkeypatch.setattr(sys, 'argv', ['ablate.py', f'--run_dir={workdir}', '--grid=recall', '--recall_widths=32,64',
+                                      '--recall_lengths=32', '--recall_archs=global,KKKG,S,VVVG'])
+    monkeypatch.syspath_prepend(str(REPO))
+    sys.modules.pop('ablate', None)
+    ablate_module = importlib.import_module('ablate')
+    sys.modules.pop('ablate', None)
+    base = ablate_module.base_recipe(str(REPO))
+    variants = ablate_module.build_grid(base)
+    assert list(variants) == [f'{a}_d={w}_L=32' for w in (32, 64) for a in ('global', 'KKKG', 'S', 'VVVG')]
+    from model import GPT, GPTConfig
+    for width in (32, 64):
+        sizes = [GPT(GPTConfig(**{**ablate_module.model_args(base), 'vocab_size': 64,
+                                  **{k: v for k, v in variants[f'{a}_d={width}_L=32'].items() if k != 'dataset'}}))
+                 .get_num_params() for a in ('global', 'KKKG', 'S', 'VVVG')]
+        assert max(sizes) < 1.01 * sizes[0] and min(sizes) > 0.99 * sizes[0], sizes
+    assert variants['S_d=64_L=32']['layers'] == 'S' and variants['S_d=64_L=32']['n_embd'] == 64
+
+
 def test_a_rope_run_on_copy_is_scaled_to_each_evaluation_length(tmp_path, monkeypatch, capsys):
     """task_lengths: each scaling of a RoPE checkpoint at data/copy's val, val_2x, val_4x; at 1x a scaling is plain
     RoPE, so it scores train.py's own val evaluation (the same first examples); cached in lengths.json."""
