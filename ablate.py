@@ -526,6 +526,12 @@ def val_files(cwd, dataset):
     return [os.path.join(data_dir, name) for name in names]
 
 
+def is_task(cwd, dataset):
+    """Whether data/<dataset> holds whole examples (a task: recall, copy), not running text."""
+    meta_path = os.path.join(cwd, 'data', dataset, 'meta.json')
+    return 'example_length' in (read_json(meta_path) if os.path.exists(meta_path) else {})
+
+
 def lengths_missing(path, methods):
     """The (method, multiple) losses of a run not yet in its extrapolation.json."""
     cache_path = os.path.join(path, 'extrapolation.json')
@@ -545,9 +551,13 @@ def extrapolation_losses(path, cwd, methods):
     why = ''
     if missing and os.path.exists(ckpt_path):
         checkpoint = load_checkpoint(ckpt_path)
-        files = val_files(cwd, checkpoint['config']['dataset'])
+        dataset = checkpoint['config']['dataset']
+        files = val_files(cwd, dataset)
         absent = [f for f in files if not os.path.isfile(f)] or ([] if files else ['(meta.json lists no val shard)'])
-        if absent:  # nothing cached: the losses are computed once the data is back
+        if is_task(cwd, dataset):  # windows across whole examples score nothing: the task's lengths table does
+            cache.update({f'{method}@{multiple}x@{extrapolation_iters}': None for method, multiple in missing})
+            write_json(cache_path, cache)
+        elif absent:  # nothing cached: the losses are computed once the data is back
             why = f"no val data at {absent[0]}"
         else:
             shards = [np.memmap(f, dtype=np.uint16, mode='r') for f in files]

@@ -879,5 +879,11 @@ def test_a_rope_run_on_copy_is_scaled_to_each_evaluation_length(tmp_path, monkey
     assert figures['linear']['val']['accuracy'] == pytest.approx(logged['accuracy'])
     assert figures['linear']['val']['loss'] == pytest.approx(logged['val_loss'], rel=1e-5)
     assert all(0 <= f['accuracy'] <= 1 for f in figures['yarn'].values())
+    # the windowed length table (text) would score windows across examples: for a task it is left empty, and says so
+    # without a model (cached as None, loaded once)
+    monkeypatch.setattr(ablate_module, 'length_loss', lambda *a: pytest.fail('no windows of a task are scored'))
+    windows, why = ablate_module.extrapolation_losses(str(tmp_path / 'run'), str(tmp_path), ['plain', 'yarn'])
+    assert why == '' and all(v is None for losses in windows.values() for v in losses.values())
+    assert ablate_module.lengths_missing(str(tmp_path / 'run'), ['plain', 'yarn']) == []
     monkeypatch.setattr(ablate_module, 'load_checkpoint', lambda *a: pytest.fail('cached: nothing to load'))
     assert ablate_module.task_lengths(str(tmp_path / 'run'), str(tmp_path), ['linear', 'yarn']) == figures
