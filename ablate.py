@@ -869,19 +869,33 @@ def delta(agg, reference, key, n_seeds):
     return f"{text} (p {test['p']:.2g}{' ≈' if test['p'] >= 0.05 else ''})"
 
 
-def lengths_table(variants):
-    """A task's accuracy (loss) at each evaluation length (train.py's eval_splits, its last evaluation)."""
+def split_accuracies(runs, name, split):
+    """Each seed's plain accuracy of a variant at an evaluation split ('val': train.py's val accuracy)."""
+    return [a for a in ((r.get('accuracy') if split == 'val' else ((r.get('lengths') or {}).get(split) or {}).get(
+        'accuracy')) for r in runs if r['variant'] == name) if a is not None]
+
+
+def lengths_table(variants, runs, reference):
+    """A task's accuracy (loss) at each evaluation length (train.py's eval_splits, its last evaluation), each plain
+    accuracy with Welch's p against the reference's at the same length."""
     splits = list(dict.fromkeys(s for agg in variants.values() for s in agg['lengths']))
     if not splits:
         return []
-    lines = ['', "Accuracy (loss) at each evaluation length: plain, each run's last evaluation by train.py; a RoPE "
+    lines = ['', "Accuracy (loss) at each evaluation length: plain, each run's last evaluation by train.py (p: Welch's "
+                 f"test of its accuracy over seeds against {reference}'s at the same length; ≈: p >= 0.05); a RoPE "
                  f"scaling, its ckpt.pt stretched from the training length to the split's ({extrapolation_iters} "
                  "batches of the split's first examples); n/a: the positions cannot go there.", '',
              '| variant | positions | val (1x) | ' + ' | '.join(splits) + ' |', '|' + ' --- |' * (3 + len(splits))]
+
+    def tested(name, split, figures):
+        test = welch(split_accuracies(runs, name, split), split_accuracies(runs, reference, split)) \
+            if name != reference else None
+        return accuracy_cell(figures) + (f" p {test['p']:.2g}{' ≈' if test['p'] >= 0.05 else ''}" if test else '')
+
     for name, agg in variants.items():
         val = {'accuracy': agg['accuracy'], 'loss': agg['final_val_loss']}
-        lines.append(f"| {name} | plain | {accuracy_cell(val)} | "
-                     + ' | '.join(accuracy_cell(agg['lengths'].get(s)) for s in splits) + ' |')
+        lines.append(f"| {name} | plain | {tested(name, 'val', val)} | "
+                     + ' | '.join(tested(name, s, agg['lengths'].get(s)) for s in splits) + ' |')
         for method, figures in agg['scaled_lengths'].items():
             if figures:
                 lines.append(f"| {name} | {method} | {accuracy_cell(figures.get('val'))} | "
@@ -1133,7 +1147,7 @@ def write_report(out, order, failed, cwd, n_layer):
         if no_data:
             lines += ['', f"Not in the length table (rerun once the data is back): "
                           f"{', '.join(f'{run} ({why})' for run, why in no_data.items())}"]
-    lines += lengths_table(variants) + recall_table(variants, runs) + probes_table(variants)  # after the run tables
+    lines += lengths_table(variants, runs, reference) + recall_table(variants, runs) + probes_table(variants)
     if target and target not in variants:
         lines += ['', f"target {target!r} has no finished runs here: the reaches column uses {goal!r}"]
     if other:

@@ -736,7 +736,10 @@ def test_each_difference_gets_welchs_p_and_noise_is_marked(tmp_path, monkeypatch
     assert "Welch's two-sided t-test over seeds against vanilla" in md
     lengths = {cells[0]: cells for cells in tables(md)[1][1:]}
     assert tables(md)[1][0] == ['variant', 'positions', 'val (1x)', 'val_2x', 'val_4x']
-    assert lengths['apart'] == ['apart', 'plain', '0.947 (1.800)', '0.473 (2.500)', 'n/a']
+    p_val = welch(accuracies['apart'], accuracies['vanilla'])['p']
+    p_2x = welch([a / 2 for a in accuracies['apart']], [a / 2 for a in accuracies['vanilla']])['p']
+    assert lengths['apart'] == ['apart', 'plain', f'0.947 (1.800) p {p_val:.2g}', f'0.473 (2.500) p {p_2x:.2g}', 'n/a']
+    assert lengths['vanilla'][2] == '0.323 (2.010)' and lengths['close'][3].endswith(' ≈')  # no test against itself
 
 
 def test_the_recall_group_is_a_table_of_accuracy_by_length_and_width_tested_against_global(
