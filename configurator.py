@@ -20,6 +20,7 @@ model.py's source, so settings are checked (and --help answers) before torch is 
 """
 import ast
 import difflib
+import functools
 import io
 import os
 import re
@@ -71,7 +72,14 @@ def _annotated_type(node):
 def _assignments(path, class_name=None):
     """[(name, value node, comment, type)] of the top-level assignments in a Python file, or of the class
     body of class_name; comment: the text of a `# ...` on the assignment's last line, else ''; type: what
-    an annotation names (`compile: Optional[bool] = None` gives bool), else None."""
+    an annotation names (`compile: Optional[bool] = None` gives bool), else None. Each file is read once per
+    version: every setting checked asks model.py's tables, and tokenizing it costs ~0.1 s."""
+    stat = os.stat(path)
+    return _parsed_assignments(os.path.abspath(path), class_name, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_assignments(path, class_name, mtime_ns, size):
     with open(path, encoding='utf-8') as f:
         source = f.read()
     comments = {tok.start[0]: tok.string.lstrip('#').strip()
@@ -86,7 +94,7 @@ def _assignments(path, class_name=None):
         if isinstance(target, ast.Name) and node.value is not None:
             kind = _annotated_type(node.annotation) if isinstance(node, ast.AnnAssign) else None
             out.append((target.id, node.value, comments.get(node.end_lineno, ''), kind))
-    return out
+    return tuple(out)  # shared by every caller: not to be changed
 
 
 def model_flags(runtime_only=False):
