@@ -282,11 +282,15 @@ def group_members(group, base):
         f"per_layer_embeddings, optimizer, schedule, recipe_mlp, zero_init, recall, length_generalization, custom")
 
 
+def data_meta(cwd, dataset):
+    """data/<dataset>/meta.json under cwd, {} when there is none."""
+    meta_path = os.path.join(cwd, 'data', dataset, 'meta.json')
+    return read_json(meta_path) if os.path.exists(meta_path) else {}
+
+
 def base_vocab(base):
     """The base recipe's vocabulary as train.py will set it: its dataset's meta.json, else GPT-2's 50304."""
-    meta_path = os.path.join(run_dir or REPO, 'data', base['dataset'], 'meta.json')
-    meta = read_json(meta_path) if os.path.exists(meta_path) else {}
-    return base.get('vocab_size') or meta.get('vocab_size') or 50304
+    return base.get('vocab_size') or data_meta(run_dir or REPO, base['dataset']).get('vocab_size') or 50304
 
 
 def widened(args, flags, target, measure):
@@ -353,9 +357,7 @@ def recall_members(base):
 def recall_dataset(length):
     """data/recall_<length>, checked to be there and of that length: else one line naming the command."""
     name, pairs = f'recall_{length}', max(1, length // 8)
-    meta_path = os.path.join(run_dir or REPO, 'data', name, 'meta.json')
-    meta = read_json(meta_path) if os.path.exists(meta_path) else {}
-    if meta.get('example_length') != length:
+    if data_meta(run_dir or REPO, name).get('example_length') != length:
         die(f"the recall group needs data/{name} (examples of {length} tokens); make it with: python "
             f"data/recall/prepare.py --seq_len {length} --num_pairs {pairs} --vocab_size 64 --out_dir data/{name}")
     return name
@@ -363,9 +365,7 @@ def recall_dataset(length):
 
 def copy_inputs():
     """(the training inputs' length, the longest evaluation split's) of data/copy, in tokens."""
-    meta_path = os.path.join(run_dir or REPO, 'data', 'copy', 'meta.json')
-    meta = read_json(meta_path) if os.path.exists(meta_path) else {}
-    splits = meta.get('splits') or {}
+    splits = data_meta(run_dir or REPO, 'copy').get('splits') or {}
     if 'train' not in splits:
         die("the length_generalization group needs data/copy; make it with: python data/copy/prepare.py")
     return splits['train']['example_length'] - 1, max(s['example_length'] for s in splits.values()) - 1
@@ -528,8 +528,7 @@ def val_files(cwd, dataset):
 
 def is_task(cwd, dataset):
     """Whether data/<dataset> holds whole examples (a task: recall, copy), not running text."""
-    meta_path = os.path.join(cwd, 'data', dataset, 'meta.json')
-    return 'example_length' in (read_json(meta_path) if os.path.exists(meta_path) else {})
+    return 'example_length' in data_meta(cwd, dataset)
 
 
 def lengths_missing(path, methods):
