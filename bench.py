@@ -14,7 +14,9 @@ past keys and values instead of attending over the latents with absorbed weights
 window of block_size/4: local (every layer), lllg (three local to one global), lg+sinks (gpt-oss's alternation with
 sinks), gate (the output gate), nope (a layer in four without RoPE), partial (half of each head rotated), hybrid
 (three Gated DeltaNet layers to one global, Qwen3-Next's 'DDDG'), deltanet (every layer Gated DeltaNet); kda-hybrid
-(three Kimi Delta Attention layers to one global, 'KKKG'), kda (every layer Kimi Delta Attention); dsa and
+(three Kimi Delta Attention layers to one global, 'KKKG'), kda (every layer Kimi Delta Attention), and likewise
+mamba2-hybrid and mamba2 (Mamba-2, 'SSSG' and 'S'), shortconv-hybrid and shortconv (LFM2's gated short
+convolution, 'VVVG' and 'V'); dsa and
 mla+dsa (DeepSeek Sparse Attention on modern and on MLA: each query reads the block_size/8 keys its indexer picks).
 decode_prompt: decoding starts after this many prompt tokens (the cache already holds them: a long context).
 nanogpt_dir: a checkout of karpathy/nanoGPT; its GPT, at the same sizes, is timed as an extra row.
@@ -103,7 +105,9 @@ VARIANTS.update({'local': {**modern, 'layers': 'L', **_window}, 'lllg': {**moder
                  'gate': {**modern, 'attn_gate': True}, 'nope': {**modern, 'layers': 'GGGN'},
                  'partial': {**modern, 'rope_fraction': 0.5},
                  'hybrid': {**modern, 'layers': 'DDDG'}, 'deltanet': {**modern, 'layers': 'D'}})
-VARIANTS.update({'kda-hybrid': {**modern, 'layers': 'KKKG'}, 'kda': {**modern, 'layers': 'K'}})  # Kimi Delta Attention
+# the constant-memory kinds, 3:1 with full attention and alone: Kimi Delta Attention, Mamba-2, LFM2's short convolution
+VARIANTS.update({f'{name}{suffix}': {**modern, 'layers': letter * 3 + 'G' if suffix else letter}
+                 for name, letter in (('kda', 'K'), ('mamba2', 'S'), ('shortconv', 'V')) for suffix in ('-hybrid', '')})
 # DeepSeek Sparse Attention on top of modern and of MLA: each query reads block_size/8 keys its indexer picks
 _sparse = {'index_topk': max(1, block_size // 8), 'index_head_dim': max(32, n_embd // n_head)}
 VARIANTS.update({'dsa': {**modern, **_sparse}, 'mla+dsa': {**modern, **BEYOND_MODERN['mla'], **_sparse}})

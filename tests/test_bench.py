@@ -344,6 +344,26 @@ def test_kda_rows_keep_the_deltanets_cache(tmp_path):
     assert rows['kda']['decode_tokens_per_s_cached'] > 0 and rows['kda-hybrid']['train_ms_per_iter'] > 0
 
 
+def test_mamba2_and_short_convolution_rows_keep_a_cache_that_does_not_grow(tmp_path):
+    """mamba2 and shortconv keep the same bytes at 16 and 32 positions, as the model counts them; their 3:1
+    hybrids grow by the one global layer's K/V (1 K/V head x 16 wide, fp32) per position."""
+    kinds = ('mamba2-hybrid', 'mamba2', 'shortconv-hybrid', 'shortconv')
+    rows = {}
+    for length in (16, 32):
+        result = bench(f"--variants={','.join(kinds)}", '--n_layer=4', f'--block_size={length}', f'--json={length}.json',
+                       '--decode_uncached=False', cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        rows[length] = {r['variant']: r for r in json.loads((tmp_path / f'{length}.json').read_text())['rows']}
+    for name, letter in (('mamba2', 'S'), ('shortconv', 'V')):
+        alone = GPT(GPTConfig(**{**TINY, 'n_layer': 4, 'norm': 'rms', 'mlp': 'swiglu', 'n_kv_head': 1, 'pos': 'rope',
+                                 'layers': letter}))
+        assert rows[16][name]['kv_bytes_per_sequence'] == rows[32][name]['kv_bytes_per_sequence'] == \
+            alone.kv_cache_bytes(1, 16) > 0
+        grown = rows[32][f'{name}-hybrid']['kv_bytes_per_sequence'] - rows[16][f'{name}-hybrid']['kv_bytes_per_sequence']
+        assert grown == 16 * 2 * 1 * 16 * 4
+        assert rows[32][name]['decode_tokens_per_s_cached'] > 0 and rows[32][f'{name}-hybrid']['train_ms_per_iter'] > 0
+
+
 def test_sparse_attention_rows_keep_the_indexers_keys(tmp_path):
     """dsa and mla+dsa: the modern and MLA caches plus the indexer's key per token (index_head_dim 32), fp32."""
     result = bench('--variants=modern,dsa,mla,mla+dsa', '--json=b.json', '--decode_uncached=False', cwd=tmp_path)
