@@ -11,7 +11,9 @@ decoders run whole generate calls in turn, the best of vs_hf_repeats kept for ea
 compile_decoding() (the compile is a warm-up call, not timed) and transformers' generate. Tokens/s count the new
 tokens of the batch over the whole call, prefill included, the same work on both sides. In float32 the tokens of
 all three must be identical; in a 16-bit dtype the two sides round different sums differently, and a greedy
-choice between near-equal logits can go either way, so the row says how many new tokens match HF's.
+choice between near-equal logits can go either way, so the row says how many new tokens match HF's, and for each
+row that parts from HF's, where, and how far apart the fp32 model's two best logits were there against the 16-bit
+dtype's rounding step (`partings`).
 
 What bounds a step: each row gives the bytes a decoding step reads (every weight it multiplies by and the KV cache
 at the last step's length, in that dtype) and the time this machine takes to read that many bytes, measured in the
@@ -111,6 +113,29 @@ def _matches(tokens, prompt_len):
     return {k: int((t[:, prompt_len:].cpu() == ref).sum()) for k, t in tokens.items()}
 
 
+def partings(reference, tokens, hf_tokens, prompt_len, dtype):
+    """Where each row of `tokens` first parts from HF's, and why it may: [{'row', 'new_token' (1-based), 'gap' (the
+    fp32 reference's two best logits there, on the shared prefix), 'step' (the dtype's rounding step at that logit's
+    magnitude), 'fp32_picks' ('ours', 'HF' or 'neither')}]. A gap under the step is a near-tie the dtype cannot
+    resolve: both sides are right to within rounding, and greedy decoding continues different texts from there."""
+    out = []
+    for row in range(tokens.shape[0]):
+        differ = (tokens[row, prompt_len:].cpu() != hf_tokens[row, prompt_len:].cpu()).nonzero()
+        if not len(differ):
+            continue
+        t = prompt_len + int(differ[0])
+        with torch.no_grad():
+            logits = reference(tokens[row:row + 1, :t].to(next(reference.parameters()).device))[0][0, -1].float()
+        top = logits.topk(2)
+        pick = int(top.indices[0])
+        step = torch.finfo(getattr(torch, dtype)).eps * 2.0 ** math.floor(math.log2(max(abs(float(top.values[0])),
+                                                                                       1e-30)))
+        out.append({'row': row, 'new_token': t - prompt_len + 1, 'gap': float(top.values[0] - top.values[1]),
+                    'step': step, 'fp32_picks': 'ours' if pick == int(tokens[row, t]) else
+                    'HF' if pick == int(hf_tokens[row, t]) else 'neither'})
+    return out
+
+
 def _row(name, hf, dtype, batch, prompt_len, new_tokens, ours, tokens, best, device):
     weight_bytes, cache_bytes = step_bytes(ours, batch, prompt_len + new_tokens)
     tps = {k: batch * new_tokens / t for k, t in best.items()}
@@ -163,6 +188,7 @@ def compare_with_hf(configs, batches, prompt_len, new_tokens, repeats, device, s
             torch.manual_seed(seed)
             ours = GPT(cfg).to(device).eval()
             hf = to_hf(ours).to(device).eval()  # exported in fp32, then both cast alike: the same rounded weights
+            reference = copy.deepcopy(ours) if dtype != 'float32' else None  # where the 16-bit tokens part: why
             ours, hf = ours.to(getattr(torch, dtype)), hf.to(getattr(torch, dtype))
             fast = copy.deepcopy(ours).compile_decoding()
             for batch in batches:
@@ -171,9 +197,15 @@ def compare_with_hf(configs, batches, prompt_len, new_tokens, repeats, device, s
                 tokens, best = _time_decoders(_decoders(ours, fast, hf, idx, new_tokens), repeats, device)
                 rows.append(_row(name, hf, dtype, batch, prompt_len, new_tokens, ours, tokens, best, device))
                 r = rows[-1]
+                if reference is not None:
+                    r['partings'] = partings(reference, tokens['ours eager'], tokens['HF generate'], prompt_len, dtype)
                 print(f"{name} {dtype} batch {batch}: " + ', '.join(f"{k} {r[k]:,.0f} tok/s" for k in DECODERS) +
                       f"; {r['step_bytes'] / 1e6:.1f} MB a step, read in {r['read_floor_ms']:.2f} ms here; "
                       f"tokens as HF: {_agreement(r)}", flush=True)  # a long run's figures as they come
+                for part in r.get('partings', []):
+                    print(f"  row {part['row']} parts from HF's at new token {part['new_token']}: the fp32 model's two "
+                          f"best logits there are {part['gap']:.4f} apart, {dtype}'s rounding step at their size "
+                          f"{part['step']:.4f}; fp32 picks {part['fp32_picks']}'s token", flush=True)
                 if profile:
                     for k, model in (('ours eager', ours), ('ours compiled', fast)):
                         table, ms = step_profile(model, idx)

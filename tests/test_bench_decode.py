@@ -63,3 +63,22 @@ def test_step_bytes_count_an_untied_head_and_grouped_keys_once():
 def test_a_bad_vs_hf_dtype_is_one_error_line():
     expect_one_error(bench('--vs_hf=True', '--vs_hf_dtype=float32,int8', cwd=REPO_ROOT), 'vs_hf_dtype',
                      "'float32,int8'", 'bfloat16')
+
+
+def test_partings_name_each_rows_first_difference_and_the_fp32_models_margin_there():
+    """A row whose new tokens differ from HF's from the 3rd on: that row, that token, the fp32 model's top-2 gap on
+    the shared prefix, and which side fp32 picks; bf16's rounding step there is between 2^-8 and 2^-7 of the logit."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY)).eval()
+    with torch.no_grad():
+        ours = model.generate(torch.tensor([[1], [2]]), 5, temperature=0)
+        logits = model(ours[1:, :3])[0][0, -1]
+    other = ours.clone()
+    other[1, 3:] = (ours[1, 3:] + 1) % TINY['vocab_size']  # HF's row 1 parts at its 3rd new token
+    top = logits.topk(2).values
+    for tokens, hf_tokens, picks in ((ours, other, 'ours'), (other, ours, 'HF')):
+        [part] = bench_decode.partings(model, tokens, hf_tokens, 1, 'bfloat16')
+        assert (part['row'], part['new_token'], part['fp32_picks']) == (1, 3, picks)
+        assert part['gap'] == pytest.approx(float(top[0] - top[1]))
+        assert 2 ** -8 * abs(float(top[0])) < part['step'] <= 2 ** -7 * abs(float(top[0]))
+    assert bench_decode.partings(model, ours, ours.clone(), 1, 'bfloat16') == []
