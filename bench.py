@@ -57,7 +57,7 @@ variants = ''  # '' or e.g. 'vanilla,modern' (see above)
 nanogpt_dir = ''
 batch_size = 12
 warmup_iters = 3  # untimed: compilation, allocator and cache warm-up
-train_iters = 10
+train_iters = 10  # timed training steps; 0: decoding only (a long context's steps can take minutes on a CPU)
 decode_tokens = 200  # decoding steps timed (the prompt and they must fit in block_size: no context shift)
 decode_batch = 1
 decode_prompt = 1  # prompt tokens before the timed decoding
@@ -113,11 +113,12 @@ _sparse = {'index_topk': max(1, block_size // 8), 'index_head_dim': max(32, n_em
 VARIANTS.update({'dsa': {**modern, **_sparse}, 'mla+dsa': {**modern, **BEYOND_MODERN['mla'], **_sparse}})
 
 # ----------------------------------------------------------------------------- checks first, then minutes of timing
-for name in ('batch_size', 'train_iters', 'decode_tokens', 'decode_batch', 'decode_prompt'):
+for name in ('batch_size', 'decode_tokens', 'decode_batch', 'decode_prompt'):
     if settings[name] < 1:
         die(f"{name} must be at least 1, got {settings[name]}")
-if warmup_iters < 0:
-    die(f"warmup_iters must be >= 0, got {warmup_iters}")
+if warmup_iters < 0 or train_iters < 0:
+    die(f"warmup_iters and train_iters must be >= 0 (train_iters 0: decoding only), got {warmup_iters} and "
+        f"{train_iters}")
 if decode_prompt + decode_tokens > block_size:
     die(f"decode_prompt + decode_tokens ({decode_prompt} + {decode_tokens}) must fit in block_size ({block_size}): "
         f"past it the context shifts and re-prefills, which is not decoding speed")
@@ -272,13 +273,14 @@ def bench(name, model, accounting, ours=True):
     if compile:
         torch._dynamo.reset()  # compile each row afresh: dynamo's per-function cache would fill and fall back
     runs = [(model, dtype)] + ([(copy.deepcopy(model), compare_dtype)] if compare_dtype else [])
-    dt, *other = train_step_seconds(*[(torch.compile(m) if compile else m, d) for m, d in runs])
+    dt, *other = train_step_seconds(*[(torch.compile(m) if compile else m, d) for m, d in runs]) if train_iters \
+        else [None] * len(runs)  # decoding only: a long context's training step can take minutes on a CPU
     compared = [{'variant': f'{name} ({compare_dtype})', 'params': None, 'active_params': None,
                  'train_ms_per_iter': 1000 * t, 'train_tokens_per_s': batch_size * block_size / t,
                  'mfu': accounting.estimate_mfu(batch_size, t, 1.0), 'decode_tokens_per_s_cached': None,
                  'decode_tokens_per_s_uncached': None, 'cache_speedup': None, 'kv_bytes_per_token': None,
                  'kv_bytes_per_sequence': None}
-                for t in other]  # the same steps in compare_dtype, taken in turn with these
+                for t in other if t]  # the same steps in compare_dtype, taken in turn with these
     if name == 'mla-rebuild':
         for block in model.transformer.h:
             block.attn.absorb = False
@@ -287,8 +289,9 @@ def bench(name, model, accounting, ours=True):
         if decode_uncached or not ours else None
     row = {'variant': name, 'params': sum(p.numel() for p in model.parameters()),
            'active_params': accounting.get_num_params(active=True),
-           'train_ms_per_iter': 1000 * dt, 'train_tokens_per_s': batch_size * block_size / dt,
-           'mfu': accounting.estimate_mfu(batch_size, dt, 1.0),
+           'train_ms_per_iter': 1000 * dt if dt else None,
+           'train_tokens_per_s': batch_size * block_size / dt if dt else None,
+           'mfu': accounting.estimate_mfu(batch_size, dt, 1.0) if dt else None,
            'decode_tokens_per_s_cached': cached, 'decode_tokens_per_s_uncached': uncached,
            'cache_speedup': cached / uncached if ours and uncached else None,
            'kv_bytes_per_token': accounting.kv_cache_bytes(1, block_size, cache_dtype) // block_size if ours else None,
@@ -305,8 +308,8 @@ for name, cfg in configs:
     rows += [row] + compared
     del model
     # each row as it ends, so a run stopped early (a time limit) still leaves its figures
-    print(f"  {name}: train {row['train_ms_per_iter']:.4g} ms/iter, decode "
-          f"{row['decode_tokens_per_s_cached']:.4g} tok/s", file=sys.stderr, flush=True)
+    trained = f"train {row['train_ms_per_iter']:.4g} ms/iter, " if train_iters else ''
+    print(f"  {name}: {trained}decode {row['decode_tokens_per_s_cached']:.4g} tok/s", file=sys.stderr, flush=True)
 if nanogpt is not None:
     torch.manual_seed(seed)
     with contextlib.redirect_stdout(io.StringIO()):  # it prints its parameter count
@@ -329,6 +332,8 @@ if measured:
         how += f"; {before / 1e12:.3g} and {after / 1e12:.3g} TFLOP/s: the load changed"
 beyond = []
 for row in rows:
+    if row['mfu'] is None:  # not trained (train_iters 0)
+        continue
     row['mfu'] /= compare_peak if compare_dtype and row['variant'].endswith(f'({compare_dtype})') else peak
     if measured and row['mfu'] > 1:  # a square matmul slower than the model's shapes (bf16 on a CPU without
         beyond.append(row['variant'])  # bf16 units) is no peak

@@ -372,3 +372,16 @@ def test_sparse_attention_rows_keep_the_indexers_keys(tmp_path):
     assert rows['dsa']['kv_bytes_per_token'] == rows['modern']['kv_bytes_per_token'] + 32 * 4
     assert rows['mla+dsa']['kv_bytes_per_token'] == rows['mla']['kv_bytes_per_token'] + 32 * 4
     assert rows['dsa']['decode_tokens_per_s_cached'] > 0 and rows['mla+dsa']['train_ms_per_iter'] > 0
+
+
+def test_train_iters_0_times_decoding_only(tmp_path):
+    """A long context's decoding without its training steps (minutes each on a CPU): the training columns are '-',
+    decoding and the cache are measured as ever; a negative count is one error line."""
+    result = bench('--variants=modern', '--train_iters=0', '--json=b.json', cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    [row] = json.loads((tmp_path / 'b.json').read_text())['rows']
+    assert row['train_ms_per_iter'] is row['train_tokens_per_s'] is row['mfu'] is None
+    assert row['decode_tokens_per_s_cached'] > 0 and row['kv_bytes_per_sequence'] > 0
+    cells = table(result.stdout)['modern']
+    assert [cells[HEADER.index(c)] for c in ('train ms/iter', 'train tok/s', 'MFU %')] == ['-', '-', '-']
+    expect_one_error(bench('--train_iters=-1', cwd=tmp_path), 'train_iters', '-1')
