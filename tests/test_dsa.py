@@ -101,6 +101,20 @@ def test_each_query_reads_its_top_k_past_keys_only(kind):
     check_causal(model)
 
 
+@pytest.mark.parametrize('k', [1, 3, 8, 20])
+def test_top_k_picks_what_a_stable_sort_picks_ties_to_the_earliest(k):
+    """Scores with many ties (ReLU zeros, masked keys' -inf, rounded values): the k picked per row are a stable
+    descending sort's first k, also when fewer than k keys score above -inf."""
+    g = torch.Generator().manual_seed(k)
+    scores = F.relu(torch.randn(3, 7, 20, generator=g)).mul(2).round()
+    scores = scores.masked_fill(torch.rand(3, 7, 20, generator=g) < 0.3, float('-inf'))
+    scores[0, 0, :] = float('-inf')  # a row with nothing to read
+    picked = M.top_k_earliest(scores, k)
+    expected = torch.zeros_like(picked).scatter_(-1, scores.sort(dim=-1, descending=True, stable=True).indices[..., :k],
+                                                 True)
+    assert torch.equal(picked, expected) and (picked.sum(-1) == k).all()
+
+
 @torch.no_grad()
 @pytest.mark.parametrize('kind', KINDS)
 def test_cached_decoding_equals_uncached_past_block_size(kind):
