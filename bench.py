@@ -193,7 +193,8 @@ compare_peak = (peak_flops or measure_peak_flops(device, compare_dtype)[0]) if c
 hardware = gpu or platform.processor() or platform.machine()
 print(f"{device} ({hardware}), dtype {dtype}, compile {compile}, torch {torch.__version__}, "
       f"{torch.get_num_threads()} threads; batch {batch_size}x{block_size}, "
-      f"median of {train_iters} steps after {warmup_iters}, decode {decode_batch}x{decode_tokens} tokens after a "
+      f"{f'median of {train_iters} steps after {warmup_iters}' if train_iters else 'no training steps'}, "
+      f"decode {decode_batch}x{decode_tokens} tokens after a "
       f"{decode_prompt}-token prompt", flush=True)
 
 

@@ -384,4 +384,5 @@ def test_train_iters_0_times_decoding_only(tmp_path):
     assert row['decode_tokens_per_s_cached'] > 0 and row['kv_bytes_per_sequence'] > 0
     cells = table(result.stdout)['modern']
     assert [cells[HEADER.index(c)] for c in ('train ms/iter', 'train tok/s', 'MFU %')] == ['-', '-', '-']
+    assert 'no training steps' in result.stdout.splitlines()[0]
     expect_one_error(bench('--train_iters=-1', cwd=tmp_path), 'train_iters', '-1')
