@@ -273,15 +273,15 @@ def bench(name, model, accounting, ours=True):
     model.to(device)
     if compile:
         torch._dynamo.reset()  # compile each row afresh: dynamo's per-function cache would fill and fall back
-    runs = [(model, dtype)] + ([(copy.deepcopy(model), compare_dtype)] if compare_dtype else [])
-    dt, *other = train_step_seconds(*[(torch.compile(m) if compile else m, d) for m, d in runs]) if train_iters \
-        else [None] * len(runs)  # decoding only: a long context's training step can take minutes on a CPU
+    # train_iters 0: decoding only (a long context's training step can take minutes on a CPU)
+    runs = [(model, dtype)] + ([(copy.deepcopy(model), compare_dtype)] if compare_dtype else []) if train_iters else []
+    dt, *other = train_step_seconds(*[(torch.compile(m) if compile else m, d) for m, d in runs]) if runs else [None]
     compared = [{'variant': f'{name} ({compare_dtype})', 'params': None, 'active_params': None,
                  'train_ms_per_iter': 1000 * t, 'train_tokens_per_s': batch_size * block_size / t,
                  'mfu': accounting.estimate_mfu(batch_size, t, 1.0), 'decode_tokens_per_s_cached': None,
                  'decode_tokens_per_s_uncached': None, 'cache_speedup': None, 'kv_bytes_per_token': None,
                  'kv_bytes_per_sequence': None}
-                for t in other if t]  # the same steps in compare_dtype, taken in turn with these
+                for t in other]  # the same steps in compare_dtype, taken in turn with these
     if name == 'mla-rebuild':
         for block in model.transformer.h:
             block.attn.absorb = False
