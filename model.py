@@ -35,7 +35,7 @@ The Hugging Face families (HF_FAMILIES: names and configs, both ways) live in hf
 
 import math
 from dataclasses import dataclass, fields
-from functools import partial
+from functools import lru_cache, partial
 from typing import Optional
 
 import torch
@@ -1431,7 +1431,8 @@ class GatedDeltaNet(TokenMixer):
         if cache is not None and T == 1:
             y, state = gated_delta_recurrent(q, k, v, g, beta, state)
         else:
-            y, state = gated_delta_chunked(q, k, v, g, beta, self.chunk, state, final=cache is not None)
+            chunked = fla_kernel('kda' if g.dim() == 4 else 'gated_delta', q) or gated_delta_chunked
+            y, state = chunked(q, k, v, g, beta, self.chunk, state, final=cache is not None)
         if cache is not None:
             cache.stores['state'].copy_(state)
         y = y.transpose(1, 2)  # (B, T, Hv, dv)
@@ -1643,7 +1644,8 @@ class Mamba2(TokenMixer):
         if cache is not None and T == 1:
             y, state = ssd_recurrent(xs, dt, A, B, C, state)
         else:
-            y, state = ssd_chunked(xs, dt, A, B, C, self.chunk, state, final=cache is not None)
+            chunked = fla_kernel('ssd', xs) or ssd_chunked
+            y, state = chunked(xs, dt, A, B, C, self.chunk, state, final=cache is not None)
         if cache is not None:
             cache.stores['state'].copy_(state)
         y = (y + self.D.float()[:, None, None] * xs).transpose(1, 2).reshape(batch, T, H * P)
@@ -2191,6 +2193,54 @@ class PerLayerInput(nn.Module):
 
 
 # ============================================================================= machinery
+
+# ----------------------------------------------------------------------------- maintained CUDA kernels (flash-linear-attention)
+
+# On CUDA, where flash-linear-attention is installed, the chunked forms of the 'D', 'K' and 'S' layers run its
+# Triton kernels (training and prefill; a decoding step stays the recurrent form, one token). Each adapter below
+# keeps the PyTorch form's contract: (batch, heads, T, dim) in, fp32, the state's layout ours. Mamba-2's SSD is
+# fla's simple GLA (a scalar log-decay per head and token): queries C, keys B, values dt x, log-decay dt A.
+# tests/test_gpu.py holds each against the PyTorch form; USE_FLA = False runs the PyTorch forms on CUDA too.
+USE_FLA = True
+
+
+@lru_cache(maxsize=None)
+def fla_ops():
+    """flash-linear-attention's chunked kernels by the form they replace, or None when it is not installed."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        from fla.ops.kda import chunk_kda
+        from fla.ops.simple_gla import chunk_simple_gla
+    except ImportError:
+        return None
+    return {'gated_delta': chunk_gated_delta_rule, 'kda': chunk_kda, 'ssd': chunk_simple_gla}
+
+
+def fla_kernel(form, x):
+    """The kernel adapter for `form` ('gated_delta', 'kda', 'ssd') when x is on CUDA and fla is installed, else
+    None (the caller runs the PyTorch form)."""
+    if not (USE_FLA and x.is_cuda) or fla_ops() is None:
+        return None
+    return partial(_fla_ssd if form == 'ssd' else _fla_delta, fla_ops()[form])
+
+
+def _heads_second(*tensors):
+    """(batch, heads, T, ...) <-> (batch, T, heads, ...), contiguous (the kernels index them flat)."""
+    return [t.transpose(1, 2).contiguous() for t in tensors]
+
+
+def _fla_delta(kernel, q, k, v, g, beta, chunk, state=None, final=False):
+    """gated_delta_chunked through fla's chunk_gated_delta_rule or chunk_kda (their own chunk size; q comes
+    scaled, so scale 1)."""
+    out, state = kernel(*_heads_second(q, k, v, g, beta), scale=1.0, initial_state=state, output_final_state=final)
+    return out.transpose(1, 2), state
+
+
+def _fla_ssd(kernel, x, dt, A, B, C, chunk, state=None, final=False):
+    """ssd_chunked through fla's chunk_simple_gla: its state (heads, values, keys) = ours (heads, P, N)."""
+    q, k, v, g = _heads_second(C, B, x * dt[..., None], dt * A[:, None])
+    out, state = kernel(q, k, v, g=g, scale=1.0, initial_state=state, output_final_state=final, state_v_first=True)
+    return out.transpose(1, 2), state
 
 # Each swap: the flag it sets, GPT-2's value, and the modern (Llama/Qwen-style) value; a callable value
 # depends on the config's other flags. bench.py's variants, ablate.py's grid groups and the recipes' tests

@@ -1,7 +1,8 @@
 """The CUDA paths, on a GPU only (skipped elsewhere; `.ci/gpu` runs them with the recipes and the benchmark):
 bf16 and fp16 + GradScaler training, torch.compile, fused AdamW, flash SDPA with and without GQA, the SDPA
 backend torch picks (with a window mask) against math, cached sampling, decoding as a CUDA graph, the fused
-grouped matmul of MoE (and the loop at widths it cannot read), and FSDP in bf16 and fp16."""
+grouped matmul of MoE (and the loop at widths it cannot read), FSDP in bf16 and fp16, and flash-linear-attention's
+kernels for the 'D', 'K' and 'S' layers where it is installed."""
 
 import os
 import subprocess
@@ -172,3 +173,34 @@ def test_fsdp_on_one_process_with_nccl(tmp_path, dtype):
     assert 'sharded (FSDP)' in result.stdout
     losses = val_losses(tmp_path / 'out')
     assert losses[-1] < losses[0] - 0.5
+
+
+@pytest.mark.parametrize('layers', ['DG', 'KG', 'SG'])
+def test_fla_kernels_match_the_pytorch_forms(monkeypatch, layers):
+    """flash-linear-attention's kernels (where installed) against the PyTorch forms on the same CUDA model:
+    logits and gradients in fp32, and cached decoding after a prefill through them. Triton's fp32 dots may run
+    in TF32, hence the tolerance; the figures are printed."""
+    pytest.importorskip('fla')
+    assert M.fla_ops() is not None, 'fla is importable but its chunked kernels are not where model.py looks'
+    chunk = {'ssm_chunk_size': 64} if layers == 'SG' else {'linear_chunk_size': 64}
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=128, block_size=256, vocab_size=96, layers=layers, norm='rms',
+                          mlp='swiglu', pos='rope', **chunk)).cuda()
+    idx = torch.randint(0, 96, (2, 200), device='cuda')
+    results = {}
+    for use in (True, False):
+        monkeypatch.setattr(M, 'USE_FLA', use)
+        model.zero_grad()
+        logits, loss = model(idx, targets=idx)
+        loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        with torch.no_grad():
+            tokens = model.generate(idx[:, :150], 20, temperature=0)
+        results[use] = (logits.detach(), grads, tokens)
+    (logits, grads, tokens), (ref_logits, ref_grads, ref_tokens) = results[True], results[False]
+    logit_err = (logits - ref_logits).abs().max().item()
+    grad_err = ((grads - ref_grads).norm() / ref_grads.norm()).item()
+    print(f"{layers}: fla vs PyTorch: logits max |diff| {logit_err:.2e}, gradients relative {grad_err:.2e}, "
+          f"greedy tokens equal {torch.equal(tokens, ref_tokens)}")
+    assert logit_err < 5e-3 and grad_err < 5e-3
+    assert (tokens == ref_tokens).float().mean() > 0.9  # a near-tie may part the greedy rows

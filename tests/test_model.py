@@ -2,6 +2,7 @@
 accounting, config validation, the README's layer kind and Hugging Face interop (tiny random models, no network).
 The decoding engine's own tests are tests/test_generate.py."""
 import itertools
+from functools import partial
 import math
 import os
 import random
@@ -182,7 +183,6 @@ def check_causal(model):
 @torch.no_grad()
 def check_cache_logits(model):
     """Prefill, a multi-token chunk, then single tokens: each step's logits equal a full forward's."""
-    cfg = model.config
     torch.manual_seed(3)
     B = 2
     seq = torch.randint(0, VOCAB, (B, BLOCK))
@@ -2459,3 +2459,92 @@ def test_bad_moe_block_settings_are_one_line_naming_them(overrides, message):
     with pytest.raises(ValueError) as e:
         tiny_config(**overrides)
     assert message in str(e.value) and '\n' not in str(e.value)
+
+
+# flash-linear-attention's contract as its docstrings state it, written out token by token in its layout
+# (batch, T, heads, dim): the adapters in model.py must turn our forms' tensors into it and back
+def _fla_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False):
+    """chunk_gated_delta_rule (g (B, T, H)) or chunk_kda (g (B, T, H, K)), state (B, H, K, V)."""
+    B, T, H, K = q.shape
+    S = initial_state.clone() if initial_state is not None else q.new_zeros(B, H, K, v.shape[-1])
+    decay = (g if g.dim() == 4 else g[..., None].expand(B, T, H, K)).exp()
+    out = []
+    for t in range(T):
+        S = S * decay[:, t, :, :, None]
+        kt = k[:, t]
+        S = S + kt[..., None] * (beta[:, t, :, None] * (v[:, t] - torch.einsum('bhk,bhkv->bhv', kt, S)))[..., None, :]
+        out.append(scale * torch.einsum('bhk,bhkv->bhv', q[:, t], S))
+    return torch.stack(out, dim=1), (S if output_final_state else None)
+
+
+def _fla_simple_gla(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, state_v_first=False):
+    """chunk_simple_gla: S = e^g_t S + k_t v_t^T, o_t = scale q_t^T S; state (B, H, V, K) when state_v_first."""
+    B, T, H, K = q.shape
+    S = q.new_zeros(B, H, K, v.shape[-1]) if initial_state is None else (
+        initial_state.transpose(-1, -2) if state_v_first else initial_state).clone()
+    out = []
+    for t in range(T):
+        S = S * g[:, t, :, None, None].exp() + k[:, t, :, :, None] * v[:, t, :, None, :]
+        out.append(scale * torch.einsum('bhk,bhkv->bhv', q[:, t], S))
+    final = (S.transpose(-1, -2) if state_v_first else S) if output_final_state else None
+    return torch.stack(out, dim=1), final
+
+
+@pytest.mark.parametrize('per_channel', [False, True], ids=['gated-deltanet', 'kda'])
+def test_fla_delta_adapter_keeps_the_chunked_forms_contract(per_channel):
+    """Through fla's layout (a reference of its stated contract), the adapter gives gated_delta_chunked's outputs
+    and final state, from zeros and from a carried state."""
+    gen = torch.Generator().manual_seed(31)
+    B, H, T, dk, dv = 2, 3, 11, 4, 5
+    q, k = (M.l2_normalize(torch.randn(B, H, T, dk, generator=gen)) for _ in range(2))
+    v, beta = torch.randn(B, H, T, dv, generator=gen), torch.rand(B, H, T, generator=gen)
+    g = -torch.rand(*((B, H, T, dk) if per_channel else (B, H, T)), generator=gen)
+    for state in (None, torch.randn(B, H, dk, dv, generator=gen)):
+        expected = M.gated_delta_chunked(q, k, v, g, beta, 4, state, final=True)
+        got = M._fla_delta(_fla_delta_rule, q, k, v, g, beta, 4, state, final=True)
+        assert_close(got[0], expected[0], atol=1e-5)
+        assert_close(got[1], expected[1], atol=1e-5)
+
+
+def test_fla_ssd_adapter_keeps_the_chunked_forms_contract():
+    """Mamba-2's SSD as fla's simple GLA (queries C, keys B, values dt x, log-decay dt A, state (P, N)): the
+    adapter gives ssd_chunked's outputs and final state, from zeros and from a carried state."""
+    gen = torch.Generator().manual_seed(32)
+    batch, H, T, P, N = 2, 3, 9, 4, 5
+    x, dt, A = torch.randn(batch, H, T, P, generator=gen), torch.rand(batch, H, T, generator=gen), \
+        -2 * torch.rand(H, generator=gen)
+    Bm, C = torch.randn(batch, H, T, N, generator=gen), torch.randn(batch, H, T, N, generator=gen)
+    for state in (None, torch.randn(batch, H, P, N, generator=gen)):
+        expected = M.ssd_chunked(x, dt, A, Bm, C, 4, state, final=True)
+        got = M._fla_ssd(_fla_simple_gla, x, dt, A, Bm, C, 4, state, final=True)
+        assert_close(got[0], expected[0], atol=1e-5)
+        assert_close(got[1], expected[1], atol=1e-5)
+
+
+def test_layers_take_the_fla_kernels_where_offered_and_not_for_a_decoding_step(monkeypatch):
+    """With fla offered (here the references of its contract, as on CUDA with it installed), the 'D', 'K' and 'S'
+    layers run it for training and prefill, with the same logits and cached decoding as the PyTorch forms; a
+    decoding step stays the recurrent form. On a CPU, or without fla, nothing is offered."""
+    assert M.fla_kernel('gated_delta', torch.zeros(1)) is None
+    fakes = {'gated_delta': _fla_delta_rule, 'kda': _fla_delta_rule, 'ssd': _fla_simple_gla}
+    calls = []
+
+    def offered(form, x):
+        calls.append((form, x.size(2)))
+        return partial(M._fla_ssd if form == 'ssd' else M._fla_delta, fakes[form])
+    idx = torch.randint(0, 64, (2, 13), generator=torch.Generator().manual_seed(3))
+    for layers in ('DG', 'KG', 'SG'):
+        chunk = {'ssm_chunk_size': 4} if layers == 'SG' else {'linear_chunk_size': 4}
+        model = build(layers=layers, norm='rms', mlp='swiglu', pos='rope', **chunk)
+        expected, _ = model(idx, targets=idx)
+        monkeypatch.setattr(M, 'fla_kernel', offered)
+        calls.clear()
+        got, _ = model(idx, targets=idx)
+        assert_close(got, expected, atol=2e-5)
+        assert [c[0] for c in calls] == (['ssd'] if layers == 'SG' else ['kda' if layers == 'KG' else 'gated_delta'])
+        calls.clear()
+        torch.manual_seed(0)
+        fast = model.generate(idx[:, :5], 4, temperature=0)
+        assert all(T > 1 for _, T in calls) and len(calls) == 1  # the prefill only
+        monkeypatch.undo()
+        assert torch.equal(fast, model.generate(idx[:, :5], 4, temperature=0))
