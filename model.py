@@ -2229,6 +2229,7 @@ def _heads_second(*tensors):
     return [t.transpose(1, 2).contiguous() for t in tensors]
 
 
+@torch.compiler.disable  # torch.compile runs the kernel as it is: dynamo does not trace Triton's launchers
 def _fla_delta(kernel, q, k, v, g, beta, chunk, state=None, final=False):
     """gated_delta_chunked through fla's chunk_gated_delta_rule or chunk_kda (their own chunk size; q comes
     scaled, so scale 1)."""
@@ -2236,6 +2237,7 @@ def _fla_delta(kernel, q, k, v, g, beta, chunk, state=None, final=False):
     return out.transpose(1, 2), state
 
 
+@torch.compiler.disable
 def _fla_ssd(kernel, x, dt, A, B, C, chunk, state=None, final=False):
     """ssd_chunked through fla's chunk_simple_gla: its state (heads, values, keys) = ours (heads, P, N)."""
     q, k, v, g = _heads_second(C, B, x * dt[..., None], dt * A[:, None])

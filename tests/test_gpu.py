@@ -204,3 +204,6 @@ def test_fla_kernels_match_the_pytorch_forms(monkeypatch, layers):
           f"greedy tokens equal {torch.equal(tokens, ref_tokens)}")
     assert logit_err < 5e-3 and grad_err < 5e-3
     assert (tokens == ref_tokens).float().mean() > 0.9  # a near-tie may part the greedy rows
+    monkeypatch.setattr(M, 'USE_FLA', True)  # train.py compiles the model: the kernels run beside the graph
+    compiled_logits, _ = torch.compile(model)(idx, targets=idx)
+    assert (compiled_logits.detach() - logits).abs().max().item() < 5e-3
