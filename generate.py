@@ -197,15 +197,26 @@ def compile_decoding(model, backend='inductor', mode=None, keep_cache=None):
     # each call compiles a copy of decode_step's code of its own, so a second call after the weights change
     # compiles anew instead of finding the old graph
     step = types.FunctionType(decode_step.__code__.replace(), decode_step.__globals__, 'decode_step')
+    # On a CPU (inductor, mode None) the step is built for decoding's thin matmuls (batch-many rows): the weights
+    # folded into it and prepacked (inductor's freezing), each matmul MKL's or inductor's own C++ micro-kernel,
+    # whichever ran faster when timed at compile time (max_autotune with the CPP backend), and the kernels called
+    # from C++, not Python (cpp_wrapper). fp32, 2 threads here: a Llama step 5.2 -> 2.2 ms at batch 1 and
+    # 10.5 -> 4.9 ms at batch 8, for a compile of 20-35 s instead of ~10 (docs/results.md). Freezing is read
+    # outside the options inductor applies (torch.compile's options={'freezing': True} did not reach it in torch
+    # 2.13), so it is set around each call, as inductor compiles at a call.
+    freezing = mode is None and backend == 'inductor' and not cuda
+    options = {'max_autotune': True, 'max_autotune_gemm_backends': 'CPP,ATEN', 'cpp_wrapper': True,
+               'max_autotune_report_choices_stats': False} if freezing else None
     # MoE's CPU path reads its experts' token counts on the host: a graph break, so not fullgraph. dynamic=False:
     # each batch size a static graph of its own (dynamo's default would make the batch symbolic at the second
     # size, a general graph, 15% slower a GPT-2 step at batch 8 here, for every size after it); the cache's
     # slots stay dynamic, as generate marks them
-    compiled = torch.compile(step, backend=backend, mode=mode, fullgraph=not model.moe_layers(), dynamic=False)
-    # on a CPU the weights are folded into the step (inductor's freezing), its Linears then MKL's matmuls on
-    # prepacked weights: 7.4 -> 4.6 ms a Llama step at batch 8 here. Inductor reads the flag when it compiles,
-    # which is at a call (torch.compile's options={'freezing': True} did not reach it in torch 2.13)
-    freezing = mode is None and backend == 'inductor'
+    compiled = torch.compile(step, backend=backend, mode=mode, fullgraph=not model.moe_layers(), dynamic=False,
+                             options=options)
+    # the autotuner writes its timing tables to stderr at each matmul shape not in its disk cache, sample.py's too
+    if freezing:
+        from torch._inductor import select_algorithm
+        select_algorithm.PRINT_AUTOTUNE = False
 
     def compiled_step(*args):
         if not freezing:
