@@ -204,7 +204,7 @@ def compile_decoding(model, backend='inductor', mode=None, keep_cache=None):
     # 10.5 -> 4.9 ms at batch 8, for a compile of 20-35 s instead of ~10 (docs/results.md). Freezing is read
     # outside the options inductor applies (torch.compile's options={'freezing': True} did not reach it in torch
     # 2.13), so it is set around each call, as inductor compiles at a call.
-    freezing = mode is None and backend == 'inductor' and not cuda
+    freezing = mode is None and backend == 'inductor'  # on CUDA mode None became 'reduce-overhead' above
     options = {'max_autotune': True, 'max_autotune_gemm_backends': 'CPP,ATEN', 'cpp_wrapper': True,
                'max_autotune_report_choices_stats': False} if freezing else None
     # MoE's CPU path reads its experts' token counts on the host: a graph break, so not fullgraph. dynamic=False:

@@ -2219,9 +2219,8 @@ def fla_ops():
 def fla_kernel(form, x):
     """The kernel adapter for `form` ('gated_delta', 'kda', 'ssd') when x is on CUDA and fla is installed, else
     None (the caller runs the PyTorch form)."""
-    if not (USE_FLA and x.is_cuda) or fla_ops() is None:
-        return None
-    return partial(_fla_ssd if form == 'ssd' else _fla_delta, fla_ops()[form])
+    ops = fla_ops() if USE_FLA and x.is_cuda else None
+    return None if ops is None else partial(FLA_ADAPTERS[form], ops[form])
 
 
 def _heads_second(*tensors):
@@ -2243,6 +2242,10 @@ def _fla_ssd(kernel, x, dt, A, B, C, chunk, state=None, final=False):
     q, k, v, g = _heads_second(C, B, x * dt[..., None], dt * A[:, None])
     out, state = kernel(q, k, v, g=g, scale=1.0, initial_state=state, output_final_state=final, state_v_first=True)
     return out.transpose(1, 2), state
+
+
+FLA_ADAPTERS = {'gated_delta': _fla_delta, 'kda': _fla_delta, 'ssd': _fla_ssd}
+
 
 # Each swap: the flag it sets, GPT-2's value, and the modern (Llama/Qwen-style) value; a callable value
 # depends on the config's other flags. bench.py's variants, ablate.py's grid groups and the recipes' tests

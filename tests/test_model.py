@@ -2531,7 +2531,7 @@ def test_layers_take_the_fla_kernels_where_offered_and_not_for_a_decoding_step(m
 
     def offered(form, x):
         calls.append((form, x.size(2)))
-        return partial(M._fla_ssd if form == 'ssd' else M._fla_delta, fakes[form])
+        return partial(M.FLA_ADAPTERS[form], fakes[form])
     idx = torch.randint(0, 64, (2, 13), generator=torch.Generator().manual_seed(3))
     for layers in ('DG', 'KG', 'SG'):
         chunk = {'ssm_chunk_size': 4} if layers == 'SG' else {'linear_chunk_size': 4}
