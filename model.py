@@ -1292,7 +1292,7 @@ def gated_delta_chunked(q, k, v, g, beta, chunk, state=None, final=False):
     so that o_t = (e^G_t * q_t) S0 + sum_(j<=t) q_t.(e^(G_t - G_j) * k_j) u_j."""
     B, H, T, dk = k.shape
     dv = v.shape[-1]
-    C = min(chunk, T)
+    C = chunk_length(chunk, T, per_channel=g.dim() == 4)
     n = -(-T // C)
     pad = n * C - T  # padded tokens write nothing (k = 0, beta = 0) and do not decay (g = 0)
     q, k, v = (F.pad(x, (0, 0, 0, pad)).view(B, H, n, C, -1) for x in (q, k, v))
@@ -1364,6 +1364,7 @@ class GatedDeltaNet(TokenMixer):
     causal depthwise convolution (SiLU); q and k are L2-normalized per head; beta = sigmoid(b(x)) is each
     token's write strength and g = -exp(A_log) softplus(a(x) + dt_bias) its decay; the output is RMS-normalized
     per head, gated by silu(z(x)) and projected. Key heads may be fewer than value heads (each serves a group)."""
+    decay_per_channel = False  # one decay per head and token ('K' layers: one per key channel)
 
     def __init__(self, config, layer=0):
         super().__init__()
@@ -1397,8 +1398,9 @@ class GatedDeltaNet(TokenMixer):
         """As training (the chunked form, no state carried in or out) runs them, per value head and chunk: the
         two score matrices, the triangular solve's backward product (the solve itself is not a matmul, as the
         convolution is kernel-many products per channel: left out like the norms), the scores times the
-        writes, and the state's reads and writes between chunks."""
-        C = min(self.chunk, seq_len)
+        writes, and the state's reads and writes between chunks. (Kimi Delta Attention's decay per channel adds
+        products inside each sub-chunk that are elementwise, left out as well.)"""
+        C = chunk_length(self.chunk, seq_len, self.decay_per_channel)
         n = -(-seq_len // C)
         dk, dv = self.k_dim, self.v_dim
         per_head = 3 * n * (2 * C * C * dk * 2 + 2 * C * C * dv) + n * 2 * C * C * (dv + dk) \
@@ -1670,11 +1672,22 @@ class NoMixer(TokenMixer):
 LAYER_KINDS['-'] = ('no mixer: the MLP alone', NoMixer)
 # ----------------------------------------------------------------------------- Kimi Delta Attention (layers='KKKG', pos='none')
 
-KDA_SUBCHUNK = 16  # a chunk's sub-chunks, for the decay per channel (when they divide the chunk)
+# A chunk's sub-chunks for the decay per channel: the elementwise part grows with their length, the copies of
+# the keys for the matmul part shrink with it. On the 2-core CPU (one layer's forward and backward, 64 sequences,
+# key dim 32, one thread) 8 took 22.5 / 57.5 ms at 32 / 64 tokens, 16 took 32.8 / 62.4 and 32 took 47.7 / 88.3.
+KDA_SUBCHUNK = 8
 
 
 def kda_subchunk(chunk):
     return KDA_SUBCHUNK if chunk % KDA_SUBCHUNK == 0 else chunk
+
+
+def chunk_length(chunk, T, per_channel=False):
+    """The tokens per chunk of gated_delta_chunked: chunk, or the whole sequence if shorter; with a decay per
+    channel a short sequence is padded up to whole sub-chunks (31 tokens as one sub-chunk of 31 cost 2x)."""
+    if per_channel and chunk % KDA_SUBCHUNK == 0:
+        return min(chunk, -(-T // KDA_SUBCHUNK) * KDA_SUBCHUNK)
+    return min(chunk, T)
 
 
 def _channel_decayed_dots(queries, b, g):
@@ -1699,7 +1712,7 @@ def _channel_decayed_dots(queries, b, g):
     for a in queries:
         a = a.unflatten(-2, (m, s))
         across = ((a * from_start) @ keys_across).unflatten(-1, (m, s))  # (..., m, s, m, s)
-        inside = (keys_inside @ a[..., :, :, None]).squeeze(-1)  # (..., m, s, s)
+        inside = (keys_inside * a[..., :, None, :]).sum(-1)  # (..., m, s, s): a product per channel, summed
         out.append(torch.where(same, inside.unsqueeze(-2), across).flatten(-4, -3).flatten(-2, -1))
     return out
 
@@ -1711,6 +1724,7 @@ class KimiDeltaAttention(GatedDeltaNet):
     sigmoid(a low-rank projection) instead of silu(z(x)). The rest is the 'D' layer's: the short convolution
     over q, k and v, L2-normalized q and k, beta = sigmoid(b(x)), the RMS-normalized output, the cache, and
     the chunked and recurrent forms (gated_delta_chunked takes a decay per channel)."""
+    decay_per_channel = True
 
     def __init__(self, config, layer=0):
         super().__init__(config, layer)
@@ -1730,14 +1744,6 @@ class KimiDeltaAttention(GatedDeltaNet):
 
     def output_gate(self, x):
         return torch.sigmoid(self.gate_b(self.gate_a(x)).float())
-
-    def token_flops(self, seq_len):
-        """The 'D' layer's, and for each of the two score matrices of a chunk, its diagonal blocks again: each
-        query times its own decayed copy of its sub-chunk's keys (_channel_decayed_dots)."""
-        C = min(self.chunk, seq_len)
-        n = -(-seq_len // C)
-        inside = 3 * n * 2 * 2 * C * kda_subchunk(C) * self.k_dim
-        return super().token_flops(seq_len) + self.v_heads * inside / seq_len
 
 
 LAYER_KINDS['K'] = ('Kimi Delta Attention', KimiDeltaAttention)

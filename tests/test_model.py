@@ -1937,11 +1937,13 @@ def kda_inputs(B, H, T, dk, dv, seed):
 
 
 @pytest.mark.parametrize('B, H, T, dk, dv, chunk', [(2, 3, 13, 8, 6, 4), (1, 2, 7, 4, 5, 64), (2, 2, 17, 6, 8, 8),
-                                                      (1, 1, 1, 4, 4, 3), (1, 2, 75, 4, 6, 32), (1, 1, 40, 4, 4, 48)])
+                                                      (1, 1, 1, 4, 4, 3), (1, 2, 75, 4, 6, 32), (1, 1, 40, 4, 4, 48),
+                                                      (2, 1, 31, 4, 4, 64)])
 def test_kimi_delta_chunked_equals_recurrent_with_a_decay_per_channel(B, H, T, dk, dv, chunk):
     """A decay per key channel: the chunked form and the recurrent one agree on outputs and final state, from
     zeros or a carried state, at odd lengths and chunks that do not divide them, chunks of one sub-chunk or of
-    several (32, 48: sub-chunks of 16, a key factored through its query's sub-chunk start, decays summed to -70)."""
+    several (32, 48: sub-chunks of 8, a key factored through its query's sub-chunk start, decays summed to -70),
+    and sequences shorter than the chunk padded up to whole sub-chunks (7 and 31 tokens in chunks of 64)."""
     q, k, v, g, beta, carried = kda_inputs(B, H, T, dk, dv, B * 100 + T)
     for state in (None, carried):
         chunked, chunked_state = M.gated_delta_chunked(q, k, v, g, beta, chunk, state, final=True)
@@ -2002,9 +2004,10 @@ def test_kda_decoding_matches_full_forwards_past_block_size():
     assert_close(cached_logits, plain_logits, atol=1e-5)
 
 
-@pytest.mark.parametrize('chunk, T', [(5, 12), (32, 40)])  # one sub-chunk per chunk; two of 16, and a short chunk
-def test_kda_flops_per_token_equals_the_counted_flops(chunk, T, monkeypatch):
-    """The per-channel scores' matmuls (across sub-chunks, and each query's own inside one): what torch counts."""
+@pytest.mark.parametrize('chunk, T', [(5, 12), (32, 40), (64, 13)])  # one sub-chunk per chunk; four of 8 and
+def test_kda_flops_per_token_equals_the_counted_flops(chunk, T, monkeypatch):  # a padded chunk; 13 padded to 16
+    """The per-channel scores' matmuls (across sub-chunks; inside one the products are elementwise) at the chunk
+    length the chunked form runs: what torch counts."""
     model = build(**{**KDA, 'linear_chunk_size': chunk}, block_size=T)
     idx = torch.randint(0, VOCAB, (2, T), generator=torch.Generator().manual_seed(40))
     assert model.flops_per_token(seq_len=T) * 2 * T == counted_training_flops(model, idx, monkeypatch)
