@@ -417,6 +417,9 @@ def attend(q, k, v, mask, dropout_p=0.0, scale=None, sinks=None):
     if sinks is not None:  # the scale given explicitly: SDPA's default would follow the padded queries' width
         scale = q.size(-1) ** -0.5 if scale is None else scale
         q, k, v, mask = _with_sink(q, k, v, mask, sinks, scale)
+    if q.size(2) == 1 and mask is not True and dropout_p == 0 and q.device.type == 'cpu' and \
+            q.dtype in (torch.bfloat16, torch.float16):
+        return _attend_one_query(q, k, v, mask, scale)
     gqa = {}
     if k.size(1) != q.size(1):
         # CUDA's fused kernels take enable_gqa only in half precision (flash); fp32 would fall back to math
@@ -427,6 +430,22 @@ def attend(q, k, v, mask, dropout_p=0.0, scale=None, sinks=None):
             v = v.repeat_interleave(q.size(1) // v.size(1), dim=1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=None if isinstance(mask, bool) else mask,
                                           is_causal=mask is True, dropout_p=dropout_p, scale=scale, **gqa)
+
+
+def _attend_one_query(q, k, v, mask, scale):
+    """attend for a decoding step's single query on a CPU in half precision, written out and computed in fp32:
+    SDPA's fused CPU kernel took 0.6-0.9 ms in bf16 at batch 8 (6 heads, 201 keys of 64) against 0.1-0.2 ms for
+    this form, compiled or not (fp32 SDPA: 0.1-0.2 ms, so fp32 keeps it). A key head's group of query heads
+    are rows of one matrix, so GQA reads each key once. mask: a boolean tensor, or False / None (all keys)."""
+    B, H, _, D = q.shape
+    Hk = k.size(1)
+    scores = (q.float().view(B, Hk, H // Hk, D) @ k.float().transpose(-1, -2)) * (D ** -0.5 if scale is None else scale)
+    if isinstance(mask, torch.Tensor):
+        if mask.dim() == 4 and mask.size(1) > 1:  # a mask per query head, into its group's rows
+            mask = mask.reshape(mask.size(0), Hk, H // Hk, mask.size(-1))
+        scores = scores.masked_fill(~mask, float('-inf'))
+    out = scores.softmax(dim=-1) @ v.float()  # (B, Hk, H / Hk, dv)
+    return out.to(q.dtype).view(B, H, 1, v.size(-1))
 
 
 def causal_mask(T, window, device, chunked=False):

@@ -470,6 +470,57 @@ def test_gqa_fallback_path_matches_sdpa_gqa_in_model_and_cache(n_kv, monkeypatch
     check_cache_logits(model)  # still under the fallback path
 
 
+def one_query_reference(q, k, v, mask, scale=None, sinks=None):
+    """Softmax attention of one query per head, written out in fp64 from the half-precision inputs: keys repeated
+    for GQA, the mask broadcast over (B, H, 1, S), a sink's logit joining the denominator."""
+    q, k, v = (t.double() for t in (q, k, v))
+    k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))
+    scores = q @ k.transpose(-1, -2) * (q.size(-1) ** -0.5 if scale is None else scale)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float('-inf'))
+    if sinks is not None:
+        scores = torch.cat((scores, sinks.double().view(1, -1, 1, 1).expand(*scores.shape[:3], 1)), dim=-1)
+    probs = scores.softmax(-1)
+    return probs[..., :v.size(2)] @ v
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize('n_kv, mask_shape', [(6, None), (3, (1, 9)), (1, (2, 1, 1, 9)), (3, (2, 6, 1, 9)),
+                                              (2, (1, 6, 1, 9))])
+def test_one_query_attention_in_half_precision_is_softmax_attention_in_fp32(dtype, n_kv, mask_shape):
+    """A decoding step's attention on a CPU in bf16/fp16 (written out, in fp32): the fp64 reference rounded once, for
+    GQA groups, masks shared or per batch row or per head, an explicit scale, values of another width and sinks
+    (with the masks the sinks take: shared ones)."""
+    gen = torch.Generator().manual_seed(n_kv)
+    q, k = torch.randn(2, 6, 1, 8, generator=gen), torch.randn(2, n_kv, 9, 8, generator=gen)
+    v = torch.randn(2, n_kv, 9, 5, generator=gen)
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    mask = None if mask_shape is None else torch.rand(*mask_shape, generator=gen) < 0.6
+    if mask is not None:
+        mask[..., 0] = True  # every query sees a key
+    sinks = torch.randn(6, generator=gen)
+    for scale, sinks in ((None, None), (0.3, None)) + (((0.3, sinks),) if mask is None or mask.dim() == 2 else ()):
+        got = M.attend(q, k, v, mask, scale=scale, sinks=sinks)
+        expected = one_query_reference(q, k, v, mask, scale, sinks)
+        assert got.dtype == dtype and got.shape == (2, 6, 1, 5)
+        # fp32 arithmetic rounded once to the half type: within a unit in its last place
+        torch.testing.assert_close(got.double(), expected, rtol=torch.finfo(dtype).eps, atol=1e-6)
+
+
+def test_attend_writes_out_only_a_half_precision_single_query_on_a_cpu(monkeypatch):
+    """The written-out form is for one query in bf16/fp16 without dropout or SDPA's top-left causal flag; fp32,
+    prefill and training keep SDPA."""
+    taken = []
+    monkeypatch.setattr(M, '_attend_one_query', lambda q, k, v, mask, scale: taken.append(q.dtype) or q)
+    def call(dtype, T=1, mask=None, dropout_p=0.0):
+        q = torch.randn(1, 2, T, 4, dtype=dtype)
+        M.attend(q, torch.randn(1, 2, T, 4, dtype=dtype), torch.randn(1, 2, T, 4, dtype=dtype), mask, dropout_p)
+    call(torch.bfloat16), call(torch.float16), call(torch.bfloat16, mask=torch.ones(1, 1, dtype=torch.bool))
+    assert taken == [torch.bfloat16, torch.float16, torch.bfloat16]
+    call(torch.float32), call(torch.bfloat16, T=3), call(torch.bfloat16, mask=True), call(torch.bfloat16, dropout_p=0.1)
+    assert len(taken) == 3
+
+
 # ----------------------------------------------------------------------------- 5: RoPE
 
 def rope_tables(rotary, start, length):
