@@ -949,18 +949,19 @@ def plot_recall(variants, runs, path):
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, len(lengths), figsize=(4.5 * len(lengths), 4), squeeze=False)
     for ax, length in zip(axes[0], lengths):
-        for arch in dict.fromkeys(a for a, _, _ in points.values()):
+        # past matplotlib's 10 colours the lines repeat one: a marker per decade tells them apart
+        for i, arch in enumerate(dict.fromkeys(a for a, _, _ in points.values())):
             at = sorted((w, seed_values(runs, n, 'accuracy')) for n, (a, l, w) in points.items()
                         if a == arch and l == length and seed_values(runs, n, 'accuracy'))
             if at:
-                ax.errorbar([w for w, _ in at], [statistics.mean(v) for _, v in at], marker='o', capsize=3,
+                ax.errorbar([w for w, _ in at], [statistics.mean(v) for _, v in at], marker='osD^v'[i // 10 % 5], capsize=3,
                             yerr=[statistics.stdev(v) if len(v) > 1 else 0 for _, v in at], label=arch)
         ax.set(xscale='log', xlabel='width (n_embd)', ylabel='recall accuracy', title=f'L={length}', ylim=(0, 1.05))
         ax.set_xticks(sorted({w for _, l, w in points.values() if l == length}))
         ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # only the widths run are labelled
         ax.grid(alpha=0.3)
-        ax.legend(fontsize='small')
+        ax.legend(fontsize='small', loc='center left', bbox_to_anchor=(1, 0.5))
     save_figure(fig, path)
 
 
