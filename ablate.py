@@ -66,6 +66,7 @@ custom = ''  # e.g. "{'tiny_rope': {'pos': 'rope', 'rope_theta': 500.0}}"
 train_args = ''  # passed to every train.py run, e.g. '--max_iters=20 --eval_interval=10'
 recall_widths = '32,64,128'  # the recall group's n_embd (n_head = n_embd // 32: heads 32 wide)
 recall_lengths = '32,64,128'  # the recall group's seq_len L: the dataset data/recall_<L> (num_pairs L / 8)
+recall_pairs = ''  # the recall group's pair counts at every L, e.g. '4,8' ('' is L / 8); others read data/recall_<L>_p<P>
 recall_archs = 'global,DDDG,D,L,mla'  # the recall group's architectures: global, mla, or a layers pattern (KKKG, S, ...)
 extrapolation = 'plain'  # methods of the length table: plain, linear, dynamic, yarn, window; '' for none
 extrapolation_iters = 20  # batches per length and method
@@ -333,7 +334,8 @@ def pattern_flags(base, modern, pattern, window=None):
 
 
 def recall_members(base):
-    """Zoology's figure: every architecture at every width and sequence length L, each L its own dataset."""
+    """Zoology's figure: every architecture at every width, sequence length L and pair count, each (L, pairs) its
+    own dataset. A variant is named '<arch>_d=<width>_L=<L>', with '_P=<pairs>' where pairs is not L / 8."""
     archs = [a.strip() for a in recall_archs.split(',') if a.strip()]
     letters = 'GLNDCVS-K'
     bad = [a for a in archs if a not in ('global', 'mla') and not (set(a) <= set(letters))]
@@ -342,23 +344,34 @@ def recall_members(base):
             f"(e.g. global,DDDG,KKKG); got {recall_archs!r}")
     members = []
     for length in int_list(recall_lengths, 'recall_lengths'):
-        dataset = recall_dataset(length)
-        for width in int_list(recall_widths, 'recall_widths'):
-            sizes = {'block_size': length - 1, 'n_embd': width, 'n_head': max(1, width // 32)}
-            sized = {**base, **sizes}
-            modern = {**sizes, **swap_flags('modern', sized)}
-            for name in archs:
-                flags = (modern if name == 'global' else mla_flags(sized, modern, gqa_cache=True) if name == 'mla'
-                         else pattern_flags(sized, modern, name, window=max(1, length // 4)))
-                members.append((f'{name} d={width} L={length}', {'dataset': dataset, **flags}))
+        for pairs in int_list(recall_pairs, 'recall_pairs') if recall_pairs.strip() else [default_pairs(length)]:
+            dataset = recall_dataset(length, pairs)
+            tag = '' if pairs == default_pairs(length) else f' P={pairs}'
+            for width in int_list(recall_widths, 'recall_widths'):
+                sizes = {'block_size': length - 1, 'n_embd': width, 'n_head': max(1, width // 32)}
+                sized = {**base, **sizes}
+                modern = {**sizes, **swap_flags('modern', sized)}
+                for name in archs:
+                    flags = (modern if name == 'global' else mla_flags(sized, modern, gqa_cache=True) if name == 'mla'
+                             else pattern_flags(sized, modern, name, window=max(1, length // 4)))
+                    members.append((f'{name} d={width} L={length}{tag}', {'dataset': dataset, **flags}))
     return members
 
 
-def recall_dataset(length):
-    """data/recall_<length>, checked to be there and of that length: else one line naming the command."""
-    name, pairs = f'recall_{length}', max(1, length // 8)
-    if data_meta(run_dir or REPO, name).get('example_length') != length:
-        die(f"the recall group needs data/{name} (examples of {length} tokens); make it with: python "
+def default_pairs(length):
+    return max(1, length // 8)
+
+
+def recall_dataset(length, pairs):
+    """data/recall_<length> (pairs L / 8) or data/recall_<length>_p<pairs>, checked to hold examples of that length
+    and pair count: else one line naming the command that makes it."""
+    if pairs < 1 or 4 * pairs > length:
+        die(f"recall_pairs: {pairs} pairs do not fit examples of {length} tokens (recall_lengths): a pair and its "
+            f"query take 4 tokens, so 1 to {length // 4} pairs")
+    name = f'recall_{length}' if pairs == default_pairs(length) else f'recall_{length}_p{pairs}'
+    meta = data_meta(run_dir or REPO, name)
+    if meta.get('example_length') != length or meta.get('settings', {}).get('num_pairs', pairs) != pairs:
+        die(f"the recall group needs data/{name} (examples of {length} tokens, {pairs} pairs); make it with: python "
             f"data/recall/prepare.py --seq_len {length} --num_pairs {pairs} --vocab_size 64 --out_dir data/{name}")
     return name
 
@@ -903,61 +916,71 @@ def lengths_table(variants, runs, reference):
 
 
 def recall_points(variants):
-    """{name: (architecture, L, width)} of the recall group's variants (named '<arch>_d=<width>_L=<L>')."""
+    """{name: (architecture, (L, pairs), width)} of the recall group's variants ('<arch>_d=<width>_L=<L>[_P=<pairs>]',
+    pairs L / 8 where the name has none)."""
     points = {}
     for name in variants:
-        match = re.fullmatch(r'(.+)_d=(\d+)_L=(\d+)', name)
+        match = re.fullmatch(r'(.+)_d=(\d+)_L=(\d+)(?:_P=(\d+))?', name)
         if match:
-            points[name] = (match[1], int(match[3]), int(match[2]))
+            length = int(match[3])
+            points[name] = (match[1], (length, int(match[4] or default_pairs(length))), int(match[2]))
     return points
 
 
+def task_label(task):
+    """'L=32' where the pair count is L's default (L / 8), else 'L=32 P=8'."""
+    length, pairs = task
+    return f'L={length}' + ('' if pairs == default_pairs(length) else f' P={pairs}')
+
+
 def recall_table(variants, runs):
-    """Zoology's figure as a table: each architecture's recall accuracy at every (L, width), tested against all
-    global attention of the same shape, the architecture that solves it."""
+    """Zoology's figure as a table: each architecture's recall accuracy at every (L, pairs, width), tested against
+    all global attention of the same shape, the architecture that solves it."""
     points = recall_points(variants)
     if not points:
         return []
-    shapes = sorted({(length, width) for _, length, width in points.values()})
-    lines = ['', "Recall accuracy (val, the last evaluation; mean ± std over seeds) at each sequence length L and "
-                 "width d; p: Welch's test against global attention at the same L and d (≈: p >= 0.05, noise could "
-                 "explain it). Chance is 1/num_pairs among the values of an example.", '',
-             '| architecture | ' + ' | '.join(f'L={length} d={width}' for length, width in shapes) + ' |',
+    shapes = sorted({(task, width) for _, task, width in points.values()})
+    lines = ['', "Recall accuracy (val, the last evaluation; mean ± std over seeds) at each sequence length L (P: pairs "
+                 "where not L / 8) and width d; p: Welch's test against global attention at the same L, P and d (≈: "
+                 "p >= 0.05, noise could explain it). Chance is 1/num_pairs among the values of an example.", '',
+             '| architecture | ' + ' | '.join(f'{task_label(task)} d={width}' for task, width in shapes) + ' |',
              '|' + ' --- |' * (1 + len(shapes))]
+    names = {point: name for name, point in points.items()}
     for arch in dict.fromkeys(a for a, _, _ in points.values()):
         cells = []
-        for length, width in shapes:
-            name, reference = f'{arch}_d={width}_L={length}', f'global_d={width}_L={length}'
-            accuracies = seed_values(runs, name, 'accuracy')
+        for task, width in shapes:
+            accuracies = seed_values(runs, names.get((arch, task, width)), 'accuracy')
             if not accuracies:
                 cells.append('-')
                 continue
             cell = f"{statistics.mean(accuracies):.3f}" + (
                 f" ± {statistics.stdev(accuracies):.3f}" if len(accuracies) > 1 else ' (1 seed)')
-            test = welch(accuracies, seed_values(runs, reference, 'accuracy')) if name != reference else None
+            reference = names.get(('global', task, width))
+            test = welch(accuracies, seed_values(runs, reference, 'accuracy')) if arch != 'global' else None
             cells.append(cell + (f" (p {test['p']:.2g}{' ≈' if test['p'] >= 0.05 else ''})" if test else ''))
         lines.append(f"| {arch} | " + ' | '.join(cells) + ' |')
     return lines
 
 
 def plot_recall(variants, runs, path):
-    """accuracy_vs_width.png: a panel per sequence length, a line per architecture (mean, ± std bars)."""
+    """accuracy_vs_width.png: a panel per sequence length and pair count, a line per architecture (mean, ± std)."""
     points = recall_points(variants)
-    lengths = sorted({length for _, length, _ in points.values()})
+    tasks = sorted({task for _, task, _ in points.values()})
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(lengths), figsize=(4.5 * len(lengths), 4), squeeze=False)
-    for ax, length in zip(axes[0], lengths):
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 4), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
         # past matplotlib's 10 colours the lines repeat one: a marker per decade tells them apart
         for i, arch in enumerate(dict.fromkeys(a for a, _, _ in points.values())):
-            at = sorted((w, seed_values(runs, n, 'accuracy')) for n, (a, l, w) in points.items()
-                        if a == arch and l == length and seed_values(runs, n, 'accuracy'))
+            at = sorted((w, seed_values(runs, n, 'accuracy')) for n, (a, t, w) in points.items()
+                        if a == arch and t == task and seed_values(runs, n, 'accuracy'))
             if at:
                 ax.errorbar([w for w, _ in at], [statistics.mean(v) for _, v in at], marker='osD^v'[i // 10 % 5], capsize=3,
                             yerr=[statistics.stdev(v) if len(v) > 1 else 0 for _, v in at], label=arch)
-        ax.set(xscale='log', xlabel='width (n_embd)', ylabel='recall accuracy', title=f'L={length}', ylim=(0, 1.05))
-        ax.set_xticks(sorted({w for _, l, w in points.values() if l == length}))
+        title = f'L={task[0]}, {task[1]} pairs'
+        ax.set(xscale='log', xlabel='width (n_embd)', ylabel='recall accuracy', title=title, ylim=(0, 1.05))
+        ax.set_xticks(sorted({w for _, t, w in points.values() if t == task}))
         ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # only the widths run are labelled
         ax.grid(alpha=0.3)

@@ -749,12 +749,14 @@ def test_the_recall_group_is_a_table_of_accuracy_by_length_and_width_tested_agai
     from stats import welch
     workdir = make_workdir(tmp_path)
     out = tmp_path / 'out'
-    accuracies = {('global', 32): [1.0, 0.98, 0.99], ('global', 64): [1.0, 1.0, 0.99],
-                  ('D', 32): [0.40, 0.45, 0.35], ('D', 64): [0.99, 0.97, 1.0]}
+    accuracies = {('global', 32, ''): [1.0, 0.98, 0.99], ('global', 64, ''): [1.0, 1.0, 0.99],
+                  ('D', 32, ''): [0.40, 0.45, 0.35], ('D', 64, ''): [0.99, 0.97, 1.0],
+                  ('global', 64, '_P=8'): [0.9, 0.8, 0.85], ('D', 64, '_P=8'): [0.2, 0.3, 0.25]}
     custom = {}
-    for (arch, width), values in accuracies.items():
-        name = f'{arch}_d={width}_L=32'
-        custom[name] = {'n_embd': width, **({'layers': 'D'} if arch == 'D' else {})}
+    for (arch, width, pairs), values in accuracies.items():
+        name = f'{arch}_d={width}_L=32{pairs}'
+        custom[name] = {'n_embd': width, **({'layers': 'D'} if arch == 'D' else {}),
+                        **({'dropout': 0.01} if pairs else {})}  # another flag set than the same width's at 4 pairs
         for k, seed in enumerate((1337, 1338, 1339)):
             fabricated_run(workdir, out, name, custom[name], seed, 1.0, values[k])
     code, _, err = report_here(workdir, out, f'--custom={custom}', '--seeds=3', '--extrapolation=',
@@ -762,12 +764,12 @@ def test_the_recall_group_is_a_table_of_accuracy_by_length_and_width_tested_agai
     assert code == 0, err
     md = (out / 'results.md').read_text(encoding='utf-8')
     recall = next(t for t in tables(md) if t[0][0] == 'architecture')
-    assert recall[0] == ['architecture', 'L=32 d=32', 'L=32 d=64']
+    assert recall[0] == ['architecture', 'L=32 d=32', 'L=32 d=64', 'L=32 P=8 d=64']  # P where not L / 8
     rows = {cells[0]: cells for cells in recall[1:]}
     assert list(rows) == ['global', 'D']
     assert rows['global'][1] == '0.990 ± 0.010'  # the reference: no test against itself
-    for col, width in ((1, 32), (2, 64)):
-        p = welch(accuracies[('D', width)], accuracies[('global', width)])['p']
+    for col, width, pairs in ((1, 32, ''), (2, 64, ''), (3, 64, '_P=8')):
+        p = welch(accuracies[('D', width, pairs)], accuracies[('global', width, pairs)])['p']
         assert rows['D'][col].endswith(f"(p {p:.2g}{' ≈' if p >= 0.05 else ''})")
     assert rows['D'][1].startswith('0.400 ± 0.050 (p') and not rows['D'][1].endswith('≈)')
     assert rows['D'][2].endswith('≈)')  # 0.987 against 0.997: noise could explain it
@@ -851,6 +853,45 @@ def test_the_recall_group_takes_any_layer_pattern_at_about_equal_parameters(tmp_
                  .get_num_params() for a in ('global', 'KKKG', 'S', 'VVVG')]
         assert max(sizes) < 1.01 * sizes[0] and min(sizes) > 0.99 * sizes[0], sizes
     assert variants['S_d=64_L=32']['layers'] == 'S' and variants['S_d=64_L=32']['n_embd'] == 64
+
+
+def test_the_recall_group_takes_pair_counts_each_its_own_dataset(tmp_path, monkeypatch, capsys):
+    """recall_pairs: the same length at several pair counts (the state's load), L / 8 keeping its old names and
+    data/recall_<L>, any other count data/recall_<L>_p<P>; a missing dataset or a count that does not fit is one
+    line."""
+    workdir = make_workdir(tmp_path)
+    (workdir / 'data' / 'recall_32').mkdir(parents=True)
+    (workdir / 'data' / 'recall_32' / 'meta.json').write_text(json.dumps(
+        {'example_length': 32, 'settings': {'num_pairs': 4}}))
+    args = ('--grid=recall', '--recall_lengths=32', '--recall_widths=64', '--recall_archs=global,D')
+    code, err = ablate_here(workdir, tmp_path / 'out', *args, '--recall_pairs=4,8', monkeypatch=monkeypatch,
+                            capsys=capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].endswith(
+        'python data/recall/prepare.py --seq_len 32 --num_pairs 8 --vocab_size 64 --out_dir data/recall_32_p8')
+    code, err = ablate_here(workdir, tmp_path / 'out', *args, '--recall_pairs=9', monkeypatch=monkeypatch,
+                            capsys=capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and '9 pairs' in lines[0] and '1 to 8 pairs' in lines[0]
+    (workdir / 'data' / 'recall_32_p8').mkdir()
+    (workdir / 'data' / 'recall_32_p8' / 'meta.json').write_text(json.dumps(
+        {'example_length': 32, 'settings': {'num_pairs': 2}}))  # not the count its name says
+    code, err = ablate_here(workdir, tmp_path / 'out', *args, '--recall_pairs=8', monkeypatch=monkeypatch,
+                            capsys=capsys)
+    assert code == 2 and 'data/recall_32_p8 (examples of 32 tokens, 8 pairs)' in err
+    (workdir / 'data' / 'recall_32_p8' / 'meta.json').write_text(json.dumps(
+        {'example_length': 32, 'settings': {'num_pairs': 8}}))
+    monkeypatch.setattr(sys, 'argv', ['ablate.py', f'--run_dir={workdir}', *args, '--recall_pairs=4,8'])
+    monkeypatch.syspath_prepend(str(REPO))
+    sys.modules.pop('ablate', None)
+    ablate_module = importlib.import_module('ablate')
+    sys.modules.pop('ablate', None)
+    variants = ablate_module.build_grid(ablate_module.base_recipe(str(REPO)))
+    assert list(variants) == ['global_d=64_L=32', 'D_d=64_L=32', 'global_d=64_L=32_P=8', 'D_d=64_L=32_P=8']
+    assert variants['D_d=64_L=32_P=8'] == {**variants['D_d=64_L=32'], 'dataset': 'recall_32_p8'}
+    assert ablate_module.recall_points(variants) == {
+        'global_d=64_L=32': ('global', (32, 4), 64), 'D_d=64_L=32': ('D', (32, 4), 64),
+        'global_d=64_L=32_P=8': ('global', (32, 8), 64), 'D_d=64_L=32_P=8': ('D', (32, 8), 64)}
 
 
 def test_a_rope_run_on_copy_is_scaled_to_each_evaluation_length(tmp_path, monkeypatch, capsys):
