@@ -5,6 +5,10 @@
 # One length (32 tokens, 4 pairs) fits this CPU: at 64 tokens and 8 pairs global attention 64 wide was still at
 # 0.35 accuracy after 1,750 of 3,000 iterations (one seed, ~75 ms/iter), so a second length needs far more
 # iterations per run (docs/results.md). Add one with --recall_lengths=32,64 and its prepare command.
+# A second pair count at the same length (the state's load, not the distance), as docs/results.md ran it:
+#   python data/recall/prepare.py --seq_len 32 --num_pairs 8 --vocab_size 64 --out_dir data/recall_32_p8
+#   python ablate.py config/ablate_recall_cpu.py --recall_widths=64 --recall_pairs=8 \
+#       --recall_archs=global,DDDG,VVVG,D,V,SSSG,S,KKKG,K
 out_dir = 'out-ablate-recall'
 train_config = 'config/recall_cpu.py'
 grid = 'recall'

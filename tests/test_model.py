@@ -1788,6 +1788,22 @@ def test_short_conv_is_lfm2s_formula_written_out():
     assert_close(mixer(h), expected, atol=1e-6)
 
 
+def test_the_shifted_products_are_torchs_depthwise_convolution_and_its_gradients():
+    """shifted_products (the convolution of 'V', 'S', 'D' and 'K' layers) against F.conv1d in fp64: the outputs
+    and both gradients, kernels 1 to 4, a sequence shorter than the kernel included."""
+    gen = torch.Generator().manual_seed(72)
+    for kernel, T in ((1, 5), (2, 7), (3, 2), (4, 9)):
+        x = torch.randn(2, 6, T + kernel - 1, dtype=torch.float64, generator=gen, requires_grad=True)
+        w = torch.randn(6, 1, kernel, dtype=torch.float64, generator=gen, requires_grad=True)
+        grad = torch.randn(2, 6, T, dtype=torch.float64, generator=gen)
+        ours = M.shifted_products(x, w)
+        theirs = F.conv1d(x, w, groups=6)
+        assert ours.shape == theirs.shape == (2, 6, T)
+        assert_close(ours, theirs, atol=1e-12)
+        for a, b in zip(torch.autograd.grad(ours, (x, w), grad), torch.autograd.grad(theirs, (x, w), grad)):
+            assert_close(a, b, atol=1e-12)
+
+
 @torch.no_grad()
 def test_a_short_conv_layer_sees_its_kernel_and_no_further():
     """One 'V' layer (the MLP works per token): the logits at t move with tokens t-k+1..t, not with t-k."""
