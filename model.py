@@ -1376,6 +1376,31 @@ def decay_parameters(heads, channels):
     return A_log, nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
 
 
+def causal_depthwise_conv(x, weight, bias=None, cache=None, name='conv'):
+    """Each channel of x (B, channels, T) convolved over its last kernel inputs, its own kernel (weight: a
+    depthwise Conv1d's (channels, 1, kernel)), the inputs before the first taken as zeros or, with a cache, as
+    the last kernel-1 inputs it keeps under `name` (then overwritten with the new last ones)."""
+    kernel = weight.size(-1)
+    past = x.new_zeros(x.size(0), x.size(1), kernel - 1) if cache is None else cache.stores[name].to(x.dtype)
+    x = torch.cat((past, x), dim=2)
+    if cache is not None:
+        cache.stores[name].copy_(x[:, :, x.size(2) - (kernel - 1):])
+    y = shifted_products(x, weight)
+    return y if bias is None else y + bias[:, None]
+
+
+def shifted_products(x, weight):
+    """The depthwise convolution as kernel-many shifted products per channel, summed: torch's FLOP counter
+    miscounts a grouped convolution's backward, and on a CPU it runs forward and backward faster than an unfold
+    window (no copy of every window) or conv1d."""
+    kernel, T = weight.size(-1), x.size(2) - weight.size(-1) + 1
+    w = weight.view(weight.size(0), kernel, 1)
+    y = x[:, :, :T] * w[:, 0]
+    for i in range(1, kernel):
+        y = y + x[:, :, i:i + T] * w[:, i]
+    return y
+
+
 class GatedDeltaNet(TokenMixer):
     """Gated DeltaNet (Qwen3-Next, Qwen3.5), a 'D' layer: linear attention whose state, a (key dim, value dim)
     matrix per value head, is decayed by e^g and corrected towards each new value by the delta rule, so the
@@ -1432,12 +1457,8 @@ class GatedDeltaNet(TokenMixer):
         B, T, _ = x.size()
         Hk, Hv, dk, dv = self.k_heads, self.v_heads, self.k_dim, self.v_dim
         fresh = cache is None or cache.fresh
-        qkv = self.in_proj_qkv(x).transpose(1, 2)  # (B, width, T)
-        past = qkv.new_zeros(B, qkv.size(1), self.kernel - 1) if fresh else cache.stores['conv'].to(qkv.dtype)
-        qkv = torch.cat((past, qkv), dim=2)
-        if cache is not None:
-            cache.stores['conv'].copy_(qkv[:, :, qkv.size(2) - (self.kernel - 1):])
-        qkv = F.silu(shifted_products(qkv, self.conv1d.weight)).transpose(1, 2)
+        qkv = causal_depthwise_conv(self.in_proj_qkv(x).transpose(1, 2), self.conv1d.weight, self.conv1d.bias, cache)
+        qkv = F.silu(qkv).transpose(1, 2)
         q, k, v = qkv.split([Hk * dk, Hk * dk, Hv * dv], dim=-1)
         q, k = (l2_normalize(t.view(B, T, Hk, dk).transpose(1, 2).float()) for t in (q, k))
         q = q * dk ** -0.5
@@ -1510,30 +1531,6 @@ def chunked_attention(config, layer):
 
 LAYER_KINDS['C'] = ('chunked', chunked_attention)
 # ----------------------------------------------------------------------------- gated short convolution (layers='VVG': LFM2)
-
-
-def causal_depthwise_conv(x, weight, bias=None, cache=None, name='conv'):
-    """Each channel of x (B, channels, T) convolved over its last kernel inputs, its own kernel (weight: a
-    depthwise Conv1d's (channels, 1, kernel)), the inputs before the first taken as zeros or, with a cache, as
-    the last kernel-1 inputs it keeps under `name` (then overwritten with the new last ones)."""
-    kernel = weight.size(-1)
-    past = x.new_zeros(x.size(0), x.size(1), kernel - 1) if cache is None else cache.stores[name].to(x.dtype)
-    x = torch.cat((past, x), dim=2)
-    if cache is not None:
-        cache.stores[name].copy_(x[:, :, x.size(2) - (kernel - 1):])
-    return shifted_products(x, weight) if bias is None else shifted_products(x, weight) + bias[:, None]
-
-
-def shifted_products(x, weight):
-    """The depthwise convolution as kernel-many shifted products per channel, summed: torch's FLOP counter
-    miscounts a grouped convolution's backward, and on a CPU this trains ~2x faster than unfold's window copy
-    or conv1d at these widths."""
-    kernel, T = weight.size(-1), x.size(2) - weight.size(-1) + 1
-    w = weight.view(weight.size(0), kernel, 1)
-    y = x[:, :, :T] * w[:, 0]
-    for i in range(1, kernel):
-        y = y + x[:, :, i:i + T] * w[:, i]
-    return y
 
 
 class ShortConv(TokenMixer):
