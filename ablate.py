@@ -104,7 +104,7 @@ from common import (build_model, die, load_checkpoint, model_from_checkpoint, ou
                     masked_accuracy, pick_device, read_examples, tmp_path, write_json, write_output)
 from probes import probe, summarize as summarize_probe  # noqa: E402
 from stats import welch  # noqa: E402
-from model import GPT, SWAPS, GPTConfig, swap_flags  # noqa: E402
+from chapters import GPT, SWAPS, GPTConfig, swap_flags  # noqa: E402
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 TRAIN_PY = os.path.join(REPO, 'train.py')

@@ -11,12 +11,11 @@ of the flags: vanilla (the flags unchanged: with the defaults, GPT-2's block), e
 (rms, swiglu, gqa: n_kv_head = n_head // 2, rope), modern (all of them), and on top of modern: mha (n_kv_head
 None), mqa (n_kv_head 1), each of model.BEYOND_MODERN (moe, mla), mla-rebuild (MLA decoding that rebuilds
 past keys and values instead of attending over the latents with absorbed weights), and per-layer attention with a
-window of block_size/4: local (every layer), lllg (three local to one global), lg+sinks (gpt-oss's alternation with
-sinks), gate (the output gate), nope (a layer in four without RoPE), partial (half of each head rotated), hybrid
-(three Gated DeltaNet layers to one global, Qwen3-Next's 'DDDG'), deltanet (every layer Gated DeltaNet); kda-hybrid
-(three Kimi Delta Attention layers to one global, 'KKKG'), kda (every layer Kimi Delta Attention), and likewise
-mamba2-hybrid and mamba2 (Mamba-2, 'SSSG' and 'S'), shortconv-hybrid and shortconv (LFM2's gated short
-convolution, 'VVVG' and 'V'); dsa and
+window of block_size/4: each layer kind of model.LAYER_KINDS by its name, every layer of that kind (local, chunked,
+shortconv, deltanet, kda, mamba2) and three of them to one global layer (local-hybrid, ...; deltanet-hybrid is
+Qwen3-Next's 'DDDG'), with aliases lllg (local-hybrid) and hybrid (deltanet-hybrid); lg+sinks (gpt-oss's
+alternation with sinks), gate (the output gate), nope (a layer in four without RoPE), partial (half of each head
+rotated); dsa and
 mla+dsa (DeepSeek Sparse Attention on modern and on MLA: each query reads the block_size/8 keys its indexer picks).
 decode_prompt: decoding starts after this many prompt tokens (the cache already holds them: a long context).
 nanogpt_dir: a checkout of karpathy/nanoGPT; its GPT, at the same sizes, is timed as an extra row.
@@ -87,7 +86,8 @@ import torch  # noqa: E402
 
 from common import (DTYPES, autocast, catch_interrupts, die, output_refusal,  # noqa: E402
                     peak_flops as measure_peak_flops, pick_device, pick_dtype, write_output)
-from model import BEYOND_MODERN, GPT, SWAPS, GPTConfig, swap_flags  # noqa: E402
+from chapters import BEYOND_MODERN, GPT, SWAPS, GPTConfig, swap_flags  # noqa: E402
+from model import LAYER_KINDS  # noqa: E402
 
 catch_interrupts()  # Ctrl-C or kill: one line, exit 130 or 143
 MODEL_FLAGS = tuple(f.name for f in fields(GPTConfig))
@@ -98,16 +98,18 @@ VARIANTS = {'vanilla': {}, **{name: swap_flags([name], model_args) for name in S
             'mha': {**modern, 'n_kv_head': None}, 'mqa': {**modern, 'n_kv_head': 1},
             **{name: {**modern, **flags} for name, flags in BEYOND_MODERN.items()},
             'mla-rebuild': {**modern, **BEYOND_MODERN['mla']}}
-# per-layer attention on top of modern, with a window of a quarter of block_size (as ablate.py's groups)
-_window = {'sliding_window': max(1, block_size // 4)}
-VARIANTS.update({'local': {**modern, 'layers': 'L', **_window}, 'lllg': {**modern, 'layers': 'LLLG', **_window},
-                 'lg+sinks': {**modern, 'layers': 'LG', **_window, 'attn_sinks': True},
-                 'gate': {**modern, 'attn_gate': True}, 'nope': {**modern, 'layers': 'GGGN'},
-                 'partial': {**modern, 'rope_fraction': 0.5},
-                 'hybrid': {**modern, 'layers': 'DDDG'}, 'deltanet': {**modern, 'layers': 'D'}})
-# the constant-memory kinds, 3:1 with full attention and alone: Kimi Delta Attention, Mamba-2, LFM2's short convolution
-VARIANTS.update({f'{name}{suffix}': {**modern, 'layers': letter * 3 + 'G' if suffix else letter}
-                 for name, letter in (('kda', 'K'), ('mamba2', 'S'), ('shortconv', 'V')) for suffix in ('-hybrid', '')})
+# each layer kind of LAYER_KINDS on top of modern, alone ('<name>') and three to one global layer ('<name>-hybrid'),
+# with what it needs (a window or a chunk of a quarter of block_size, as ablate.py's groups); the names kept from
+# before the registry said them: lllg (local-hybrid), hybrid (deltanet-hybrid), nope (a NoPE layer in four)
+for _letter, _kind in LAYER_KINDS.items():
+    if _letter == 'G' or not getattr(_kind.build, 'mixes', True):  # global attention is modern's; '-' mixes nothing
+        continue
+    for _name, _pattern in ((_kind.name, _letter), (f'{_kind.name}-hybrid', _letter * 3 + 'G')):
+        VARIANTS[_name] = {**modern, 'layers': _pattern, **(_kind.needs(model_args) if _kind.needs else {})}
+VARIANTS.update({'lllg': VARIANTS['local-hybrid'], 'hybrid': VARIANTS['deltanet-hybrid'],
+                 'nope': {**modern, 'layers': 'GGGN'},
+                 'lg+sinks': {**VARIANTS['local'], 'layers': 'LG', 'attn_sinks': True},
+                 'gate': {**modern, 'attn_gate': True}, 'partial': {**modern, 'rope_fraction': 0.5}})
 # DeepSeek Sparse Attention on top of modern and of MLA: each query reads block_size/8 keys its indexer picks
 _sparse = {'index_topk': max(1, block_size // 8), 'index_head_dim': max(32, n_embd // n_head)}
 VARIANTS.update({'dsa': {**modern, **_sparse}, 'mla+dsa': {**modern, **BEYOND_MODERN['mla'], **_sparse}})

@@ -33,7 +33,7 @@ from torch import nn
 
 from common import write_output
 from export import to_hf
-from model import GPT
+from chapters import GPT
 
 DECODERS = ('ours eager', 'ours compiled', 'HF generate')
 

@@ -19,7 +19,8 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from model import GPT, RUNTIME_FLAGS, GPTConfig, upgrade_args
+from chapters import GPT, RUNTIME_FLAGS, GPTConfig
+from model import upgrade_args
 
 CKPT_FORMAT = 'nanoswap-ckpt-1'
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}

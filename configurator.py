@@ -16,7 +16,8 @@ annotations for model flags; without one, any literal). Any user mistake prints 
 stderr and exits with code 2.
 
 Scripts that build a model take every field of GPTConfig as a setting: model_flags() reads them from
-model.py's source, so settings are checked (and --help answers) before torch is imported.
+the sources of model.py and of each chapter (chapters/), so settings are checked (and --help answers) before
+torch is imported.
 """
 import ast
 import difflib
@@ -31,6 +32,7 @@ import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODEL_PY = os.path.join(HERE, 'model.py')
+CHAPTERS_DIR = os.path.join(HERE, 'chapters')
 
 SETTING_TYPES = (bool, int, float, str, type(None))
 # settings that were renamed, so an old command line or config file is told what replaced them:
@@ -85,8 +87,9 @@ def _parsed_assignments(path, class_name, mtime_ns, size):
     comments = {tok.start[0]: tok.string.lstrip('#').strip()
                 for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT}
     body = ast.parse(source).body
-    if class_name is not None:
-        body = next(node.body for node in body if isinstance(node, ast.ClassDef) and node.name == class_name)
+    if class_name is not None:  # a dataclass's fields: its annotated assignments
+        body = [node for node in next(node.body for node in body if isinstance(node, ast.ClassDef)
+                                      and node.name == class_name) if isinstance(node, ast.AnnAssign)]
     out = []
     for node in body:
         target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else \
@@ -97,16 +100,31 @@ def _parsed_assignments(path, class_name, mtime_ns, size):
     return tuple(out)  # shared by every caller: not to be changed
 
 
+@functools.lru_cache(maxsize=1)
+def model_sources():
+    """[(file, its config class)]: model.py's GPTConfig, then each chapter's Config in the order of
+    chapters/__init__.py's CHAPTERS (the fields of chapters.GPTConfig)."""
+    init = os.path.join(CHAPTERS_DIR, '__init__.py')
+    with open(init, encoding='utf-8') as f:
+        tree = ast.parse(f.read())
+    names = next(node.value.elts for node in tree.body if isinstance(node, ast.Assign)
+                 and getattr(node.targets[0], 'id', None) == 'CHAPTERS')
+    return ((MODEL_PY, 'GPTConfig'),) + tuple((os.path.join(CHAPTERS_DIR, f'{n.id}.py'), 'Config') for n in names)
+
+
+def _module_constant(path, name, default):
+    return next((ast.literal_eval(value) for key, value, _, _ in _assignments(path) if key == name), default)
+
+
 def model_flags(runtime_only=False):
-    """GPTConfig's fields, {name: default}, read from model.py's source: the model flags every script
-    that builds a model takes as settings (defaults must be literals there); runtime_only: only those of
-    model.RUNTIME_FLAGS, which change no weight (what a script using a trained model may set)."""
-    flags = {name: ast.literal_eval(value) for name, value, _, _ in _assignments(MODEL_PY, 'GPTConfig')}
-    if runtime_only:
-        runtime = next(ast.literal_eval(value) for name, value, _, _ in _assignments(MODEL_PY)
-                       if name == 'RUNTIME_FLAGS')
-        flags = {k: v for k, v in flags.items() if k in runtime}
-    return flags
+    """GPTConfig's fields, {name: default}, read from the sources of model.py and the chapters: the model flags
+    every script that builds a model takes as settings (defaults must be literals there); runtime_only: only
+    those of the RUNTIME_FLAGS there, which change no weight (what a script using a trained model may set)."""
+    flags, runtime = {}, ()
+    for path, class_name in model_sources():
+        flags.update((name, ast.literal_eval(value)) for name, value, _, _ in _assignments(path, class_name))
+        runtime += _module_constant(path, 'RUNTIME_FLAGS', ())
+    return {k: v for k, v in flags.items() if k in runtime} if runtime_only else flags
 
 
 def renamed_flags():
@@ -144,7 +162,7 @@ def _read_settings(prog):
     """({setting: its comment}, {setting: its annotated type}) from GPTConfig's fields and the script's own
     globals (the script's win)."""
     descriptions, kinds = {}, {}
-    for path, class_name in ((MODEL_PY, 'GPTConfig'), (os.path.join(HERE, prog or ''), None)):
+    for path, class_name in model_sources() + ((os.path.join(HERE, prog or ''), None),):
         try:
             for name, _, comment, kind in _assignments(path, class_name):
                 if comment:

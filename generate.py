@@ -13,7 +13,7 @@ from functools import partial
 
 import torch
 
-from model import after_block, causal_mask, share_kv, window_mask
+from model import causal_mask, window_mask
 
 
 class KVCache:
@@ -23,17 +23,15 @@ class KVCache:
     every position; a recurrent state (Gated DeltaNet's) stands for all of them."""
 
     def __init__(self, model, batch_size, length, dtype, device):
-        self.length, self.window = length, model.config.sliding_window
-        self.ring_slots = self.slots_for(self.window, length)  # the local layers' (all share one window)
+        self.length = length
         self.layers = [LayerCache(self, {name: torch.zeros(batch_size, *shape, dtype=dt, device=device)
                                          for name, (shape, dt) in self.layer_stores(block.attn, length, dtype)},
                                   self.layer_slots(block.attn, length))
                        for block in model.transformer.h]
         self.stores = [layer.stores for layer in self.layers]  # what decode_step reads and writes
         self.pos = 0  # positions seen
-        # the ring slot the next single token goes to, and its position, as tensors: a compiled block or step
-        # would specialise on an int (one graph per slot or position)
-        self.slot = torch.zeros(1, dtype=torch.long, device=device)
+        # the next single token's position as a tensor: a compiled step would specialise on an int (one graph per
+        # position)
         self.position = torch.zeros(1, dtype=torch.long, device=device)
 
     @staticmethod
@@ -70,10 +68,16 @@ class KVCache:
         past = min(self.pos, slots - 1)  # what the first new query can still see
         return torch.arange(self.pos - past, self.pos + T, device=device)
 
-    def mask(self, T, window, device, chunked=False):
-        """Where T new queries may attend the keys a layer with this window (or chunk) gets from the cache
+    @property
+    def start(self):
+        """The position of the next token: what GPT.hidden_states continues from."""
+        return self.pos
+
+    def mask(self, layer, mixer, T, device):
+        """Where T new queries may attend the keys a layer with this mixer's window (or chunk) gets from the cache
         (update); None when plain causal attention (SDPA's is_causal, or a single query: the cache returns only
         keys it sees, except the earlier chunks' still in a chunked layer's ring)."""
+        window, chunked = mixer.window, mixer.chunked
         if T == 1 and not chunked:
             return None
         keys = self.key_positions(T, self.slots_for(window, self.length), device)
@@ -109,14 +113,12 @@ class KVCache:
 
     def advance(self, T):
         self.pos += T
-        self.slot.fill_(self.pos % self.ring_slots)
         self.position.fill_(self.pos)
 
     def reset(self):
         """Forget every position (the next call is a prefill): the stores back to zeros, in place, so a state
         starts from zeros again and a replayed graph keeps its addresses."""
         self.pos = 0
-        self.slot.zero_()
         self.position.zero_()
         for stores in self.stores:
             for store in stores.values():
@@ -158,29 +160,35 @@ class StepCache:
         return out
 
 
+class DecodingStep:
+    """A KVCache's stores as GPT.hidden_states sees them in one decoding step: a StepCache per layer, the position a
+    (1,) tensor, and a mask per layer over its slots (slot s holds a position <= pos once written; a ring holds the
+    last `window` positions). The caller advances the cache."""
+
+    def __init__(self, stores, pos):
+        self.stores, self.start = stores, pos
+
+    def __getitem__(self, layer):
+        return StepCache(self.stores[layer], self.start)
+
+    def mask(self, layer, mixer, T, device):
+        entries = mixer.cache_entries()
+        if not entries:  # nothing cached per position (a recurrent mixer): no mask
+            return None  # (a layer sharing another's keys takes its source's: GPT shares masks by kind)
+        slots = torch.arange(self.stores[layer][next(iter(entries))].size(2), device=device)
+        # a chunked layer's ring starts with each chunk: its slots 0..pos % chunk hold the current one
+        return slots[None, :] <= (self.start % mixer.window if mixer.chunked else self.start)
+
+    def advance(self, T):
+        pass
+
+
 def decode_step(model, idx, pos, stores):
     """One decoding step: the logits (B, vocab), in fp32, after the tokens idx (B, 1) at position pos (a (1,)
     tensor), whose entries go into stores (a KVCache's, filled by a prefill) in place. Every shape is the
     cache's and every position a tensor, so the step is one static graph whatever the position: what
     compile_decoding compiles. The caller advances the cache (the step reads no Python int that changes)."""
-    x, tables = model.embed(idx, pos)
-    contexts = {}
-    caches = share_kv(model.config, [StepCache(layer_stores, pos) for layer_stores in stores])  # Gemma 4's K/V sharing
-    for block, layer_stores, cache in zip(model.transformer.h, stores, caches):
-        mixer = block.attn
-        entries = mixer.cache_entries()
-        # a mixer without entries (a recurrent one) needs no mask: not one to share with attention of its positions;
-        # a layer sharing K/V takes the mask of its source, an earlier layer of the same key
-        key = (mixer.positions, mixer.window, mixer.chunked, bool(entries) or mixer.kv_shared)
-        if key not in contexts:
-            mask = None
-            if entries:  # slot s holds a position <= pos once written (a ring's hold the last `window` positions)
-                slots = layer_stores[next(iter(entries))].size(2)
-                # a chunked layer's ring starts with each chunk: its slots 0..pos % chunk hold the current one
-                mask = torch.arange(slots, device=idx.device)[None, :] <= (pos % mixer.window if mixer.chunked else pos)
-            contexts[key] = (tables[mixer.positions], mask)
-        x = after_block(block, block(x, *contexts[key], cache), tables)  # Gemma 4's per-layer embeddings, layer scalar
-    return model.logits(model.transformer.ln_f(x))[:, -1].float()
+    return model.logits(model.hidden_states(idx, DecodingStep(stores, pos)))[:, -1].float()
 
 
 def compile_decoding(model, backend='inductor', mode=None, keep_cache=None):
@@ -211,7 +219,7 @@ def compile_decoding(model, backend='inductor', mode=None, keep_cache=None):
     # each batch size a static graph of its own (dynamo's default would make the batch symbolic at the second
     # size, a general graph, 15% slower a GPT-2 step at batch 8 here, for every size after it); the cache's
     # slots stay dynamic, as generate marks them
-    compiled = torch.compile(step, backend=backend, mode=mode, fullgraph=not model.moe_layers(), dynamic=False,
+    compiled = torch.compile(step, backend=backend, mode=mode, fullgraph=not syncs_host(model), dynamic=False,
                              options=options)
     # the autotuner writes its timing tables to stderr at each matmul shape not in its disk cache, sample.py's too
     if freezing:
@@ -233,7 +241,13 @@ def compile_decoding(model, backend='inductor', mode=None, keep_cache=None):
     return model
 
 
-def _cache_dtype(model):
+def syncs_host(model):
+    """Whether a module reads a tensor's values on the host in a forward (an MoE's token counts on a CPU): a graph
+    break, so no full graph."""
+    return any(getattr(module, 'syncs_host', False) for module in model.modules())
+
+
+def cache_dtype(model):
     device_type = model.lm_head.weight.device.type
     if torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
@@ -252,7 +266,7 @@ def cache_bytes(model, batch_size, seq_len, dtype=torch.float32):
 def decoding_cache(model, batch_size, seq_len, device):
     """generate's cache: a new one for seq_len positions (its slots marked dynamic for a compiled step), or
     with compile_decoding's kept caches the one of this batch size, dtype and device, emptied."""
-    dtype, kept = _cache_dtype(model), getattr(model, '_kept_caches', None)
+    dtype, kept = cache_dtype(model), getattr(model, '_kept_caches', None)
     if kept is None:
         cache = KVCache(model, batch_size, _cache_length(model, seq_len), dtype, device)
         for block, layer in zip(model.transformer.h, cache.layers):  # a compiled step serves every length:
@@ -286,10 +300,10 @@ def generate_stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
     keep = max(1, block_size // 2)
     window = idx if idx.size(1) <= block_size else idx[:, -keep:]
     cache = decoding_cache(model, idx.size(0), idx.size(1) + max_new_tokens, idx.device) if use_cache else None
-    # the steps after the prefill (decode_step, compiled by compile_decoding); 'dynamic' RoPE changes every
-    # position's angles with the length reached, so it keeps the general path
+    # the steps after the prefill (decode_step, compiled by compile_decoding); positions that follow the
+    # length reached (RoPE scaled dynamically) change every angle with it, so they keep the general path
     step = getattr(model, '_compiled_step', None) or partial(decode_step, model)
-    static = model.config.rope_scaling != 'dynamic'
+    static = not model.config.positions_follow_length
     nxt = None  # the last token sampled: a step's input (a prefill always comes first)
     for _ in range(max_new_tokens):
         if cache is not None and cache.pos > 0 and static:
@@ -337,74 +351,3 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
         logits = torch.full_like(logits, float('-inf')).scatter(-1, order, sorted_logits)
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, num_samples=1)
-
-
-# ----------------------------------------------------------------------------- self-speculative decoding (MTP)
-
-def speculation_problem(model):
-    """Why the model cannot decode speculatively, in one line; None when it can."""
-    if not model.config.mtp_depth:
-        return "speculative decoding drafts with the MTP modules: this model has none (train with mtp_depth >= 1)"
-    taken_back = [i for i, block in enumerate(model.transformer.h)
-                  if block.attn.window is not None or block.attn.cache_states()]
-    if taken_back:
-        return (f"speculative decoding takes drafted tokens back out of the cache, which layer {taken_back[0]} "
-                f"cannot (a sliding window's ring or a recurrent state): every layer must be global attention")
-    if model.config.rope_scaling == 'dynamic':
-        return "speculative decoding with rope_scaling='dynamic' is not supported (its angles follow the length)"
-    return None
-
-
-def draft(model, hidden, window, n):
-    """n tokens drafted greedily by the first n MTP modules after window (B, t + 1), whose first t tokens the
-    cache holds with their final hidden states `hidden` (B, t, n_embd): depth k reads, at each position i, the
-    previous depth's state and token i + k (window's, then the drafts), so its last position predicts token t + k."""
-    from model import mtp_states
-    drafts, h = [], hidden
-    for k, module in enumerate(model.mtp[:n], start=1):
-        h = mtp_states(model, module, h, torch.cat([window[:, k:]] + drafts, dim=1))
-        drafts.append(model.logits(module.norm(h[:, -1:])).argmax(dim=-1))
-    return drafts
-
-
-@torch.no_grad()
-def generate_speculative(model, idx, max_new_tokens, vocab_limit=None):
-    """Greedy decoding (temperature 0) with the MTP modules as drafters: each round they draft up to mtp_depth
-    tokens, the model verifies the pending token and the drafts in one forward, and keeps the drafts it would
-    have chosen itself plus its own next token; the cache takes the rest back. The tokens are plain greedy
-    decoding's (each the model's argmax after the ones before; the context shifts as generate's); fewer forwards.
-    Returns (idx and the new tokens, {'drafted', 'accepted', 'rounds'}). A batch's rows keep the drafts all
-    accepted."""
-    problem = speculation_problem(model)
-    if problem:
-        raise ValueError(problem)
-    block_size = model.config.block_size
-    keep = max(1, block_size // 2)
-    window = idx if idx.size(1) <= block_size else idx[:, -keep:]
-    cache = KVCache(model, idx.size(0), block_size, _cache_dtype(model), idx.device)
-    new, stats, hidden = [], {'drafted': 0, 'accepted': 0, 'rounds': 0}, None
-    made = 0
-    while made < max_new_tokens:
-        if cache.pos == 0:  # the cache holds every token but the pending last one
-            hidden = model.hidden_states(window[:, :-1], cache) if window.size(1) > 1 else window.new_zeros(0)
-        t = cache.pos
-        # drafts that fit: the window may pass block_size only with the round's last token, as generate's does
-        n = min(model.config.mtp_depth, t, block_size - window.size(1), max_new_tokens - made - 1)
-        drafts = draft(model, hidden, window, n) if n > 0 else []
-        h = model.hidden_states(torch.cat([window[:, -1:]] + drafts, dim=1), cache)
-        chosen = model.logits(h)[..., :vocab_limit].argmax(dim=-1)  # (B, n + 1): the model's own choices
-        agreed = (chosen[:, :n] == torch.cat(drafts, dim=1)).all(dim=0) if n else chosen.new_zeros(0, dtype=torch.bool)
-        accepted = int(agreed.int().cumprod(0).sum())
-        cache.advance(accepted - n)  # the drafts not taken are taken back out of the cache
-        hidden = torch.cat((hidden, h[:, :accepted + 1]), dim=1) if hidden.numel() else h[:, :accepted + 1]
-        tokens = chosen[:, :accepted + 1]
-        new.append(tokens)
-        made += tokens.size(1)
-        stats['drafted'] += n
-        stats['accepted'] += accepted
-        stats['rounds'] += 1
-        window = torch.cat((window, tokens), dim=1)
-        if window.size(1) > block_size:
-            window = window[:, -keep:]
-            cache.reset()
-    return torch.cat([idx] + new, dim=1), stats

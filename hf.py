@@ -12,7 +12,8 @@ from types import SimpleNamespace
 
 import torch
 
-from model import GPT, ROPE_SCALINGS, GPTConfig
+from chapters import GPT, GPTConfig
+from chapters.long_context import ROPE_SCALINGS
 
 # One entry per transformers architecture: the flag values it can carry (every other flag must keep its
 # default), its config read into our flags and written back, and one name table used both ways.

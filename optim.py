@@ -8,8 +8,6 @@ from functools import partial
 
 import torch
 
-from model import Experts
-
 
 def configure_optimizers(model, weight_decay, learning_rate, betas, device_type, optimizer='adamw', muon_lr=0.02,
                          muon_momentum=0.95, fused=True):
@@ -21,7 +19,8 @@ def configure_optimizers(model, weight_decay, learning_rate, betas, device_type,
     params = [p for p in model.parameters() if p.requires_grad]
     hidden = set()
     if optimizer == 'muon':
-        stacks = {id(p) for m in model.modules() if isinstance(m, Experts) for p in (m.c_fc, m.c_proj)}
+        # a module's stacks of matrices (an MoE's experts: matrix_stacks) go to Muon as one matrix each
+        stacks = {id(p) for m in model.modules() if hasattr(m, 'matrix_stacks') for p in m.matrix_stacks()}
         hidden = {id(p) for p in model.transformer.h.parameters() if p.requires_grad and
                   (p.dim() == 2 or id(p) in stacks)}
     rest = [p for p in params if id(p) not in hidden]

@@ -16,7 +16,12 @@ import contextlib
 
 import torch
 
+import chapters.attention
 import model as model_module
+
+# the attention functions the mixers call (through their modules), swapped for the explicit one while recording:
+# every softmax attention goes through model.attend, or with sinks through attend_with_sinks
+ATTENTION_FUNCTIONS = ((model_module, 'attend'), (chapters.attention, 'attend_with_sinks'))
 
 
 def attention_weights(q, k, mask, scale=None, sinks=None):
@@ -42,10 +47,11 @@ def attention_weights(q, k, mask, scale=None, sinks=None):
 
 @contextlib.contextmanager
 def recording_attention(model):
-    """For the duration: every model.attend computes its weights explicitly (attention_weights) and records
-    them under the layer whose block is running: yields {layer: (weights, learned sink share or None)}."""
+    """For the duration: every attention function (ATTENTION_FUNCTIONS) computes its weights explicitly
+    (attention_weights) and records them under the layer whose block is running: yields {layer: (weights, learned
+    sink share or None)}."""
     records, layer = {}, [None]
-    attend = model_module.attend
+    originals = [getattr(module, name) for module, name in ATTENTION_FUNCTIONS]
 
     def explicit_attend(q, k, v, mask, dropout_p=0.0, scale=None, sinks=None):
         weights, sink = attention_weights(q, k, mask, scale, sinks)
@@ -58,11 +64,13 @@ def recording_attention(model):
         return lambda module, args: layer.__setitem__(0, i)
 
     hooks = [block.register_forward_pre_hook(entering(i)) for i, block in enumerate(model.transformer.h)]
-    model_module.attend = explicit_attend
+    for module, name in ATTENTION_FUNCTIONS:
+        setattr(module, name, explicit_attend)
     try:
         yield records
     finally:
-        model_module.attend = attend
+        for (module, name), original in zip(ATTENTION_FUNCTIONS, originals):
+            setattr(module, name, original)
         for hook in hooks:
             hook.remove()
 

@@ -124,7 +124,7 @@ vocab_limit = min(tokenizer_vocab, model.config.vocab_size)
 model.eval()
 model.to(device)
 if speculative:
-    from generate import generate_speculative, speculation_problem
+    from chapters.mtp import generate_speculative, speculation_problem
     if speculation_problem(model):
         die(speculation_problem(model))
 idx = torch.tensor([prompt] * num_samples, dtype=torch.long, device=device)

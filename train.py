@@ -125,7 +125,7 @@ from common import (DTYPES, all_reduce_sum, append_log, autocast, catch_interrup
                     model_from_checkpoint, new_checkpoint, out_of_memory, peak_flops as measure_peak_flops,
                     pick_device, pick_dtype, repair_log, save_checkpoint, split_files, write_json, example_split,
                     masked_accuracy, read_examples)
-from model import GPT, RUNTIME_FLAGS, GPTConfig  # noqa: E402
+from chapters import GPT, RUNTIME_FLAGS, GPTConfig, moe, mtp, sparse_attention  # noqa: E402
 
 catch_interrupts()
 MODEL_FLAGS = tuple(f.name for f in fields(GPTConfig))
@@ -473,15 +473,15 @@ def estimate_loss():
     bar = progress(sum(len(range(rank, eval_batches(s), world_size)) for s in splits), 'evaluating',
                    slow=eval_seconds > 10)
     for split in ('train', *eval_splits):
-        raw_model.moe_report_and_reset()  # restart the experts' counts
+        moe.report_and_reset(raw_model)  # restart the experts' counts
         loss, accuracy = evaluate_split(split, bar) if split in splits else (None, None)
         out[split] = loss
         if example_data:
             out['accuracy'][split] = accuracy
-        if split == 'val' and raw_model.moe_layers():
+        if split == 'val' and moe.moe_layers(raw_model):
             if distributed:
-                all_reduce_sum(raw_model.moe_counters())
-            out['moe'] = raw_model.moe_report_and_reset()
+                all_reduce_sum(moe.counters(raw_model))
+            out['moe'] = moe.report_and_reset(raw_model)
     bar.close()
     eval_model.train()
     return out
@@ -535,7 +535,7 @@ def batch_sums(x, y):
 
 def join_last_round(batch):
     """FSDP's forwards are collective: a rank short of a batch joins the last round, counted nowhere."""
-    counters = [(c, c.clone()) for c in raw_model.moe_counters()]
+    counters = [(c, c.clone()) for c in moe.counters(raw_model)]
     with ctx:
         eval_model(*batch)
     for c, before in counters:
@@ -778,10 +778,10 @@ def report_evaluation(losses, lr, elapsed_s, save, blown_up):
                                          if k != 'dropout' and getattr(raw_model.config, k) != trained_args[k]})
     if 'moe' in losses:  # the experts' load: a collapsed router shows as an expert with share 0
         record['moe'] = losses['moe']
-    index_loss = raw_model.index_loss_and_reset()
+    index_loss = sparse_attention.index_loss_and_reset(raw_model)
     if index_loss is not None:  # sparse attention: the indexers' KL loss over the steps since the last record
         record['index_loss'] = index_loss
-    mtp_loss = raw_model.mtp_loss_and_reset()
+    mtp_loss = mtp.mtp_loss_and_reset(raw_model)
     if mtp_loss is not None:  # multi-token prediction: the MTP modules' mean loss over the steps since the last record
         record['mtp_loss'] = mtp_loss
     if blown_up and not save:
@@ -852,11 +852,11 @@ def train_step(it):
 
 def update_expert_bias():
     """Sigmoid routers' balancing bias follows this step's load, alike on every rank."""
-    if not raw_model.moe_layers():
+    if not moe.moe_layers(raw_model):
         return
-    if distributed and raw_model.reads_expert_load():  # a softmax router never reads the load
-        all_reduce_sum([m.load for m in raw_model.moe_layers()])
-    raw_model.update_expert_bias()
+    if distributed and moe.reads_expert_load(raw_model):  # a softmax router never reads the load
+        all_reduce_sum([m.load for m in moe.moe_layers(raw_model)])
+    moe.update_expert_bias(raw_model)
 
 
 def mean_loss(loss_sum):

@@ -359,7 +359,7 @@ def test_the_recipe_groups_vary_one_thing_on_the_modern_block(monkeypatch):
     assert variants['modern+wsd'] == {**modern, 'lr_schedule': 'wsd'}
     assert variants['modern_mlp=relu2'] == {**modern, 'mlp': 'relu2', 'ffn_hidden': 576}  # SwiGLU's 384 x 1.5
     assert variants['modern_untied+zero_init'] == {**modern, 'tie_embeddings': False, 'zero_init': True}
-    from model import GPT, GPTConfig
+    from chapters import GPT, GPTConfig
     mlp_params = lambda flags: sum(p.numel() for p in GPT(GPTConfig(**{**ablate_module.model_args(base), **flags}))
                                    .transformer.h[0].mlp.parameters())
     assert mlp_params(variants['modern_mlp=gelu']) == mlp_params(variants['modern_mlp=relu2']) == mlp_params(modern)
@@ -408,7 +408,7 @@ def test_the_hybrid_group_varies_the_layer_kinds_at_about_equal_parameters(monke
     linear = {k: v for k, v in variants['layers=D'].items() if k.startswith('linear_')}
     assert variants['layers=DDDG'] == {**modern, 'layers': 'DDDG', **linear}
     assert variants['layers=D'] == {**modern, 'layers': 'D', **linear}
-    from model import GPT, GPTConfig
+    from chapters import GPT, GPTConfig
     sizes = [GPT(GPTConfig(**{**ablate_module.model_args(base), 'vocab_size': 65, **flags})).get_num_params()
              for flags in variants.values()]
     assert max(sizes) < 1.01 * sizes[0] and min(sizes) > 0.99 * sizes[0], sizes
@@ -611,7 +611,7 @@ def test_the_chunked_group_sets_chunks_against_windows_of_the_same_size(monkeypa
                               'layers=LLLN+sliding_window=32']
     assert variants['layers=CCCN+attention_chunk_size=16'] == {**modern, 'layers': 'CCCN', 'attention_chunk_size': 16}
     assert variants['layers=LLLN+sliding_window=32'] == {**modern, 'layers': 'LLLN', 'sliding_window': 32}
-    from model import GPT, GPTConfig
+    from chapters import GPT, GPTConfig
     sizes = {GPT(GPTConfig(**{**ablate_module.model_args(base), 'vocab_size': 65, **flags})).get_num_params()
              for flags in variants.values()}
     assert len(sizes) == 1  # chunks and windows change no weight
@@ -657,7 +657,7 @@ def test_the_kv_sharing_group_shares_a_quarter_and_a_half_of_the_layers_and_sets
     modern = variants['modern']
     assert list(variants) == ['modern', 'kv_shared_layers=1', 'kv_shared_layers=2', 'modern+attn_k_eq_v']
     assert variants['kv_shared_layers=2'] == {**modern, 'kv_shared_layers': 2}
-    from model import GPT, GPTConfig
+    from chapters import GPT, GPTConfig
     cache = [GPT(GPTConfig(**{**ablate_module.model_args(base), 'vocab_size': 65, **flags})).kv_cache_bytes(1, 64)
              for flags in variants.values()]
     assert cache == [cache[0], cache[0] * 3 // 4, cache[0] // 2, cache[0]]  # K = V keeps both in the cache
@@ -676,7 +676,7 @@ def test_the_per_layer_embeddings_group_matches_the_dense_block_in_parameters_an
     names = list(variants)
     assert names[:2] == ['modern', 'per_layer_embd=32'] and len(names) == 4
     assert variants['per_layer_embd=32'] == {**variants['modern'], 'per_layer_embd': 32}
-    from model import GPT, GPTConfig
+    from chapters import GPT, GPTConfig
     args = {**ablate_module.model_args(base), 'vocab_size': ablate_module.base_vocab(base)}
     build = lambda flags: GPT(GPTConfig(**{**args, **flags}))
     ple = build(variants['per_layer_embd=32'])
@@ -846,7 +846,7 @@ def test_the_recall_group_takes_any_layer_pattern_at_about_equal_parameters(tmp_
     base = ablate_module.base_recipe(str(REPO))
     variants = ablate_module.build_grid(base)
     assert list(variants) == [f'{a}_d={w}_L=32' for w in (32, 64) for a in ('global', 'KKKG', 'S', 'VVVG')]
-    from model import GPT, GPTConfig
+    from chapters import GPT, GPTConfig
     for width in (32, 64):
         sizes = [GPT(GPTConfig(**{**ablate_module.model_args(base), 'vocab_size': 64,
                                   **{k: v for k, v in variants[f'{a}_d={width}_L=32'].items() if k != 'dataset'}}))

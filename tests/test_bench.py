@@ -10,7 +10,7 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from model import GPT, GPTConfig  # noqa: E402
+from chapters import GPT, GPTConfig  # noqa: E402
 
 TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=65, bias=False)
 ARGS = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16', '--bias=False', '--batch_size=2',

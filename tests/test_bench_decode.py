@@ -9,7 +9,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 import bench_decode  # noqa: E402
-from model import GPT, GPTConfig, swap_flags  # noqa: E402
+from chapters import GPT, GPTConfig, swap_flags  # noqa: E402
 from test_bench import bench, expect_one_error  # noqa: E402
 
 TINY = dict(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=65, bias=False)

@@ -161,7 +161,7 @@ def test_only_the_first_signal_interrupts():
 
 def test_a_checkpoint_from_before_norm_position_loads_with_its_placement(tmp_path):
     """Checkpoints saved with prenorm=False (before norm_position) build the same post-norm model."""
-    from model import GPT, GPTConfig
+    from chapters import GPT, GPTConfig
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=8, vocab_size=11, norm_position='post'))
     checkpoint = common.new_checkpoint(model)
     checkpoint['model_args'] = {k: v for k, v in checkpoint['model_args'].items() if k != 'norm_position'}

@@ -382,8 +382,8 @@ def test_script_with_bad_argument_exits_2_one_line(tmp_path):
 def test_model_flags_are_gptconfig_fields_with_their_defaults_and_a_description():
     from dataclasses import fields
 
+    from chapters import GPTConfig
     from configurator import _descriptions, model_flags
-    from model import GPTConfig
     assert model_flags() == {f.name: f.default for f in fields(GPTConfig)}
     descriptions = _descriptions('model.py')
     assert [f.name for f in fields(GPTConfig) if not descriptions.get(f.name)] == [], "a field without a comment"

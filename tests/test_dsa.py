@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 import generate as G
 import model as M
-from model import GPT, GPTConfig
+from chapters import sparse_attention  # noqa: E402
+from chapters import GPT, GPTConfig
 from test_model import BLOCK, VOCAB, assert_close, build, check_causal, counted_training_flops, tiny_config
 from test_train import MODERN, iter_losses, log_records, run, workdir  # noqa: F401 (fixtures)
 
@@ -109,7 +110,7 @@ def test_top_k_picks_what_a_stable_sort_picks_ties_to_the_earliest(k):
     scores = F.relu(torch.randn(3, 7, 20, generator=g)).mul(2).round()
     scores = scores.masked_fill(torch.rand(3, 7, 20, generator=g) < 0.3, float('-inf'))
     scores[0, 0, :] = float('-inf')  # a row with nothing to read
-    picked = M.top_k_earliest(scores, k)
+    picked = sparse_attention.top_k_earliest(scores, k)
     expected = torch.zeros_like(picked).scatter_(-1, scores.sort(dim=-1, descending=True, stable=True).indices[..., :k],
                                                  True)
     assert torch.equal(picked, expected) and (picked.sum(-1) == k).all()
@@ -186,7 +187,7 @@ def test_the_indexers_kl_loss_joins_training_and_moves_the_indexer_alone():
         model.train()
         logits, loss = model(idx, idx)
         main = F.cross_entropy(logits.view(-1, VOCAB), idx.view(-1))
-        kls = [m.loss for m in model.indexers()]
+        kls = [m.loss for m in sparse_attention.indexers(model)]
         if coef:
             assert_close(kls[1].detach(), kl_reference(model, idx, 1).detach(), atol=1e-6)
             assert_close(loss, main + coef * sum(kls) / 2, atol=1e-6)
@@ -201,7 +202,7 @@ def test_the_indexers_kl_loss_joins_training_and_moves_the_indexer_alone():
             assert torch.equal(grad, grads[0.5][name]), name
     model.eval()
     model(idx, idx)
-    assert all(m.loss is None for m in model.indexers())  # evaluation: the main loss alone
+    assert all(m.loss is None for m in sparse_attention.indexers(model))  # evaluation: the main loss alone
 
 
 def trained(coef, stage, steps=25):
@@ -217,11 +218,11 @@ def trained(coef, stage, steps=25):
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
-    for m in model.indexers():  # measure the KL of either model
+    for m in sparse_attention.indexers(model):  # measure the KL of either model
         m.loss_coef = 1.0
-    model.index_loss_and_reset()
+    sparse_attention.index_loss_and_reset(model)
     model(data[:, :-1], data[:, 1:])
-    return losses, model.index_loss_and_reset()
+    return losses, sparse_attention.index_loss_and_reset(model)
 
 
 @pytest.mark.parametrize('stage', ['dense', 'sparse'])
@@ -305,7 +306,7 @@ def test_shared_layers_add_no_index_loss():
     model = sparse('gqa', n_layer=3, index_share='FS')
     model.train()
     model(tokens(2, BLOCK, 10), tokens(2, BLOCK, 11))
-    assert len(model.indexers()) == 2 and all(m.loss is not None for m in model.indexers())
+    assert len(sparse_attention.indexers(model)) == 2 and all(m.loss is not None for m in sparse_attention.indexers(model))
 
 
 @pytest.mark.parametrize('flags, fragment', [

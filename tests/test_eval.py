@@ -15,7 +15,7 @@ for key in ('HF_HUB_OFFLINE', 'TRANSFORMERS_OFFLINE', 'HF_DATASETS_OFFLINE'):
 
 import common  # noqa: E402
 from conftest import CHOICE_TASK_YAML  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
+from chapters import GPT, GPTConfig  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TIKTOKEN_CACHE = REPO.parent / 'shared' / 'data' / 'tiktoken_cache'

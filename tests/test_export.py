@@ -17,7 +17,7 @@ transformers = pytest.importorskip('transformers')
 
 import common  # noqa: E402
 from export import hf_family, to_hf  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
+from chapters import GPT, GPTConfig  # noqa: E402
 from test_train import one_line_error, train_here  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import generate as G
+from chapters import mtp
 from test_model import BLOCK, N_EMBD, N_HEAD, VOCAB, assert_steps_equal_full_forwards, build, reference_greedy
 
 pytestmark = pytest.mark.usefixtures('single_thread')
@@ -465,10 +466,10 @@ def test_speculative_greedy_is_plain_greedy_token_for_token(flags):
     for steps in (0, 60):
         model, cycle = mtp_model(steps=steps, **flags)
         for prompt in (cycle[None, :5].repeat(2, 1), torch.randint(0, VOCAB, (2, 1), generator=torch.Generator())):
-            out, stats = G.generate_speculative(model, prompt, 3 * BLOCK)
+            out, stats = mtp.generate_speculative(model, prompt, 3 * BLOCK)
             assert torch.equal(out, model.generate(prompt, 3 * BLOCK, temperature=0))
             assert stats['rounds'] + stats['accepted'] == 3 * BLOCK and stats['accepted'] <= stats['drafted']
-        limited, _ = G.generate_speculative(model, prompt, 20, vocab_limit=VOCAB // 2)
+        limited, _ = mtp.generate_speculative(model, prompt, 20, vocab_limit=VOCAB // 2)
         assert torch.equal(limited, model.generate(prompt, 20, temperature=0, vocab_limit=VOCAB // 2))
         if steps:  # a trained model's drafts come true: fewer rounds than tokens
             assert stats['accepted'] > stats['drafted'] / 2
@@ -484,7 +485,7 @@ def test_speculative_decoding_keeps_a_partly_right_draft(monkeypatch):
         right = model.generate(window, n, temperature=0)[:, -n:]
         return [right[:, :1]] + [(right[:, k:k + 1] + 1) % VOCAB for k in range(1, n)]
     monkeypatch.setattr(G, 'draft', half_right)
-    out, stats = G.generate_speculative(model, prompt, 30)
+    out, stats = mtp.generate_speculative(model, prompt, 30)
     assert torch.equal(out, expected)
     assert 0 < stats['accepted'] < stats['drafted']  # each round with drafts keeps one; the second goes back
     assert stats['rounds'] + stats['accepted'] == 30
@@ -498,7 +499,7 @@ def test_speculative_decoding_keeps_a_partly_right_draft(monkeypatch):
 def test_speculative_decoding_refuses_what_it_cannot_take_back(flags, fragment):
     model = build(pos='rope', **flags)
     with pytest.raises(ValueError) as e:
-        G.generate_speculative(model, torch.zeros(1, 3, dtype=torch.long), 4)
+        mtp.generate_speculative(model, torch.zeros(1, 3, dtype=torch.long), 4)
     assert fragment in str(e.value) and '\n' not in str(e.value)
 
 

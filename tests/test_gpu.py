@@ -13,8 +13,9 @@ import pytest
 import torch
 
 import model as M
+from chapters import deltanet, moe  # noqa: E402
 from conftest import make_char_dataset
-from model import GPT, GPTConfig
+from chapters import GPT, GPTConfig
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')]
 REPO = Path(__file__).resolve().parents[1]
@@ -146,18 +147,18 @@ def test_moe_grouped_matmul_kernel_equals_the_loop(monkeypatch, autocast, hidden
     torch.manual_seed(0)
     cfg = GPTConfig(block_size=32, vocab_size=64, n_layer=1, n_head=4, n_embd=64, mlp='moe', n_expert=8,
                     moe_hidden=hidden)
-    layer = M.MoE(cfg).cuda()
+    layer = moe.MoE(cfg).cuda()
     x = torch.randn(4, 32, 64, device='cuda')
     if not autocast:
         layer, x = layer.to(torch.bfloat16), x.to(torch.bfloat16)
     with torch.autocast('cuda', dtype=torch.bfloat16, enabled=autocast):
-        assert M._fused_grouped_mm(x, (64, hidden)) is (hidden % 8 == 0)
+        assert moe._fused_grouped_mm(x, (64, hidden)) is (hidden % 8 == 0)
         fused = layer(x)
         r = torch.randn_like(fused.float())  # a gradient that is not the same everywhere
         (fused.float() * r).sum().backward()
         grads = [p.grad.clone() for p in (layer.experts.c_fc, layer.experts.c_proj)]
         layer.zero_grad()
-        monkeypatch.setattr(M, '_fused_grouped_mm', lambda *_: False)
+        monkeypatch.setattr(moe, '_fused_grouped_mm', lambda *_: False)
         looped = layer(x)
         (looped.float() * r).sum().backward()
     torch.testing.assert_close(fused.float(), looped.float(), atol=2e-2, rtol=2e-2)
@@ -181,7 +182,7 @@ def test_fla_kernels_match_the_pytorch_forms(monkeypatch, layers):
     logits and gradients in fp32, and cached decoding after a prefill through them. Triton's fp32 dots may run
     in TF32, hence the tolerance; the figures are printed."""
     pytest.importorskip('fla')
-    assert M.fla_ops() is not None, 'fla is importable but its chunked kernels are not where model.py looks'
+    assert deltanet.fla_ops() is not None, 'fla is importable but its chunked kernels are not where model.py looks'
     chunk = {'ssm_chunk_size': 64} if layers == 'SG' else {'linear_chunk_size': 64}
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=128, block_size=256, vocab_size=96, layers=layers, norm='rms',
@@ -189,7 +190,7 @@ def test_fla_kernels_match_the_pytorch_forms(monkeypatch, layers):
     idx = torch.randint(0, 96, (2, 200), device='cuda')
     results = {}
     for use in (True, False):
-        monkeypatch.setattr(M, 'USE_FLA', use)
+        monkeypatch.setattr(deltanet, 'USE_FLA', use)
         model.zero_grad()
         logits, loss = model(idx, targets=idx)
         loss.backward()
@@ -204,6 +205,6 @@ def test_fla_kernels_match_the_pytorch_forms(monkeypatch, layers):
           f"greedy tokens equal {torch.equal(tokens, ref_tokens)}")
     assert logit_err < 5e-3 and grad_err < 5e-3
     assert (tokens == ref_tokens).float().mean() > 0.9  # a near-tie may part the greedy rows
-    monkeypatch.setattr(M, 'USE_FLA', True)  # train.py compiles the model: the kernels run beside the graph
+    monkeypatch.setattr(deltanet, 'USE_FLA', True)  # train.py compiles the model: the kernels run beside the graph
     compiled_logits, _ = torch.compile(model)(idx, targets=idx)
     assert (compiled_logits.detach() - logits).abs().max().item() < 5e-3

@@ -15,8 +15,9 @@ transformers = pytest.importorskip('transformers')
 import common  # noqa: E402
 import hf as H  # noqa: E402
 import model as M  # noqa: E402
+from chapters import gemma4, moe, sparse_attention  # noqa: E402
 from export import hf_family, to_hf  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
+from chapters import GPT, GPTConfig  # noqa: E402
 
 VOCAB, BLOCK = 96, 64
 PROMPT, NEW = 10, 30  # 40 positions: past every window and original length below, inside BLOCK
@@ -140,7 +141,7 @@ def test_rope_frequencies_equal_transformers(rope, length):
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     hf_config = tiny(transformers.LlamaConfig, max_position_embeddings=24, rope_parameters=dict(ROPES[rope]))
     ours = GPTConfig(**{**H._llama_read(hf_config), 'n_kv_head': 2})
-    inv, factor = M.rope_frequencies(ours, 8, length)
+    inv, factor = ours.rope_frequencies(8, ours.rope_theta, length)
     hf_inv, hf_factor = ROPE_INIT_FUNCTIONS[ROPES[rope]['rope_type']](hf_config, 'cpu', torch.tensor(length))
     torch.testing.assert_close(inv, hf_inv.float(), atol=0, rtol=1e-6)
     assert factor == pytest.approx(hf_factor, rel=1e-12)
@@ -163,7 +164,7 @@ def test_qwen3_moe_with_a_dense_first_layer(norm_topk, tmp_path):
     ours = check_parity(hf, tmp_path)
     cfg = ours.config
     assert (cfg.first_dense_layers, cfg.router_norm_topk, cfg.qk_norm, cfg.moe_hidden) == (1, norm_topk, True, 24)
-    assert type(ours.transformer.h[0].mlp) is M.GatedMLP and type(ours.transformer.h[1].mlp) is M.MoE
+    assert type(ours.transformer.h[0].mlp) is M.GatedMLP and type(ours.transformer.h[1].mlp) is moe.MoE
 
 
 def deepseek(config_class, moe, **overrides):
@@ -845,7 +846,7 @@ def test_glm_moe_dsa_shared_top_k_and_pairwise_indexer_rope(tmp_path):
         transformers.GlmMoeDsaConfig, num_hidden_layers=3, indexer_types=['full', 'shared', 'full'])), 9)
     ours = check_parity(hf, tmp_path)
     assert ours.config.index_share == 'FS' and ours.config.index_topk == 6  # tiled: F S F
-    assert [type(b.attn.indexer) for b in ours.transformer.h] == [M.LightningIndexer, M.SharedIndex, M.LightningIndexer]
+    assert [type(b.attn.indexer) for b in ours.transformer.h] == [sparse_attention.LightningIndexer, sparse_attention.SharedIndex, sparse_attention.LightningIndexer]
     assert hf_family(ours.config).model_type == 'glm_moe_dsa'  # sharing: GLM's, not DeepSeek-V3.2's
 
 
@@ -874,7 +875,7 @@ def test_proportional_rope_frequencies_are_transformers(proportion, head_dim):
                          'full_attention': {'rope_type': 'proportional', 'partial_rotary_factor': proportion,
                                             'rope_theta': 1e6}})
     theirs, _ = ROPE_INIT_FUNCTIONS['proportional'](config, None, layer_type='full_attention')
-    torch.testing.assert_close(M.proportional_frequencies(proportion, 1e6, head_dim), theirs, atol=0, rtol=0)
+    torch.testing.assert_close(gemma4.proportional_frequencies(proportion, 1e6, head_dim), theirs, atol=0, rtol=0)
 
 
 # ----- Gemma 4 (text)
@@ -901,7 +902,7 @@ def test_gemma4_text_dense_block(tmp_path):
     cfg = ours.config
     assert (cfg.layer_kinds, cfg.kv_shared_layers, cfg.per_layer_embd) == (['L', 'G', 'L', 'G', 'G'], 2, 8)
     assert (cfg.global_head_dim, cfg.global_n_kv_head, cfg.rope_proportion, cfg.attn_k_eq_v) == (16, 1, 0.25, True)
-    assert [M.kv_source(cfg, i) for i in range(5)] == [None, None, None, 1, 1]  # the last global one unshared
+    assert [gemma4.kv_source(cfg, i) for i in range(5)] == [None, None, None, 1, 1]  # the last global one unshared
     # the cache: two local layers' windows of 2 K/V heads of 8, one global layer's 1 head of 16 (k and v, fp32)
     assert ours.kv_cache_bytes(1, PROMPT + NEW) == 2 * 4 * (2 * WINDOW * 2 * 8 + (PROMPT + NEW) * 16)
 

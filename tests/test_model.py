@@ -17,7 +17,8 @@ import torch.nn.functional as F  # noqa: E402
 
 import generate as G  # noqa: E402
 import model as M  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
+from chapters import attention, deltanet, gemma4, llama4, long_context, mamba2, mla, moe, nanochat, short_conv  # noqa: E402
+from chapters import GPT, GPTConfig  # noqa: E402
 
 VOCAB = 64
 BLOCK = 16
@@ -88,7 +89,7 @@ DIMENSIONS = [
     # an original length shorter than the test sequences, so each scaling acts; but 'dynamic' changes every
     # angle with the length, so a KV cache is exact only within its original length (test_dynamic_* below)
     [{}] + [{'rope_scaling': k, 'rope_factor': 4.0, 'rope_original_length': None if k == 'dynamic' else 6}
-            for k in M.ROPE_SCALINGS if k] + [{'rope_scaling': 'yarn', 'rope_factor': 4.0, 'rope_original_length': 6,
+            for k in long_context.ROPE_SCALINGS if k] + [{'rope_scaling': 'yarn', 'rope_factor': 4.0, 'rope_original_length': 6,
                                                'yarn_truncate': False}],
     # windows shorter than BLOCK (the cache keeps a ring of 5) on every layer, or per layer with the other
     # kinds: a global layer, one without RoPE, local layers with their own RoPE base
@@ -500,7 +501,7 @@ def test_one_query_attention_in_half_precision_is_softmax_attention_in_fp32(dtyp
         mask[..., 0] = True  # every query sees a key
     sinks = torch.randn(6, generator=gen)
     for scale, sinks in ((None, None), (0.3, None)) + (((0.3, sinks),) if mask is None or mask.dim() == 2 else ()):
-        got = M.attend(q, k, v, mask, scale=scale, sinks=sinks)
+        got = attention.attend_with_sinks(q, k, v, mask, scale=scale, sinks=sinks)
         expected = one_query_reference(q, k, v, mask, scale, sinks)
         assert got.dtype == dtype and got.shape == (2, 6, 1, 5)
         # fp32 arithmetic rounded once to the half type: within a unit in its last place
@@ -799,22 +800,23 @@ def test_attention_sinks_are_a_logit_column_in_each_softmax(mask, n_kv, scale):
     sinks = torch.randn(4, generator=g).requires_grad_()
     if mask == 'window':
         mask = M.causal_mask(7, 3, "cpu")
-    out = M.attend(q, k, v, mask, scale=scale, sinks=sinks)
+    out = attention.attend_with_sinks(q, k, v, mask, scale=scale, sinks=sinks)
     expected = explicit_attend(q, k, v, mask, scale=scale, sinks=sinks)
     assert_close(out, expected, atol=1e-5)
     grads = torch.autograd.grad(out.square().sum(), (q, sinks))
     for got, want in zip(grads, torch.autograd.grad(expected.square().sum(), (q, sinks))):
         assert_close(got, want, atol=1e-5)
     with torch.no_grad():
-        assert_close(M.attend(q, k, v, mask, scale=scale, sinks=torch.full((4,), -1e4)),
+        assert_close(attention.attend_with_sinks(q, k, v, mask, scale=scale, sinks=torch.full((4,), -1e4)),
                      M.attend(q, k, v, mask, scale=scale), atol=1e-6)
-        assert M.attend(q, k, v, mask, scale=scale, sinks=torch.full((4,), 50.0)).abs().max() < 1e-6
+        assert attention.attend_with_sinks(q, k, v, mask, scale=scale, sinks=torch.full((4,), 50.0)).abs().max() < 1e-6
 
 
 def counted_training_flops(model, idx, monkeypatch):
     """FLOPs torch counts for one forward and backward over idx."""
     from torch.utils.flop_counter import FlopCounterMode
     monkeypatch.setattr(M, 'attend', explicit_attend)
+    monkeypatch.setattr(attention, 'attend_with_sinks', explicit_attend)
     model.train()
     with FlopCounterMode(display=False) as counter:
         model(idx, idx)[1].backward()
@@ -868,14 +870,14 @@ def test_gated_delta_chunked_equals_recurrent(B, H, T, dk, dv, chunk):
     """The chunked form (training, prefill) and the token-by-token one (decoding) compute the same outputs and
     final state, from zeros or from a carried state, whether or not the length is a multiple of the chunk."""
     gen = torch.Generator().manual_seed(B * 100 + T)
-    q = M.l2_normalize(torch.randn(B, H, T, dk, generator=gen)) * dk ** -0.5
-    k = M.l2_normalize(torch.randn(B, H, T, dk, generator=gen))
+    q = deltanet.l2_normalize(torch.randn(B, H, T, dk, generator=gen)) * dk ** -0.5
+    k = deltanet.l2_normalize(torch.randn(B, H, T, dk, generator=gen))
     v = torch.randn(B, H, T, dv, generator=gen)
     g = -2 * torch.rand(B, H, T, generator=gen)
     beta = torch.rand(B, H, T, generator=gen)
     for state in (None, torch.randn(B, H, dk, dv, generator=gen)):
-        chunked, chunked_state = M.gated_delta_chunked(q, k, v, g, beta, chunk, state, final=True)
-        recurrent, recurrent_state = M.gated_delta_recurrent(q, k, v, g, beta, state)
+        chunked, chunked_state = deltanet.gated_delta_chunked(q, k, v, g, beta, chunk, state, final=True)
+        recurrent, recurrent_state = deltanet.gated_delta_recurrent(q, k, v, g, beta, state)
         assert_close(chunked, recurrent, atol=1e-5)
         assert_close(chunked_state, recurrent_state, atol=1e-5)
 
@@ -883,13 +885,13 @@ def test_gated_delta_chunked_equals_recurrent(B, H, T, dk, dv, chunk):
 def test_gated_delta_matches_the_rule_written_out():
     """One head, two tokens, by hand: S1 = k1 (b1 v1)^T; S2 = e^g2 S1 + k2 (b2 (v2 - (e^g2 S1)^T k2))^T; o = S^T q."""
     gen = torch.Generator().manual_seed(7)
-    q, k = torch.randn(1, 1, 2, 3, generator=gen), M.l2_normalize(torch.randn(1, 1, 2, 3, generator=gen))
+    q, k = torch.randn(1, 1, 2, 3, generator=gen), deltanet.l2_normalize(torch.randn(1, 1, 2, 3, generator=gen))
     v, g, beta = torch.randn(1, 1, 2, 2, generator=gen), -torch.rand(1, 1, 2, generator=gen), torch.rand(1, 1, 2, generator=gen)
     S1 = torch.outer(k[0, 0, 0], beta[0, 0, 0] * v[0, 0, 0]) * 1.0  # from zeros, e^g1 decays nothing
     decayed = g[0, 0, 1].exp() * S1
     S2 = decayed + torch.outer(k[0, 0, 1], beta[0, 0, 1] * (v[0, 0, 1] - decayed.T @ k[0, 0, 1]))
     expected = torch.stack((S1.T @ q[0, 0, 0], S2.T @ q[0, 0, 1]))
-    for out, state in (M.gated_delta_chunked(q, k, v, g, beta, 2, final=True), M.gated_delta_recurrent(q, k, v, g, beta)):
+    for out, state in (deltanet.gated_delta_chunked(q, k, v, g, beta, 2, final=True), deltanet.gated_delta_recurrent(q, k, v, g, beta)):
         assert_close(out[0, 0], expected, atol=1e-6)
         assert_close(state[0, 0], S2, atol=1e-6)
 
@@ -1025,7 +1027,7 @@ def mla_reference(attn, x, tables):
 def test_latent_attention_matches_the_written_out_reference(q_lora):
     cfg = tiny_config(attn='mla', pos='rope', q_lora_rank=q_lora, v_head_dim=6, bias=True)
     torch.manual_seed(70)
-    attn = M.LatentAttention(cfg).eval()
+    attn = mla.LatentAttention(cfg).eval()
     with torch.no_grad():
         for name, p in attn.named_parameters():
             p.copy_(torch.randn_like(p) * 0.3 + (1.0 if 'norm' in name else 0.0))
@@ -1056,11 +1058,11 @@ def test_latent_cache_is_the_latent_and_one_rotated_key_whatever_the_heads():
 
 # ----------------------------------------------------------------------------- mixture of experts
 
-def moe(**overrides):
+def moe_model(**overrides):
     torch.manual_seed(60)
     cfg = tiny_config(**{'mlp': 'moe', 'n_expert': 4, 'n_expert_active': 2, 'moe_hidden': 24, 'norm': 'rms',
                          **overrides})
-    layer = M.MoE(cfg).eval()
+    layer = moe.MoE(cfg).eval()
     with torch.no_grad():  # big enough router weights that choices are clear-cut, and a bias that matters
         layer.router.weight.normal_(0, 0.5)
         if cfg.router == 'sigmoid':
@@ -1116,7 +1118,7 @@ def routing_reference(layer, x, router, norm_topk, groups, topk_group, scaling):
     ('sigmoid', True, 1, 1, 1.0, 0),
 ])
 def test_moe_routes_like_the_reference(router, norm_topk, groups, topk_group, scaling, shared):
-    layer = moe(router=router, router_norm_topk=norm_topk, n_expert_group=groups, topk_group=topk_group,
+    layer = moe_model(router=router, router_norm_topk=norm_topk, n_expert_group=groups, topk_group=topk_group,
                 routed_scaling=scaling, n_shared_expert=shared)
     x = torch.randn(2, 7, N_EMBD, generator=torch.Generator().manual_seed(61))
     with torch.no_grad():
@@ -1127,7 +1129,7 @@ def test_moe_routes_like_the_reference(router, norm_topk, groups, topk_group, sc
 
 
 def test_gpt_oss_experts_have_biases_and_a_clamped_swiglu():
-    layer = moe(moe_bias=True, swiglu_limit=0.5)
+    layer = moe_model(moe_bias=True, swiglu_limit=0.5)
     with torch.no_grad():
         for p in (layer.router.bias, layer.experts.c_fc_bias, layer.experts.c_proj_bias):
             p.normal_(0, 0.5)
@@ -1142,11 +1144,11 @@ def test_moe_fused_grouped_matmul_equals_the_loop(monkeypatch):
     """The fused path (CUDA) and the loop (elsewhere) compute the same outputs and gradients; torch runs its
     grouped matmul on the CPU too, so both are checked here. The fused path computes in bf16 (8 bits of
     mantissa), so they agree to 2% of each tensor's scale; a token sent to the wrong expert is off by ~100%."""
-    layer = moe()
+    layer = moe_model()
     x = torch.randn(3, 5, N_EMBD, generator=torch.Generator().manual_seed(62))
     results = []
     for fused in (False, True):
-        monkeypatch.setattr(M, '_fused_grouped_mm', lambda *_: fused)
+        monkeypatch.setattr(moe, '_fused_grouped_mm', lambda *_: fused)
         layer.zero_grad()
         y = layer(x)
         (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
@@ -1160,7 +1162,7 @@ def test_moe_fused_grouped_matmul_equals_the_loop(monkeypatch):
 def test_grouped_matmul_only_at_widths_it_can_read(widths, fits):
     """The rule _fused_grouped_mm applies on CUDA (rows of 16 bytes: 8 bf16 values) is the one torch's grouped
     matmul enforces; its CPU version checks the same, so it is checked against torch here."""
-    assert M.grouped_mm_fits(widths) is fits
+    assert moe.grouped_mm_fits(widths) is fits
     d, h = widths
     x, w = torch.randn(6, d, dtype=torch.bfloat16), torch.randn(3, h, d, dtype=torch.bfloat16)
     offs = torch.tensor([2, 4, 6], dtype=torch.int32)
@@ -1179,7 +1181,7 @@ def test_moe_model_compiles_as_one_graph(monkeypatch):
     experts reads each expert's token count on the host: a graph break per layer.)"""
     import torch._dynamo
     from torch._dynamo.testing import CompileCounter
-    monkeypatch.setattr(M, '_fused_grouped_mm', lambda *_: True)
+    monkeypatch.setattr(moe, '_fused_grouped_mm', lambda *_: True)
     model = build(mlp='moe', n_expert=4, moe_hidden=24, norm='rms', pos='rope', moe_aux_loss_coef=0.01)
     model.train()
     idx = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(67))
@@ -1198,13 +1200,13 @@ def test_active_parameters_are_what_one_token_touches():
     model.train()
     model(torch.tensor([[5]]), torch.tensor([[7]]))[1].backward()
     untouched = 0
-    for m in model.moe_layers():
+    for m in moe.moe_layers(model):
         per_expert = m.experts.c_fc[0].numel() + m.experts.c_proj[0].numel()
         idle = [e for e in range(4) if m.experts.c_fc.grad[e].abs().sum() == 0]
         assert len(idle) == 2  # one token: the other 4 - 2 experts get nothing
         untouched += len(idle) * per_expert
     assert model.get_num_params(active=True) == model.get_num_params() - untouched
-    assert len(model.moe_layers()) == 1  # the first layer is dense
+    assert len(moe.moe_layers(model)) == 1  # the first layer is dense
 
 
 def test_balancing_losses_join_the_training_loss_only():
@@ -1212,16 +1214,16 @@ def test_balancing_losses_join_the_training_loss_only():
     idx = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(63))
     plain = build(mlp='moe', n_expert=4)  # same seed: same weights
     model.train(), plain.train()
-    model.moe_report_and_reset(), plain.moe_report_and_reset()
+    moe.report_and_reset(model), moe.report_and_reset(plain)
     loss, base = model(idx, idx)[1], plain(idx, idx)[1]
-    report = model.moe_report_and_reset()
+    report = moe.report_and_reset(model)
     assert loss.item() == pytest.approx(base.item() + 0.01 * report['aux_loss'] + 0.001 * report['z_loss'], rel=1e-5)
     model.eval()
     assert model(idx, idx)[1].item() == pytest.approx(base.item(), rel=1e-5)  # evaluation: the plain loss
 
 
 def test_aux_loss_is_one_when_even_and_grows_when_collapsed():
-    layer = moe()
+    layer = moe_model()
     g = torch.Generator().manual_seed(64)
     u = torch.randn(N_EMBD, generator=g)
     u /= u.norm()
@@ -1241,7 +1243,7 @@ def test_aux_loss_is_one_when_even_and_grows_when_collapsed():
 def test_sigmoid_router_bias_evens_the_load():
     """DeepSeek-V3's balancing without an auxiliary loss: a router that sends most tokens to one expert is
     evened out by the bias alone (the router's weights stay as they are)."""
-    layer = moe(router='sigmoid', n_expert_active=1, moe_bias_update_rate=0.02)
+    layer = moe_model(router='sigmoid', n_expert_active=1, moe_bias_update_rate=0.02)
     g = torch.Generator().manual_seed(65)
     u = torch.randn(N_EMBD, generator=g)
     x = torch.randn(256, N_EMBD, generator=g) + 2 * u / u.norm()
@@ -1266,9 +1268,9 @@ def test_update_expert_bias_moves_every_sigmoid_layer_and_restarts_the_counts():
     model = build(mlp='moe', router='sigmoid', n_expert=4, moe_bias_update_rate=0.1)
     with torch.no_grad():
         model(torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(66)))
-    loads = [m.load.clone() for m in model.moe_layers()]
-    model.update_expert_bias()
-    for m, load in zip(model.moe_layers(), loads):
+    loads = [m.load.clone() for m in moe.moe_layers(model)]
+    moe.update_expert_bias(model)
+    for m, load in zip(moe.moe_layers(model), loads):
         assert torch.equal(m.expert_bias, 0.1 * torch.sign(load.mean() - load)) and m.load.sum() == 0
 
 
@@ -1279,7 +1281,7 @@ def test_update_expert_bias_moves_every_sigmoid_layer_and_restarts_the_counts():
     (dict(mlp='swiglu'), False),
 ])
 def test_only_balancing_sigmoid_routers_need_the_load_summed_across_ranks(flags, balances):
-    assert build(n_expert=4, **flags).reads_expert_load() is balances
+    assert moe.reads_expert_load(build(n_expert=4, **flags)) is balances
 
 
 # ----------------------------------------------------------------------------- 11: config validation
@@ -1402,12 +1404,16 @@ def test_layer_kinds_tile_the_pattern_and_default_to_the_window():
 
 
 def test_every_field_is_checked_by_a_table():
-    """GPTConfig's checks are tables: each field has its type and range (FIELD_TYPES) or names a kind of part
-    (a registry's key); layers, a string of LAYER_KINDS' letters, has its rule in DEPENDS."""
+    """GPTConfig's checks are tables: each field has its type and range (the FIELD_TYPES of the lesson's config or of
+    its chapter's) or names a kind of part (a registry's key); layers, a string of LAYER_KINDS' letters, has its rule
+    in CHECKS."""
     from dataclasses import fields
-    checked = set(M.FIELD_TYPES) | set(M._choices()) | {'layers'}
+    tables = [vars(cls).get('FIELD_TYPES', {}) for cls in GPTConfig.__mro__]
+    typed = [name for table in tables for name in table]
+    assert len(typed) == len(set(typed))  # each field in one table
+    checked = set(typed) | set(M._registries()) | {'layers'}
     assert {f.name for f in fields(GPTConfig)} == checked
-    assert not set(M.FIELD_TYPES) & set(M._choices())
+    assert not set(typed) & set(M._registries())
 
 
 def test_valid_edge_configs():
@@ -1596,7 +1602,7 @@ def train_a_few_steps(model, steps=8):
     return losses
 
 
-@pytest.mark.parametrize('overrides', [M.NANOCHAT_BLOCK, dict(norm_gain=False, embed_norm=True, layers='LG',
+@pytest.mark.parametrize('overrides', [nanochat.NANOCHAT_BLOCK, dict(norm_gain=False, embed_norm=True, layers='LG',
                                                               sliding_window=5, pos='rope', norm_position='sandwich')],
                          ids=['nanochat', 'layernorm-local-sandwich'])
 def test_the_nanochat_block_trains_and_decodes_past_block_size(overrides):
@@ -1631,7 +1637,7 @@ def test_embed_norm_gives_the_first_block_unit_rms_tokens():
     x, _ = model.embed(torch.randint(0, VOCAB, (2, 6)))
     assert_close(x.pow(2).mean(-1), torch.ones(2, 6), atol=1e-4)
     assert 'transformer.ln_emb.weight' in model.state_dict()  # with gains, its own (norm_gain=True)
-    assert 'transformer.ln_emb.weight' not in build(**M.NANOCHAT_BLOCK).state_dict()
+    assert 'transformer.ln_emb.weight' not in build(**nanochat.NANOCHAT_BLOCK).state_dict()
 
 
 @pytest.mark.parametrize('field', ['norm_gain', 'embed_norm'])
@@ -1693,10 +1699,10 @@ def test_a_chunked_layers_cache_is_one_chunk_and_its_flops_at_most_one_chunk(mon
 
 def test_nope_temperature_is_one_then_grows_with_the_log_of_the_position():
     cfg = tiny_config(pos='rope', layers='GN', nope_temperature=0.5, nope_temperature_floor=3)
-    scales = M.nope_temperature_scales(cfg, 0, 12, 'cpu')
+    scales = llama4.nope_temperature_scales(cfg, 0, 12, 'cpu')
     expected = [1 + 0.5 * math.log(1 + (p + 1) // 3) for p in range(12)]
     assert_close(scales, torch.tensor(expected), atol=1e-6)
-    assert_close(M.nope_temperature_scales(cfg, torch.tensor([7]), 1, 'cpu'), torch.tensor(expected[7:8]), atol=1e-6)
+    assert_close(llama4.nope_temperature_scales(cfg, torch.tensor([7]), 1, 'cpu'), torch.tensor(expected[7:8]), atol=1e-6)
 
 
 @torch.no_grad()
@@ -1733,7 +1739,7 @@ def test_moe_every_kth_layer_with_dense_layers_between():
 @torch.no_grad()
 def test_moe_scale_input_weights_each_experts_input():
     """Llama 4: each chosen expert computes expert(sigmoid score * x), not score * expert(x); plus the shared one."""
-    layer = moe(router='sigmoid', router_norm_topk=False, n_expert_active=1, n_shared_expert=1, moe_scale_input=True,
+    layer = moe_model(router='sigmoid', router_norm_topk=False, n_expert_active=1, n_shared_expert=1, moe_scale_input=True,
                 moe_bias_update_rate=0.0)
     layer.expert_bias.zero_()
     x = torch.randn(9, N_EMBD, generator=torch.Generator().manual_seed(62))
@@ -1778,7 +1784,7 @@ def test_export_refuses_llama4_parts_no_family_carries():
 def test_short_conv_is_lfm2s_formula_written_out():
     """One 'V' mixer against the formula with torch's own convolution: B, C, x = in_proj(h);
     y = c_proj(C * conv(B * x)), conv causal and depthwise (zeros before the first token), bias included."""
-    mixer = M.ShortConv(tiny_config(layers='V', short_conv_kernel=4)).eval()
+    mixer = short_conv.ShortConv(tiny_config(layers='V', short_conv_kernel=4)).eval()
     for p in (mixer.conv1d.bias, mixer.in_proj.bias):
         p.normal_()  # away from zero, so a bias left out shows
     h = torch.randn(2, 9, N_EMBD, generator=torch.Generator().manual_seed(70))
@@ -1796,7 +1802,7 @@ def test_the_shifted_products_are_torchs_depthwise_convolution_and_its_gradients
         x = torch.randn(2, 6, T + kernel - 1, dtype=torch.float64, generator=gen, requires_grad=True)
         w = torch.randn(6, 1, kernel, dtype=torch.float64, generator=gen, requires_grad=True)
         grad = torch.randn(2, 6, T, dtype=torch.float64, generator=gen)
-        ours = M.shifted_products(x, w)
+        ours = short_conv.shifted_products(x, w)
         theirs = F.conv1d(x, w, groups=6)
         assert ours.shape == theirs.shape == (2, 6, T)
         assert_close(ours, theirs, atol=1e-12)
@@ -1869,8 +1875,8 @@ def test_ssd_chunked_equals_recurrent(batch, H, T, P, N, chunk):
         -2 * torch.rand(H, generator=gen)
     B, C = torch.randn(batch, H, T, N, generator=gen), torch.randn(batch, H, T, N, generator=gen)
     for state in (None, torch.randn(batch, H, P, N, generator=gen)):
-        chunked, chunked_state = M.ssd_chunked(x, dt, A, B, C, chunk, state, final=True)
-        recurrent, recurrent_state = M.ssd_recurrent(x, dt, A, B, C, state)
+        chunked, chunked_state = mamba2.ssd_chunked(x, dt, A, B, C, chunk, state, final=True)
+        recurrent, recurrent_state = mamba2.ssd_recurrent(x, dt, A, B, C, state)
         assert_close(chunked, recurrent, atol=1e-5)
         assert_close(chunked_state, recurrent_state, atol=1e-5)
 
@@ -1883,7 +1889,7 @@ def test_ssd_matches_the_recurrence_written_out():
     S1 = torch.outer(dt[0, 0, 0] * x[0, 0, 0], B[0, 0, 0])
     S2 = (dt[0, 0, 1] * A).exp() * S1 + torch.outer(dt[0, 0, 1] * x[0, 0, 1], B[0, 0, 1])
     expected = torch.stack((S1 @ C[0, 0, 0], S2 @ C[0, 0, 1]))
-    for out, state in (M.ssd_chunked(x, dt, A, B, C, 2, final=True), M.ssd_recurrent(x, dt, A, B, C)):
+    for out, state in (mamba2.ssd_chunked(x, dt, A, B, C, 2, final=True), mamba2.ssd_recurrent(x, dt, A, B, C)):
         assert_close(out[0, 0], expected, atol=1e-6)
         assert_close(state[0, 0], S2, atol=1e-6)
 
@@ -1995,8 +2001,8 @@ def test_bad_one_part_settings_are_one_line_naming_them(overrides, message):
 def kda_inputs(B, H, T, dk, dv, seed):
     """q, k, v, a decay per key channel and beta, as a 'K' layer makes them."""
     gen = torch.Generator().manual_seed(seed)
-    q = M.l2_normalize(torch.randn(B, H, T, dk, generator=gen)) * dk ** -0.5
-    k = M.l2_normalize(torch.randn(B, H, T, dk, generator=gen))
+    q = deltanet.l2_normalize(torch.randn(B, H, T, dk, generator=gen)) * dk ** -0.5
+    k = deltanet.l2_normalize(torch.randn(B, H, T, dk, generator=gen))
     v = torch.randn(B, H, T, dv, generator=gen)
     g = -3 * torch.rand(B, H, T, dk, generator=gen)  # some channels keep almost all, others forget fast
     beta = torch.rand(B, H, T, generator=gen)
@@ -2013,8 +2019,8 @@ def test_kimi_delta_chunked_equals_recurrent_with_a_decay_per_channel(B, H, T, d
     and sequences shorter than the chunk padded up to whole sub-chunks (7 and 31 tokens in chunks of 64)."""
     q, k, v, g, beta, carried = kda_inputs(B, H, T, dk, dv, B * 100 + T)
     for state in (None, carried):
-        chunked, chunked_state = M.gated_delta_chunked(q, k, v, g, beta, chunk, state, final=True)
-        recurrent, recurrent_state = M.gated_delta_recurrent(q, k, v, g, beta, state)
+        chunked, chunked_state = deltanet.gated_delta_chunked(q, k, v, g, beta, chunk, state, final=True)
+        recurrent, recurrent_state = deltanet.gated_delta_recurrent(q, k, v, g, beta, state)
         assert_close(chunked, recurrent, atol=1e-5)
         assert_close(chunked_state, recurrent_state, atol=1e-5)
 
@@ -2027,12 +2033,12 @@ def test_kimi_delta_decays_each_channel_of_the_state_at_its_own_rate():
     decayed = g[0, 0, 1].exp()[:, None] * S1
     S2 = decayed + torch.outer(k[0, 0, 1], beta[0, 0, 1] * (v[0, 0, 1] - decayed.T @ k[0, 0, 1]))
     expected = torch.stack((S1.T @ q[0, 0, 0], S2.T @ q[0, 0, 1]))
-    for out, state in (M.gated_delta_chunked(q, k, v, g, beta, 2, final=True), M.gated_delta_recurrent(q, k, v, g, beta)):
+    for out, state in (deltanet.gated_delta_chunked(q, k, v, g, beta, 2, final=True), deltanet.gated_delta_recurrent(q, k, v, g, beta)):
         assert_close(out[0, 0], expected, atol=1e-6)
         assert_close(state[0, 0], S2, atol=1e-6)
     per_head = g[..., 0]
-    assert_close(M.gated_delta_chunked(q, k, v, per_head[..., None].expand_as(g), beta, 2)[0],
-                 M.gated_delta_chunked(q, k, v, per_head, beta, 2)[0], atol=1e-6)
+    assert_close(deltanet.gated_delta_chunked(q, k, v, per_head[..., None].expand_as(g), beta, 2)[0],
+                 deltanet.gated_delta_chunked(q, k, v, per_head, beta, 2)[0], atol=1e-6)
 
 
 KDA = dict(layers='KG', pos='none', attn='mla', norm='rms', mlp='swiglu', linear_chunk_size=5)  # Kimi Linear's shape
@@ -2041,7 +2047,7 @@ KDA = dict(layers='KG', pos='none', attn='mla', norm='rms', mlp='swiglu', linear
 def test_a_kda_model_trains_and_every_part_gets_a_gradient():
     model = build(**KDA)
     attn = model.transformer.h[0].attn
-    assert type(attn) is M.KimiDeltaAttention and not hasattr(attn, 'in_proj_z') and not hasattr(attn, 'in_proj_a')
+    assert type(attn) is deltanet.KimiDeltaAttention and not hasattr(attn, 'in_proj_z') and not hasattr(attn, 'in_proj_a')
     assert attn.dt_bias.shape == (N_HEAD * (N_EMBD // N_HEAD),) and attn.A_log.shape == (N_HEAD,)
     check_backward(model)
     model.train()
@@ -2124,8 +2130,8 @@ def test_kimi_delta_chunked_stays_finite_where_decays_are_strong():
     """Decays summing to -1000 inside a chunk: no factor e^-G overflows (NaN), and the forms still agree."""
     q, k, v, g, beta, state = kda_inputs(1, 2, 40, 4, 4, 11)
     g = g * 10  # -30 per token at most: e^-G over a chunk of 32 would be e^960
-    chunked, chunked_state = M.gated_delta_chunked(q, k, v, g, beta, 32, state, final=True)
-    recurrent, recurrent_state = M.gated_delta_recurrent(q, k, v, g, beta, state)
+    chunked, chunked_state = deltanet.gated_delta_chunked(q, k, v, g, beta, 32, state, final=True)
+    recurrent, recurrent_state = deltanet.gated_delta_recurrent(q, k, v, g, beta, state)
     assert torch.isfinite(chunked).all()
     assert_close(chunked, recurrent, atol=1e-5)
     assert_close(chunked_state, recurrent_state, atol=1e-5)
@@ -2140,8 +2146,8 @@ def test_delta_rule_forms_agree_with_negative_eigenvalues(per_channel):
     q, k, v, g, beta, state = kda_inputs(2, 2, 13, 6, 5, 12)
     g = g if per_channel else g[..., 0]
     beta = 2 * beta
-    chunked, chunked_state = M.gated_delta_chunked(q, k, v, g, beta, 4, state, final=True)
-    recurrent, recurrent_state = M.gated_delta_recurrent(q, k, v, g, beta, state)
+    chunked, chunked_state = deltanet.gated_delta_chunked(q, k, v, g, beta, 4, state, final=True)
+    recurrent, recurrent_state = deltanet.gated_delta_recurrent(q, k, v, g, beta, state)
     assert_close(chunked, recurrent, atol=1e-5)
     assert_close(chunked_state, recurrent_state, atol=1e-5)
 
@@ -2157,15 +2163,15 @@ def test_olmo_hybrid_blocks_place_norms_by_kind_double_beta_and_decode_exactly(m
     output norm has its own epsilon and beta doubled (its write strengths reach past 1); cached decoding equals
     full forwards past block_size."""
     model = build(**OLMO_HYBRID)
-    deltanet, attention = model.transformer.h
-    assert deltanet.norm_position == 'pre' and attention.norm_position == 'after'
-    assert deltanet.attn.eps == 1e-5 and deltanet.attn.beta_scale == 2.0
-    betas, original = [], M.gated_delta_chunked
+    linear_block, attention_block = model.transformer.h
+    assert linear_block.norm_position == 'pre' and attention_block.norm_position == 'after'
+    assert linear_block.attn.eps == 1e-5 and linear_block.attn.beta_scale == 2.0
+    betas, original = [], deltanet.gated_delta_chunked
 
     def recording(q, k, v, g, beta, *args, **kwargs):
         betas.append(beta)
         return original(q, k, v, g, beta, *args, **kwargs)
-    monkeypatch.setattr(M, 'gated_delta_chunked', recording)
+    monkeypatch.setattr(deltanet, 'gated_delta_chunked', recording)
     model(torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(5)))
     monkeypatch.undo()
     assert betas[0].max() > 1 and betas[0].min() >= 0
@@ -2198,9 +2204,9 @@ KV_SHARING = dict(n_layer=4, layers='LG', sliding_window=5, pos='rope', norm='rm
 
 
 def test_kv_sharing_layers_read_the_keys_and_values_of_the_last_earlier_layer_of_their_kind():
-    assert [M.kv_source(tiny_config(**KV_SHARING), i) for i in range(4)] == [None, None, 0, 1]
+    assert [gemma4.kv_source(tiny_config(**KV_SHARING), i) for i in range(4)] == [None, None, 0, 1]
     config = tiny_config(n_layer=6, layers='LLG', sliding_window=5, pos='rope', kv_shared_layers=3)
-    assert [M.kv_source(config, i) for i in range(6)] == [None, None, None, 1, 1, 2]  # the last 'L' before: 1
+    assert [gemma4.kv_source(config, i) for i in range(6)] == [None, None, None, 1, 1, 2]  # the last 'L' before: 1
 
 
 @torch.no_grad()
@@ -2328,7 +2334,7 @@ def test_per_layer_embeddings_add_each_layers_own_vector_after_its_mlp():
     model = build(**{**PER_LAYER, 'n_layer': 1})
     t, block = model.transformer, model.transformer.h[0]
     idx = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(98))
-    embedded = t.wte(idx) * N_EMBD ** 0.5
+    embedded = t.wte.weight[idx] * N_EMBD ** 0.5  # wte itself is the scaled embedding
     vector = (t.wte_per_layer(idx) * 8 ** 0.5 + t.per_layer_norm(t.per_layer_proj(embedded) / N_EMBD ** 0.5)) / 2 ** 0.5
     _, tables = model.embed(idx)
     x = block(embedded, tables['rope'], True)
@@ -2480,26 +2486,26 @@ def test_the_moe_block_adds_a_dense_mlp_and_experts_routed_from_the_stream():
     """Written out: each branch normalized on both sides, the router reading x / RMS(x) * scale / sqrt(n_embd),
     softmax top-2 renormalized and times each chosen expert's scale, GEGLU experts (one at a time)."""
     model = build(**GEMMA4_MOE, norm_eps=1e-6)
-    moe = model.transformer.h[0].mlp
-    assert isinstance(model.transformer.h[0].ln_2, nn.Identity) and model.moe_layers() == [
+    layer = model.transformer.h[0].mlp
+    assert isinstance(model.transformer.h[0].ln_2, nn.Identity) and moe.moe_layers(model) == [
         b.mlp for b in model.transformer.h]
-    for p in (moe.router_scale, moe.expert_scale):
+    for p in (layer.router_scale, layer.expert_scale):
         p.copy_(1 + 0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(108)))
     x = torch.randn(2, 5, N_EMBD, generator=torch.Generator().manual_seed(109))
     flat = x.reshape(-1, N_EMBD)
-    scores = moe.router(F.rms_norm(flat, (N_EMBD,), eps=1e-6) * moe.router_scale / N_EMBD ** 0.5).softmax(-1)
+    scores = layer.router(F.rms_norm(flat, (N_EMBD,), eps=1e-6) * layer.router_scale / N_EMBD ** 0.5).softmax(-1)
     weights, chosen = scores.topk(2, dim=-1)
-    weights = weights / weights.sum(-1, keepdim=True) * moe.expert_scale[chosen]
-    routed_in, experts = moe.ln_experts(flat), torch.zeros_like(flat)
+    weights = weights / weights.sum(-1, keepdim=True) * layer.expert_scale[chosen]
+    routed_in, experts = layer.ln_experts(flat), torch.zeros_like(flat)
     for t in range(flat.size(0)):
         for w, e in zip(weights[t], chosen[t]):
-            gate, up = (moe.experts.c_fc[e] @ routed_in[t]).chunk(2)
-            experts[t] += w * (moe.experts.c_proj[e] @ (F.gelu(gate, approximate='tanh') * up))
-    dense_in = moe.ln(x)
-    gate, up = moe.dense.c_fc(dense_in).chunk(2, dim=-1)
-    dense = moe.dense.c_proj(F.gelu(gate, approximate='tanh') * up)
-    expected = moe.ln_dense_out(dense) + moe.ln_experts_out(experts).view(x.shape)
-    assert_close(moe(x), expected, atol=1e-5)
+            gate, up = (layer.experts.c_fc[e] @ routed_in[t]).chunk(2)
+            experts[t] += w * (layer.experts.c_proj[e] @ (F.gelu(gate, approximate='tanh') * up))
+    dense_in = layer.ln(x)
+    gate, up = layer.dense.c_fc(dense_in).chunk(2, dim=-1)
+    dense = layer.dense.c_proj(F.gelu(gate, approximate='tanh') * up)
+    expected = layer.ln_dense_out(dense) + layer.ln_experts_out(experts).view(x.shape)
+    assert_close(layer(x), expected, atol=1e-5)
 
 
 def test_the_moe_block_trains_decodes_through_the_cache_and_counts():
@@ -2566,12 +2572,12 @@ def test_fla_delta_adapter_keeps_the_chunked_forms_contract(per_channel):
     and final state, from zeros and from a carried state."""
     gen = torch.Generator().manual_seed(31)
     B, H, T, dk, dv = 2, 3, 11, 4, 5
-    q, k = (M.l2_normalize(torch.randn(B, H, T, dk, generator=gen)) for _ in range(2))
+    q, k = (deltanet.l2_normalize(torch.randn(B, H, T, dk, generator=gen)) for _ in range(2))
     v, beta = torch.randn(B, H, T, dv, generator=gen), torch.rand(B, H, T, generator=gen)
     g = -torch.rand(*((B, H, T, dk) if per_channel else (B, H, T)), generator=gen)
     for state in (None, torch.randn(B, H, dk, dv, generator=gen)):
-        expected = M.gated_delta_chunked(q, k, v, g, beta, 4, state, final=True)
-        got = M._fla_delta(_fla_delta_rule, q, k, v, g, beta, 4, state, final=True)
+        expected = deltanet.gated_delta_chunked(q, k, v, g, beta, 4, state, final=True)
+        got = deltanet._fla_delta(_fla_delta_rule, q, k, v, g, beta, 4, state, final=True)
         assert_close(got[0], expected[0], atol=1e-5)
         assert_close(got[1], expected[1], atol=1e-5)
 
@@ -2585,8 +2591,8 @@ def test_fla_ssd_adapter_keeps_the_chunked_forms_contract():
         -2 * torch.rand(H, generator=gen)
     Bm, C = torch.randn(batch, H, T, N, generator=gen), torch.randn(batch, H, T, N, generator=gen)
     for state in (None, torch.randn(batch, H, P, N, generator=gen)):
-        expected = M.ssd_chunked(x, dt, A, Bm, C, 4, state, final=True)
-        got = M._fla_ssd(_fla_simple_gla, x, dt, A, Bm, C, 4, state, final=True)
+        expected = mamba2.ssd_chunked(x, dt, A, Bm, C, 4, state, final=True)
+        got = deltanet._fla_ssd(_fla_simple_gla, x, dt, A, Bm, C, 4, state, final=True)
         assert_close(got[0], expected[0], atol=1e-5)
         assert_close(got[1], expected[1], atol=1e-5)
 
@@ -2595,19 +2601,20 @@ def test_layers_take_the_fla_kernels_where_offered_and_not_for_a_decoding_step(m
     """With fla offered (here the references of its contract, as on CUDA with it installed), the 'D', 'K' and 'S'
     layers run it for training and prefill, with the same logits and cached decoding as the PyTorch forms; a
     decoding step stays the recurrent form. On a CPU, or without fla, nothing is offered."""
-    assert M.fla_kernel('gated_delta', torch.zeros(1)) is None
+    assert deltanet.fla_kernel('gated_delta', torch.zeros(1)) is None
     fakes = {'gated_delta': _fla_delta_rule, 'kda': _fla_delta_rule, 'ssd': _fla_simple_gla}
     calls = []
 
     def offered(form, x):
         calls.append((form, x.size(2)))
-        return partial(M.FLA_ADAPTERS[form], fakes[form])
+        return partial(deltanet.FLA_ADAPTERS[form], fakes[form])
     idx = torch.randint(0, 64, (2, 13), generator=torch.Generator().manual_seed(3))
     for layers in ('DG', 'KG', 'SG'):
         chunk = {'ssm_chunk_size': 4} if layers == 'SG' else {'linear_chunk_size': 4}
         model = build(layers=layers, norm='rms', mlp='swiglu', pos='rope', **chunk)
         expected, _ = model(idx, targets=idx)
-        monkeypatch.setattr(M, 'fla_kernel', offered)
+        monkeypatch.setattr(deltanet, 'fla_kernel', offered)
+        monkeypatch.setattr(mamba2, 'fla_kernel', offered)
         calls.clear()
         got, _ = model(idx, targets=idx)
         assert_close(got, expected, atol=2e-5)

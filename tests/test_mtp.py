@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import common
-from model import GPT
+from chapters import GPT, mtp
 from test_dsa import straight_and_resumed
 from test_model import BLOCK, VOCAB, assert_close, tiny_config
 from test_train import run, workdir  # noqa: F401 (fixtures)
@@ -28,18 +28,19 @@ def test_each_depth_predicts_one_token_further_from_the_previous_depth_and_the_n
     logits, loss = model(idx, targets)
     main = F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
     h, expected = model.hidden_states(idx), []
-    for k, module in enumerate(model.mtp, start=1):  # written out: position i reads token i + k, predicts i + k + 1
+    # written out: position i reads the input token i + k (the inputs themselves: a task's targets are -1 where
+    # unscored), predicts target i + k; targets unrelated to the inputs here, so reading them would show
+    for k, module in enumerate(model.mtp, start=1):
         L = BLOCK - k
-        x = module.proj(torch.cat((module.norm_h(h[:, :L]), module.norm_e(model.transformer.wte(targets[:, k - 1:-1]))),
-                                  dim=-1))
+        x = module.proj(torch.cat((module.norm_h(h[:, :L]), module.norm_e(model.transformer.wte(idx[:, k:]))), dim=-1))
         rope = model.transformer.wpe(x, 0)[1]
         h = module.block(x, rope, True)
         expected.append(F.cross_entropy(model.lm_head(module.norm(h)).view(-1, VOCAB), targets[:, k:].reshape(-1)))
     assert_close(loss, main + 0.5 * sum(expected) / 2, atol=1e-6)
-    assert_close(torch.tensor(model.mtp_loss_and_reset()), sum(expected).detach() / 2, atol=1e-6)
+    assert_close(torch.tensor(mtp.mtp_loss_and_reset(model)), sum(expected).detach() / 2, atol=1e-6)
     model.eval()
     assert torch.equal(model(idx, targets)[1], main)  # evaluation: the main head's loss alone
-    assert model.mtp_loss_and_reset() is None
+    assert mtp.mtp_loss_and_reset(model) is None
 
 
 def train_steps(steps=6, **flags):
@@ -81,7 +82,7 @@ def test_training_lowers_the_mtp_loss():
         model(data[:, :-1], data[:, 1:])[1].backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        last = model.mtp_loss_and_reset()
+        last = mtp.mtp_loss_and_reset(model)
         first = first or last
     assert last < first - 1.0
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import model as model_module
-from model import GPT, GPTConfig
+from chapters import GPT, GPTConfig
 from probes import probe, recording_attention, summarize
 
 

@@ -19,7 +19,7 @@ import torch
 import common
 from common import new_checkpoint, save_checkpoint
 from conftest import make_char_dataset
-from model import GPT, GPTConfig
+from chapters import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / 'sample.py'

@@ -1,0 +1,391 @@
+"""
+Linear attention with a state that does not grow: Gated DeltaNet ('D' layers; Yang et al. 2024; Qwen3-Next,
+Qwen3.5, OLMo hybrid) and Kimi Delta Attention ('K' layers; Kimi Linear, 2025: a decay per key channel). A value
+head's state, a (key dim, value dim) matrix, decays and is corrected towards each new value by the delta rule;
+training and prefill run it chunk by chunk (parallel inside a chunk), a decoding step one token at a time, so
+the cache holds the state whatever the context. Their hybrids with a few global attention layers ('DDDG', Qwen3-
+Next's 3:1) are the constant-memory models of 2025-26. On CUDA, where flash-linear-attention is installed, the
+chunked forms run its Triton kernels (also Mamba-2's, mamba2.py).
+
+OLMo hybrid's variant: linear_neg_eigval (beta in [0, 2], so a write may flip what the state holds), its own
+output norm epsilon, and its own norm placement for these layers (linear_norm_position).
+"""
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache, partial
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from chapters.short_conv import causal_depthwise_conv
+from model import BOOL, LAYER_KINDS, NORM_POSITIONS, OPTIONAL_POSITIVE_INT, POSITIVE_NUMBER, LayerKind, TokenMixer, \
+    changed, is_int, kinds
+
+LINEAR_FIELDS = ('linear_n_key_head', 'linear_n_value_head', 'linear_key_dim', 'linear_value_dim',
+                 'linear_conv_kernel', 'linear_chunk_size', 'linear_neg_eigval', 'linear_norm_eps',
+                 'linear_norm_position')
+LINEAR_KINDS = ('D', 'K')
+
+
+@dataclass
+class Config:
+    linear_n_key_head: int | None = None  # query/key heads of a 'D' layer; None: n_head
+    linear_n_value_head: int | None = None  # value heads, a multiple of the key heads; None: linear_n_key_head
+    linear_key_dim: int | None = None  # width of each query/key head; None: the attention's head width
+    linear_value_dim: int | None = None  # width of each value head; None: the attention's head width
+    linear_conv_kernel: int = 4  # the causal depthwise convolution over q, k and v, in tokens
+    linear_chunk_size: int = 64  # training and prefill work in chunks of this many tokens, parallel inside one
+    kda_rank: int | None = None  # width of the low-rank projections making a 'K' layer's decay and output gate; None: linear_key_dim's value
+    linear_neg_eigval: bool = False  # beta = 2 sigmoid(b(x)), in [0, 2]: a write may flip what the state holds for a key (negative eigenvalues of I - beta k k^T)
+    linear_norm_eps: float | None = None  # epsilon of the RMSNorm on a 'D'/'K' layer's output; None: norm_eps (OLMo hybrid: 1e-5)
+    linear_norm_position: str | None = None  # the norm placement (norm_position's values) of blocks with a 'D'/'K' layer; None: norm_position (OLMo hybrid: 'pre', its attention blocks 'after')
+
+    FIELD_TYPES = {
+        **kinds('linear_n_key_head linear_n_value_head linear_key_dim linear_value_dim kda_rank', OPTIONAL_POSITIVE_INT),
+        **kinds('linear_conv_kernel linear_chunk_size', (lambda v, c: is_int(v), 'an int >= 1')),
+        'linear_neg_eigval': BOOL,
+        'linear_norm_eps': POSITIVE_NUMBER,
+        'linear_norm_position': (lambda v, c: v is None or v in NORM_POSITIONS,
+                                 f"None or one of {', '.join(map(repr, NORM_POSITIONS))}"),
+    }
+    CHECKS = [
+        (lambda c: c.linear_dims['v_heads'] % c.linear_dims['k_heads'] != 0,
+         lambda c: f"linear_n_value_head ({c.linear_dims['v_heads']}) must be a multiple of linear_n_key_head "
+                   f"({c.linear_dims['k_heads']}): each key head serves a group of value heads"),
+        (lambda c: changed(c, LINEAR_FIELDS) and not set(LINEAR_KINDS) & set(c.layer_kinds),
+         lambda c: f"{', '.join(changed(c, LINEAR_FIELDS))} apply to Gated DeltaNet ('D') and Kimi Delta Attention "
+                   f"('K') layers and layers={c.layers!r} has none: add 'D' or 'K' to layers or leave them at their "
+                   f"defaults"),
+        (lambda c: c.linear_norm_position not in (None, c.norm_position) and 'post' in (c.norm_position,
+                                                                             c.linear_norm_position),
+         lambda c: f"linear_norm_position={c.linear_norm_position!r} with norm_position={c.norm_position!r}: a 'post' "
+                   f"block ends in its own norm and the others need a final one; use 'post' for both or neither"),
+        (lambda c: c.kda_rank is not None and 'K' not in c.layer_kinds,
+         lambda c: f"kda_rank={c.kda_rank} applies to Kimi Delta Attention ('K') layers and layers={c.layers!r} has "
+                   f"none: add 'K' to layers or set --kda_rank=None"),
+    ]
+
+    @property
+    def linear_dims(self):
+        """A 'D' or 'K' layer's heads and widths."""
+        hs = self.head_size
+        k_heads = self.linear_n_key_head or self.n_head
+        return {'k_heads': k_heads, 'v_heads': self.linear_n_value_head or k_heads,
+                'k_dim': self.linear_key_dim or hs, 'v_dim': self.linear_value_dim or hs}
+
+    def norm_position_of(self, layer):
+        """linear_norm_position for 'D' and 'K' layers when set."""
+        if self.layer_kinds[layer] in LINEAR_KINDS and self.linear_norm_position is not None:
+            return self.linear_norm_position
+        return super().norm_position_of(layer)
+
+
+def l2_normalize(x, eps=1e-6):
+    """x over its last dim scaled to unit length (eps inside the root, as Qwen3-Next and fla)."""
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def gated_delta_chunked(q, k, v, g, beta, chunk, state=None, final=False):
+    """The gated delta rule over a sequence, chunk tokens at a time: inside a chunk in parallel, the state
+    carried from chunk to chunk. q, k (B, H, T, dk), v (B, H, T, dv), write strengths beta (B, H, T) and
+    log-decays g, one per token (B, H, T) or one per token and key channel (B, H, T, dk: Kimi Delta Attention),
+    all fp32; state (B, H, dk, dv) or None (zeros). Returns the outputs (B, H, T, dv) and, with final=True, the
+    state after the last token.
+
+    Per token t (the recurrent form): S = e^g_t S (row c of S by e^g_tc with a decay per channel);
+    S += k_t (beta_t (v_t - S^T k_t))^T; o_t = S^T q_t. Unrolled inside a chunk, with G_t the decay summed from
+    the chunk's start and S0 the state before it, the writes u_t = beta_t (v_t - S^T k_t) solve the unit lower
+    triangular system (I + A) u = beta v - beta (e^G * k) S0 with A_tj = beta_t k_t.(e^(G_t - G_j) * k_j) (j < t),
+    so that o_t = (e^G_t * q_t) S0 + sum_(j<=t) q_t.(e^(G_t - G_j) * k_j) u_j."""
+    B, H, T, dk = k.shape
+    dv = v.shape[-1]
+    C = chunk_length(chunk, T, per_channel=g.dim() == 4)
+    n = -(-T // C)
+    pad = n * C - T  # padded tokens write nothing (k = 0, beta = 0) and do not decay (g = 0)
+    q, k, v = (F.pad(x, (0, 0, 0, pad)).view(B, H, n, C, -1) for x in (q, k, v))
+    g = F.pad(g if g.dim() == 4 else g[..., None], (0, 0, 0, pad)).view(B, H, n, C, -1)  # (..., C, 1 or dk)
+    beta = F.pad(beta, (0, pad)).view(B, H, n, C)
+    g = g.cumsum(-2)  # G: the decay from the chunk's start to each token, itself included
+    below = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    k_beta = k * beta[..., None]
+    # the diagonal is taken as 1 (unitriangular), so A's own diagonal does not matter
+    A, scores = _decayed_dots((k_beta, q), k, g, below)
+    uw = torch.linalg.solve_triangular(A, torch.cat((v * beta[..., None], k_beta * g.exp()), dim=-1),
+                                       upper=False, unitriangular=True)
+    u, w = uw.split([dv, dk], dim=-1)  # the writes are u - w S0
+    q_decayed = q * g.exp()  # reads S0 decayed to each token
+    k_decayed = k * (g[..., -1:, :] - g).exp()  # writes decayed to the chunk's end
+    out = []
+    for i in range(n):
+        if state is None:  # a zero state reads and corrects nothing
+            u_i = u[:, :, i]
+            out.append(scores[:, :, i] @ u_i)
+        else:
+            u_i = u[:, :, i] - w[:, :, i] @ state
+            out.append(q_decayed[:, :, i] @ state + scores[:, :, i] @ u_i)
+        if i < n - 1 or final:
+            written = k_decayed[:, :, i].transpose(-1, -2) @ u_i
+            state = written if state is None else state * g[:, :, i, -1, :, None].exp() + written
+    return torch.stack(out, dim=2).view(B, H, n * C, dv)[:, :, :T], state
+
+
+def _decayed_dots(queries, b, g, below):
+    """For each a of queries: a_t.(e^(G_t - G_j) * b_j) for j <= t, 0 above, per chunk: a, b (..., C, dk), G
+    (..., C, 1 or dk) summed from the chunk's start; the decays computed once for all. One decay per token
+    factors out of the dot product: a matmul. One per channel stays inside it, and the factored form
+    (e^G_t * a_t).(e^-G_j * b_j) would overflow: _channel_decayed_dots."""
+    if g.size(-1) > 1:
+        return _channel_decayed_dots(queries, b, g)
+    decay = (g[..., :, None, :] - g[..., None, :, :]).masked_fill(~below[..., None], float('-inf')).exp()[..., 0]
+    return [(a @ b.transpose(-1, -2)) * decay for a in queries]
+
+
+def gated_delta_recurrent(q, k, v, g, beta, state=None):
+    """The same rule one token at a time (decoding): shapes as gated_delta_chunked; returns (outputs, state)."""
+    B, H, T, dk = k.shape
+    if state is None:
+        state = q.new_zeros(B, H, dk, v.shape[-1])
+    g = g if g.dim() == 4 else g[..., None]  # a decay per key channel, or one for all (B, H, T, 1)
+    out = []
+    for t in range(T):
+        state = state * g[:, :, t, :, None].exp()
+        remembered = (state * k[:, :, t, :, None]).sum(-2)  # S^T k: what the state already says for this key
+        delta = beta[:, :, t, None] * (v[:, :, t] - remembered)
+        state = state + k[:, :, t, :, None] * delta[:, :, None, :]
+        out.append((state * q[:, :, t, :, None]).sum(-2))
+    return torch.stack(out, dim=2), state
+
+
+def decay_parameters(heads, channels):
+    """A_log (one decay rate A per head) and dt_bias (a time step per channel of the decay), as Mamba
+    initializes them: A in [1, 16] and softplus(dt_bias) in [1e-3, 0.1], log-uniform."""
+    A_log = nn.Parameter(torch.empty(heads).uniform_(1, 16).log())
+    dt = torch.empty(channels).uniform_(math.log(1e-3), math.log(0.1)).exp()
+    return A_log, nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+
+
+
+class GatedDeltaNet(TokenMixer):
+    """Gated DeltaNet (Qwen3-Next, Qwen3.5), a 'D' layer: linear attention whose state, a (key dim, value dim)
+    matrix per value head, is decayed by e^g and corrected towards each new value by the delta rule, so the
+    cache holds that state and the convolution's last inputs, whatever the context. q, k and v pass a short
+    causal depthwise convolution (SiLU); q and k are L2-normalized per head; beta = sigmoid(b(x)) is each
+    token's write strength and g = -exp(A_log) softplus(a(x) + dt_bias) its decay; the output is RMS-normalized
+    per head, gated by silu(z(x)) and projected. Key heads may be fewer than value heads (each serves a group)."""
+    decay_per_channel = False  # one decay per head and token ('K' layers: one per key channel)
+
+    def __init__(self, config, layer=0):
+        super().__init__()
+        dims = config.linear_dims
+        self.k_heads, self.v_heads, self.k_dim, self.v_dim = dims['k_heads'], dims['v_heads'], dims['k_dim'], dims['v_dim']
+        self.kernel, self.chunk = config.linear_conv_kernel, config.linear_chunk_size
+        self.eps = config.norm_eps if config.linear_norm_eps is None else config.linear_norm_eps
+        self.beta_scale = 2.0 if config.linear_neg_eigval else 1.0  # beta in [0, 2] or [0, 1]
+        d, width = config.n_embd, self.conv_width
+        self.in_proj_qkv = nn.Linear(d, width, bias=False)
+        self.in_proj_z = nn.Linear(d, self.v_heads * self.v_dim, bias=False)
+        self.in_proj_b = nn.Linear(d, self.v_heads, bias=False)
+        self.in_proj_a = nn.Linear(d, self.v_heads, bias=False)
+        self.conv1d = nn.Conv1d(width, width, self.kernel, groups=width, bias=False)
+        self.A_log, self.dt_bias = decay_parameters(self.v_heads, self.v_heads)
+        self.norm = nn.Parameter(torch.ones(self.v_dim))  # the gated RMSNorm's gain, shared by the heads
+        self.c_proj = nn.Linear(self.v_heads * self.v_dim, d, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    @property
+    def conv_width(self):
+        return 2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
+
+    def cache_states(self):
+        """The convolution's last kernel-1 inputs, and the recurrent state in fp32 (it sums every token's
+        write)."""
+        return {'conv': ((self.conv_width, self.kernel - 1), None),
+                'state': ((self.v_heads, self.k_dim, self.v_dim), torch.float32)}
+
+    def token_flops(self, seq_len):
+        """As training (the chunked form, no state carried in or out) runs them, per value head and chunk: the
+        two score matrices, the triangular solve's backward product (the solve itself is not a matmul, as the
+        convolution is kernel-many products per channel: left out like the norms), the scores times the
+        writes, and the state's reads and writes between chunks. (Kimi Delta Attention's decay per channel adds
+        products inside each sub-chunk that are elementwise, left out as well.)"""
+        C = chunk_length(self.chunk, seq_len, self.decay_per_channel)
+        n = -(-seq_len // C)
+        dk, dv = self.k_dim, self.v_dim
+        per_head = 3 * n * (2 * C * C * dk * 2 + 2 * C * C * dv) + n * 2 * C * C * (dv + dk) \
+            + 3 * (n - 1) * 3 * 2 * C * dk * dv
+        return self.v_heads * per_head / seq_len
+
+    def forward(self, x, rope=None, mask=None, cache=None):
+        """rope and mask are attention's: a DeltaNet has no positions but its order. cache: its stores are read
+        (unless fresh) and overwritten."""
+        B, T, _ = x.size()
+        Hk, Hv, dk, dv = self.k_heads, self.v_heads, self.k_dim, self.v_dim
+        fresh = cache is None or cache.fresh
+        qkv = causal_depthwise_conv(self.in_proj_qkv(x).transpose(1, 2), self.conv1d.weight, self.conv1d.bias, cache)
+        qkv = F.silu(qkv).transpose(1, 2)
+        q, k, v = qkv.split([Hk * dk, Hk * dk, Hv * dv], dim=-1)
+        q, k = (l2_normalize(t.view(B, T, Hk, dk).transpose(1, 2).float()) for t in (q, k))
+        q = q * dk ** -0.5
+        if Hv != Hk:  # consecutive value heads share a key head
+            q, k = q.repeat_interleave(Hv // Hk, dim=1), k.repeat_interleave(Hv // Hk, dim=1)
+        v = v.view(B, T, Hv, dv).transpose(1, 2).float()
+        beta = self.beta_scale * torch.sigmoid(self.in_proj_b(x).float()).transpose(1, 2)  # (B, Hv, T)
+        g = self.decay(x)
+        state = None if fresh else cache.stores['state']
+        if cache is not None and T == 1:
+            y, state = gated_delta_recurrent(q, k, v, g, beta, state)
+        else:
+            chunked = fla_kernel('kda' if g.dim() == 4 else 'gated_delta', q) or gated_delta_chunked
+            y, state = chunked(q, k, v, g, beta, self.chunk, state, final=cache is not None)
+        if cache is not None:
+            cache.stores['state'].copy_(state)
+        y = y.transpose(1, 2)  # (B, T, Hv, dv)
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm.float()
+        y = y * self.output_gate(x).view(B, T, Hv, dv)
+        return self.resid_dropout(self.c_proj(y.reshape(B, T, Hv * dv).to(x.dtype)))
+
+    def decay(self, x):
+        """Each token's log-decay g = -exp(A_log) softplus(a(x) + dt_bias), one per value head (B, Hv, T)."""
+        return (-self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())).transpose(1, 2)
+
+    def output_gate(self, x):
+        """What the normalized output is multiplied by, per value channel: silu(z(x)), fp32 (B, T, Hv * dv)."""
+        return F.silu(self.in_proj_z(x).float())
+
+
+# A chunk's sub-chunks for the decay per channel: the elementwise part grows with their length, the copies of
+# the keys for the matmul part shrink with it. On the 2-core CPU (one layer's forward and backward, 64 sequences,
+# key dim 32, one thread) 8 took 22.5 / 57.5 ms at 32 / 64 tokens, 16 took 32.8 / 62.4 and 32 took 47.7 / 88.3.
+KDA_SUBCHUNK = 8
+
+
+def kda_subchunk(chunk):
+    return KDA_SUBCHUNK if chunk % KDA_SUBCHUNK == 0 else chunk
+
+
+def chunk_length(chunk, T, per_channel=False):
+    """The tokens per chunk of gated_delta_chunked: chunk, or the whole sequence if shorter; with a decay per
+    channel a short sequence is padded up to whole sub-chunks (31 tokens as one sub-chunk of 31 cost 2x)."""
+    if per_channel and chunk % KDA_SUBCHUNK == 0:
+        return min(chunk, -(-T // KDA_SUBCHUNK) * KDA_SUBCHUNK)
+    return min(chunk, T)
+
+
+def _channel_decayed_dots(queries, b, g):
+    """_decayed_dots with a decay per channel, in sub-chunks of s tokens (as flash-linear-attention's kernels).
+    A key j in an earlier sub-chunk than query t factors through the start r of t's sub-chunk,
+    e^(G_t - G_j) = e^(G_t - G_r) e^(G_r - G_j), both at most 1 (G falls): one matmul per sub-chunk of queries.
+    Inside a sub-chunk each query gets its own decayed copy of the keys, (s, s, dk) elementwise, then a matmul."""
+    C = b.size(-2)
+    s = kda_subchunk(C)
+    m = C // s
+    b, g = b.unflatten(-2, (m, s)), g.unflatten(-2, (m, s))  # (..., m, s, dk)
+    start = g[..., :1, :]  # G_r of each sub-chunk
+    earlier = torch.arange(m, device=b.device)[:, None] > torch.arange(C, device=b.device)[None, :] // s  # (m, C)
+    to_start = (start - g.flatten(-3, -2)[..., None, :, :]).masked_fill(~earlier[..., None], float('-inf')).exp()
+    keys_across = (b.flatten(-3, -2)[..., None, :, :] * to_start).transpose(-1, -2)  # (..., m, dk, C)
+    from_start = (g - start).exp()
+    below = torch.ones(s, s, dtype=torch.bool, device=b.device).tril()
+    keys_inside = b[..., None, :, :] * (g[..., :, None, :] - g[..., None, :, :]).masked_fill(
+        ~below[..., None], float('-inf')).exp()  # (..., m, s, s, dk): each query's decayed copy
+    same = torch.eye(m, dtype=torch.bool, device=b.device)[:, None, :, None]  # query and key sub-chunk alike
+    out = []
+    for a in queries:
+        a = a.unflatten(-2, (m, s))
+        across = ((a * from_start) @ keys_across).unflatten(-1, (m, s))  # (..., m, s, m, s)
+        inside = (keys_inside * a[..., :, None, :]).sum(-1)  # (..., m, s, s): a product per channel, summed
+        out.append(torch.where(same, inside.unsqueeze(-2), across).flatten(-4, -3).flatten(-2, -1))
+    return out
+
+
+class KimiDeltaAttention(GatedDeltaNet):
+    """Kimi Delta Attention (Kimi Linear), a 'K' layer: a Gated DeltaNet whose state forgets at a rate per key
+    channel instead of one per head, g = -exp(A_log) softplus(f(x) + dt_bias), with f a low-rank projection
+    (n_embd -> kda_rank -> heads * key dim), A per head and dt_bias per channel; its output gate is
+    sigmoid(a low-rank projection) instead of silu(z(x)). The rest is the 'D' layer's: the short convolution
+    over q, k and v, L2-normalized q and k, beta = sigmoid(b(x)), the RMS-normalized output, the cache, and
+    the chunked and recurrent forms (gated_delta_chunked takes a decay per channel)."""
+    decay_per_channel = True
+
+    def __init__(self, config, layer=0):
+        super().__init__(config, layer)
+        del self.in_proj_z, self.in_proj_a  # the 'D' layer's gate and decay, per head: replaced by low-rank ones
+        d, rank = config.n_embd, config.kda_rank or self.k_dim
+        self.A_log, self.dt_bias = decay_parameters(self.v_heads, self.v_heads * self.k_dim)
+        self.decay_a = nn.Linear(d, rank, bias=False)
+        self.decay_b = nn.Linear(rank, self.v_heads * self.k_dim, bias=False)
+        self.gate_a = nn.Linear(d, rank, bias=False)
+        self.gate_b = nn.Linear(rank, self.v_heads * self.v_dim, bias=False)
+
+    def decay(self, x):
+        """Each token's log-decay per value head and key channel (B, Hv, T, dk)."""
+        B, T, _ = x.size()
+        f = (self.decay_b(self.decay_a(x)).float() + self.dt_bias.float()).view(B, T, self.v_heads, self.k_dim)
+        return (-self.A_log.float().exp()[:, None] * F.softplus(f)).transpose(1, 2)
+
+    def output_gate(self, x):
+        return torch.sigmoid(self.gate_b(self.gate_a(x)).float())
+
+
+# ----------------------------------------------------------------------------- maintained CUDA kernels (flash-linear-attention)
+
+# On CUDA, where flash-linear-attention is installed, the chunked forms of the 'D', 'K' and 'S' layers run its
+# Triton kernels (training and prefill; a decoding step stays the recurrent form, one token). Each adapter below
+# keeps the PyTorch form's contract: (batch, heads, T, dim) in, fp32, the state's layout ours. Mamba-2's SSD is
+# fla's simple GLA (a scalar log-decay per head and token): queries C, keys B, values dt x, log-decay dt A.
+# tests/test_gpu.py holds each against the PyTorch form; USE_FLA = False runs the PyTorch forms on CUDA too.
+USE_FLA = True
+
+
+@lru_cache(maxsize=None)
+def fla_ops():
+    """flash-linear-attention's chunked kernels by the form they replace, or None when it is not installed."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        from fla.ops.kda import chunk_kda
+        from fla.ops.simple_gla import chunk_simple_gla
+    except ImportError:
+        return None
+    return {'gated_delta': chunk_gated_delta_rule, 'kda': chunk_kda, 'ssd': chunk_simple_gla}
+
+
+def fla_kernel(form, x):
+    """The kernel adapter for `form` ('gated_delta', 'kda', 'ssd') when x is on CUDA and fla is installed, else
+    None (the caller runs the PyTorch form)."""
+    ops = fla_ops() if USE_FLA and x.is_cuda else None
+    return None if ops is None else partial(outside_compile(form), ops[form])
+
+
+@lru_cache(maxsize=None)
+def outside_compile(form):
+    """The adapter run as it is by torch.compile (dynamo does not trace Triton's launchers); made here, not where
+    the adapter is defined, because torch.compiler.disable imports dynamo, which only this path needs."""
+    return torch.compiler.disable(FLA_ADAPTERS[form])
+
+
+def _heads_second(*tensors):
+    """(batch, heads, T, ...) <-> (batch, T, heads, ...), contiguous (the kernels index them flat)."""
+    return [t.transpose(1, 2).contiguous() for t in tensors]
+
+
+def _fla_delta(kernel, q, k, v, g, beta, chunk, state=None, final=False):
+    """gated_delta_chunked through fla's chunk_gated_delta_rule or chunk_kda (their own chunk size; q comes
+    scaled, so scale 1)."""
+    out, state = kernel(*_heads_second(q, k, v, g, beta), scale=1.0, initial_state=state, output_final_state=final)
+    return out.transpose(1, 2), state
+
+
+def _fla_ssd(kernel, x, dt, A, B, C, chunk, state=None, final=False):
+    """ssd_chunked through fla's chunk_simple_gla: its state (heads, values, keys) = ours (heads, P, N)."""
+    q, k, v, g = _heads_second(C, B, x * dt[..., None], dt * A[:, None])
+    out, state = kernel(q, k, v, g=g, scale=1.0, initial_state=state, output_final_state=final, state_v_first=True)
+    return out.transpose(1, 2), state
+
+
+FLA_ADAPTERS = {'gated_delta': _fla_delta, 'kda': _fla_delta, 'ssd': _fla_ssd}
+
+
+LAYER_KINDS['D'] = LayerKind('Gated DeltaNet', GatedDeltaNet, 'deltanet', config_class=Config)
+LAYER_KINDS['K'] = LayerKind('Kimi Delta Attention', KimiDeltaAttention, 'kda', config_class=Config)

@@ -1,0 +1,170 @@
+"""
+Multi-head latent attention (attn='mla'; DeepSeek-V2, V3, Kimi): keys and values rebuilt, per head, from one small
+latent vector per token (kv_lora_rank), so the cache keeps that latent and one rotated key shared by all heads,
+a fraction of GQA's; queries may pass through a bottleneck of their own (q_lora_rank). Cached decoding uses the
+absorbed form (the up-projections folded into the query and the output). The widths default to DeepSeek-V2's
+proportions to the head width.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from chapters.long_context import yarn_mscale
+import model
+from model import ATTENTIONS, RMSNorm, TokenMixer, apply_rope, changed, flag_list, is_int, kinds
+
+MLA_FIELDS = ('kv_lora_rank', 'q_lora_rank', 'qk_nope_head_dim', 'qk_rope_head_dim', 'v_head_dim')
+
+
+def mla_cannot(c):
+    """The flags of attention that MLA, which makes its own keys and values, cannot apply."""
+    return changed(c, ('n_kv_head', 'head_dim', 'qk_norm', 'qkv_bias', 'rope_fraction', 'attn_sinks', 'attn_gate',
+                       'attn_scale'))
+
+
+@dataclass
+class Config:
+    kv_lora_rank: int | None = None  # width of the cached latent; None: 4 * n_embd / n_head
+    q_lora_rank: int | None = None  # width of the queries' bottleneck; None or 0: queries projected directly
+    qk_nope_head_dim: int | None = None  # per head, the query/key part without rotation; None: n_embd / n_head
+    qk_rope_head_dim: int | None = None  # the rotated part, one key shared by all heads; None: half the above
+    v_head_dim: int | None = None  # per head, the value width; None: n_embd / n_head
+
+    FIELD_TYPES = {  # a query bottleneck and a rotated part may be absent (0)
+        **kinds('kv_lora_rank qk_nope_head_dim v_head_dim', (lambda v, c: v is None or is_int(v), 'None or an int >= 0')),
+        **kinds('q_lora_rank qk_rope_head_dim', (lambda v, c: v is None or is_int(v, 0), 'None or an int >= 0')),
+    }
+    CHECKS = [
+        (lambda c: c.attn == 'mla' and mla_cannot(c),
+         lambda c: f"attn='mla' makes its own keys and values: {flag_list(c, mla_cannot(c))} cannot apply (set "
+                   f"{' '.join(f'--{k}={type(c).__dataclass_fields__[k].default}' for k in mla_cannot(c))})"),
+        (lambda c: c.attn == 'mla' and c.pos == 'learned' and c.qk_rope_head_dim,
+         lambda c: f"qk_rope_head_dim={c.qk_rope_head_dim} needs pos='rope' (learned positions rotate nothing): set "
+                   f"--pos=rope or --qk_rope_head_dim=None"),
+        (lambda c: c.attn == 'mla' and c.pos == 'rope' and c.qk_rope_head_dim == 0,
+         lambda c: "qk_rope_head_dim=0 with pos='rope': the rotated part needs a width"),
+        (lambda c: c.attn != 'mla' and [k for k in MLA_FIELDS if getattr(c, k) is not None],
+         lambda c: f"{', '.join(k for k in MLA_FIELDS if getattr(c, k) is not None)} apply to attn='mla' only, got "
+                   f"attn={c.attn!r} (set --attn=mla, or "
+                   f"{' '.join(f'--{k}=None' for k in MLA_FIELDS if getattr(c, k) is not None)})"),
+        (lambda c: c.attn == 'mla' and c.rope_qk_norm,
+         lambda c: "rope_qk_norm and nope_temperature apply to attn='mha' only (MLA makes its own queries and keys)"),
+    ]
+
+    @property
+    def mla_dims(self):
+        """MLA's widths (DeepSeek-V2's proportions to the head width)."""
+        hs = self.n_embd // self.n_head
+        nope = self.qk_nope_head_dim or hs
+        rope = self.qk_rope_head_dim if self.qk_rope_head_dim is not None else (max(2, nope // 2 // 2 * 2)
+                                                                                 if self.pos == 'rope' else 0)
+        return {'latent': self.kv_lora_rank or 4 * hs, 'q_latent': self.q_lora_rank or 0, 'nope': nope,
+                'rope': rope, 'v': self.v_head_dim or hs}
+
+    @property
+    def rope_dim(self):
+        return self.mla_dims['rope'] if self.attn == 'mla' else super().rope_dim
+
+
+# the modern block with latent attention: bench.py's variant 'mla'
+VARIANT = {'attn': 'mla', 'n_kv_head': None}
+
+
+class LatentAttention(TokenMixer):
+    """DeepSeek's multi-head latent attention (MLA). Keys and values are rebuilt, per head, from one small
+    latent vector per token, and queries may pass through a bottleneck of their own. Positions live in a
+    separate rotated part: each query head has one, and one rotated key (from the token, not the latent) is
+    shared by all heads. The KV cache holds only the latent and that shared key.
+
+    Cached decoding uses the absorbed form: the key up-projection is folded into the query, the value
+    up-projection into the output, so each step attends over the cached latents directly (as MQA with one
+    wide head) instead of rebuilding every past key and value. Training and prefill rebuild them."""
+
+    attends = True
+    config_class = Config
+
+    def __init__(self, config, layer=0, positions='rope', window=None):
+        super().__init__()
+        dims = config.mla_dims
+        self.positions, self.window = positions, window
+        # widths (the tensors of forward have the short names)
+        self.n_head, self.latent_dim, self.nope_dim, self.rope_dim, self.v_dim = (
+            config.n_head, dims['latent'], dims['nope'], dims['rope'], dims['v'])
+        H, d = self.n_head, config.n_embd
+        if dims['q_latent']:
+            self.q_a = nn.Linear(d, dims['q_latent'], bias=config.bias)
+            self.q_a_norm = RMSNorm(dims['q_latent'], config, eps=1e-6)  # DeepSeek's latents: eps 1e-6
+            self.q_b = nn.Linear(dims['q_latent'], H * (self.nope_dim + self.rope_dim), bias=False)
+            self.q_proj = None
+        else:
+            self.q_proj = nn.Linear(d, H * (self.nope_dim + self.rope_dim), bias=False)
+        self.kv_a = nn.Linear(d, self.latent_dim + self.rope_dim, bias=config.bias)  # [latent | shared rotated key]
+        self.kv_norm = RMSNorm(self.latent_dim, config, eps=1e-6)
+        self.kv_b = nn.Linear(self.latent_dim, H * (self.nope_dim + self.v_dim), bias=False)  # per head [k_nope | v]
+        self.c_proj = nn.Linear(H * self.v_dim, d, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.dropout = config.dropout
+        # the softmax scale follows the query/key width, sharpened as YaRN's DeepSeek form asks
+        self.scale = (self.nope_dim + self.rope_dim) ** -0.5
+        if config.rope_scaling and config.yarn_mscale_all_dim:
+            self.scale *= yarn_mscale(config.rope_scale, config.yarn_mscale_all_dim) ** 2
+        self.absorb = True  # cached decoding in the absorbed form (False: rebuild keys and values; bench.py)
+        self.indexer = None  # what narrows the keys each query reads (sparse_attention.py sets it)
+
+    def cache_entries(self):
+        """The latent and the shared rotated key, for all heads (and an indexer's key)."""
+        return {'latent': (1, self.latent_dim + self.rope_dim),  # [latent | rotated key], as decoding reads them
+                **(self.indexer.cache_entries() if self.indexer is not None else {})}
+
+    def token_flops(self, seq_len):
+        """q.k and att.v over seq_len rebuilt keys (training's form); and an indexer's."""
+        width = self.nope_dim + self.rope_dim + self.v_dim
+        index = self.indexer.flops(seq_len, self.n_head * (self.nope_dim + self.rope_dim)) \
+            if self.indexer is not None else 0
+        return 3 * 2 * self.n_head * width * min(seq_len, self.window or seq_len) + index
+
+    def forward(self, x, rope=None, mask=None, cache=None):
+        B, T, _ = x.size()
+        H = self.n_head
+        q_in = self.q_a_norm(self.q_a(x)) if self.q_proj is None else x  # what DSA's indexer makes its queries of too
+        q = self.q_b(q_in) if self.q_proj is None else self.q_proj(x)
+        q = q.view(B, T, H, self.nope_dim + self.rope_dim).transpose(1, 2)
+        q_nope, q_rope = q.split([self.nope_dim, self.rope_dim], dim=-1)
+        latent, k_rope = self.kv_a(x).split([self.latent_dim, self.rope_dim], dim=-1)
+        latent = self.kv_norm(latent).unsqueeze(1)  # (B, 1, T, latent): one "head" for all
+        k_rope = k_rope.unsqueeze(1)
+        if rope is not None:
+            q_rope, k_rope = apply_rope(q_rope, *rope), apply_rope(k_rope, *rope)
+        keys = torch.cat((latent, k_rope), dim=-1)  # what the cache keeps of each token
+        if cache is not None:
+            keys, = cache.update(latent=keys)
+        if self.indexer is not None:  # DeepSeek Sparse Attention: each query reads the keys its indexer picks
+            mask, keys = self.indexer.narrow(x, q_in, rope, mask, cache, keys)
+        if cache is not None and T == 1 and self.absorb:
+            y = self._absorbed(q_nope, q_rope, keys, mask)
+        else:
+            latent, k_rope = keys.split([self.latent_dim, self.rope_dim], dim=-1)
+            kv = self.kv_b(latent.squeeze(1)).view(B, -1, H, self.nope_dim + self.v_dim).transpose(1, 2)
+            k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)
+            k = torch.cat((k_nope, k_rope.expand(-1, H, -1, -1)), dim=-1)
+            q = torch.cat((q_nope, q_rope), dim=-1)
+            if self.indexer is not None:
+                self.indexer.learn(q, k, self.scale)
+            y = model.attend(q, k, v, mask, self.dropout if self.training else 0.0, self.scale)
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, H * self.v_dim)))
+
+    def _absorbed(self, q_nope, q_rope, keys, mask):
+        """q.k = (q_nope W_uk) . latent + q_rope . k_rope, and att.v = (att . latent) W_uv^T; keys: the cached
+        [latent | k_rope] of every past token; mask: False (every key is the past), or the slots that are (1, S)."""
+        w = self.kv_b.weight.view(self.n_head, self.nope_dim + self.v_dim, self.latent_dim)
+        q_latent = q_nope @ w[:, :self.nope_dim]  # (B, H, 1, latent)
+        # one query per head at the same position: the heads become the queries of one shared "head", so the
+        # cache is read once, not repeated per head
+        q = torch.cat((q_latent, q_rope), dim=-1).transpose(1, 2)  # (B, 1, H, latent + rope)
+        y = model.attend(q, keys, keys[..., :self.latent_dim], mask, scale=self.scale).transpose(1, 2)
+        return y @ w[:, self.nope_dim:].transpose(1, 2)  # (B, H, 1, v)
+
+
+ATTENTIONS['mla'] = LatentAttention

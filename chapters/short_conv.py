@@ -1,0 +1,84 @@
+"""
+The gated short convolution ('V' layers; LFM2, Liquid AI 2025; after Hyena and H3's short convolutions): B, C and x
+from one projection of the token, then y = out(C * conv(B * x)), conv a causal depthwise convolution over the last
+short_conv_kernel tokens. No positions and no softmax: what a token sees of the past is the kernel's reach, so a
+cache keeps the last kernel-1 gated inputs whatever the context. The depthwise convolution here is also the one
+the linear layers (deltanet.py, mamba2.py) run over their inputs.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from model import LAYER_KINDS, LayerKind, TokenMixer, changed, is_int
+
+
+@dataclass
+class Config:
+    short_conv_kernel: int = 3  # a 'V' layer's causal depthwise convolution, in tokens (LFM2's conv_L_cache)
+
+    FIELD_TYPES = {'short_conv_kernel': (lambda v, c: is_int(v), 'an int >= 1')}
+    CHECKS = [
+        (lambda c: changed(c, ('short_conv_kernel',)) and 'V' not in c.layer_kinds,
+         lambda c: f"short_conv_kernel={c.short_conv_kernel} applies to gated short convolution ('V') layers and "
+                   f"layers={c.layers!r} has none: add 'V' to layers or leave it at 3"),
+    ]
+
+
+def causal_depthwise_conv(x, weight, bias=None, cache=None, name='conv'):
+    """Each channel of x (B, channels, T) convolved over its last kernel inputs, its own kernel (weight: a
+    depthwise Conv1d's (channels, 1, kernel)), the inputs before the first taken as zeros or, with a cache, as
+    the last kernel-1 inputs it keeps under `name` (then overwritten with the new last ones)."""
+    kernel = weight.size(-1)
+    past = x.new_zeros(x.size(0), x.size(1), kernel - 1) if cache is None else cache.stores[name].to(x.dtype)
+    x = torch.cat((past, x), dim=2)
+    if cache is not None:
+        cache.stores[name].copy_(x[:, :, x.size(2) - (kernel - 1):])
+    y = shifted_products(x, weight)
+    return y if bias is None else y + bias[:, None]
+
+
+def shifted_products(x, weight):
+    """The depthwise convolution as kernel-many shifted products per channel, summed: torch's FLOP counter
+    miscounts a grouped convolution's backward, and on a CPU it runs forward and backward faster than an unfold
+    window (no copy of every window) or conv1d."""
+    kernel, T = weight.size(-1), x.size(2) - weight.size(-1) + 1
+    w = weight.view(weight.size(0), kernel, 1)
+    y = x[:, :, :T] * w[:, 0]
+    for i in range(1, kernel):
+        y = y + x[:, :, i:i + T] * w[:, i]
+    return y
+
+
+
+class ShortConv(TokenMixer):
+    """LFM2's gated short convolution, a 'V' layer: B, C and x from one projection of the token, then
+    y = out(C * conv(B * x)), conv a causal depthwise convolution over the last short_conv_kernel tokens (a
+    few). No positions and no softmax: what a token sees of the past is the kernel's reach in this layer, so a
+    cache keeps the last kernel-1 gated inputs, whatever the context."""
+
+    def __init__(self, config, layer=0):
+        super().__init__()
+        d, self.kernel = config.n_embd, config.short_conv_kernel
+        self.in_proj = nn.Linear(d, 3 * d, bias=config.bias)  # [B | C | x]
+        self.conv1d = nn.Conv1d(d, d, self.kernel, groups=d, bias=config.bias)
+        self.c_proj = nn.Linear(d, d, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def cache_states(self):
+        return {'conv': ((self.conv1d.in_channels, self.kernel - 1), None)}
+
+    def token_flops(self, seq_len):
+        """The convolution multiplies each of its weights once per token, as a Linear does."""
+        return 6 * self.conv1d.weight.numel()
+
+    def forward(self, x, rope=None, mask=None, cache=None):
+        """rope and mask are attention's: the convolution has no positions but its order."""
+        b, c, h = self.in_proj(x).chunk(3, dim=-1)
+        h = causal_depthwise_conv((b * h).transpose(1, 2), self.conv1d.weight, self.conv1d.bias, cache)
+        return self.resid_dropout(self.c_proj(c * h.transpose(1, 2)))
+
+
+
+LAYER_KINDS['V'] = LayerKind('gated short convolution', ShortConv, 'shortconv', config_class=Config)

@@ -1,0 +1,276 @@
+"""
+Sparse attention: DeepSeek Sparse Attention (DeepSeek-V3.2, 2025; GLM-5). A lightning indexer scores every past
+token for each query cheaply (its own few small query heads, one key per token, ReLU'd dot products weighted per
+head), and the layer's attention reads only the index_topk highest, so a decoding step reads k entries instead
+of the whole context. The indexer learns from its own loss (the KL divergence to the main attention's
+distribution, on detached inputs); index_stage='dense' is the warm-up that trains it while attention still reads
+every key. GLM-5's IndexCache (index_share): layers marked 'S' reuse the nearest earlier indexer's picks.
+Indexers go on the global attention layers of every kind (with MHA or MLA).
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from model import FEATURES, LAYER_KINDS, NON_NEGATIVE_NUMBER, OPTIONAL_POSITIVE_INT, POSITIVE_INT, Feature, \
+    apply_rope, changed, flag_list, kinds, one_of
+
+INDEX_STAGES = ('dense', 'sparse')
+INDEX_FIELDS = ('index_n_heads', 'index_head_dim', 'index_stage', 'index_loss_coef', 'index_share')  # with index_topk only
+
+
+def indexed_kinds():
+    """The layer kinds an indexer goes on: global softmax attention."""
+    return [letter for letter, kind in LAYER_KINDS.items() if kind.attention and kind.full]
+
+
+def _unshared(c):
+    """The first layer marked 'S' in index_share with no indexer before it to share, or on a layer without one."""
+    indexed = [kind in indexed_kinds() for kind in c.layer_kinds]
+    for i, shares in enumerate(c.index_shares):
+        if shares and (not indexed[i] or not any(indexed[j] and not c.index_shares[j] for j in range(i))):
+            return i
+    return None
+
+
+@dataclass
+class Config:
+    index_topk: int | None = None  # each query of a global attention layer reads only the k past tokens its indexer scores highest; None: all (dense)
+    index_n_heads: int = 4  # the indexer's query heads (DeepSeek-V3.2: 64)
+    index_head_dim: int = 32  # width of the indexer's query heads and of its one key per token; the first rope_dim dims rotate (DeepSeek-V3.2: 128)
+    index_stage: str = 'sparse'  # 'dense': warm-up, attention reads every past token while the indexer learns to score them; 'sparse': it reads the top-k
+    index_loss_coef: float = 1.0  # the indexer's KL loss toward the main attention, times this, joins the training loss; 0: the indexer does not learn
+    index_share: str | None = None  # IndexCache (GLM-5), tiled over the layers: 'F' a layer's own indexer, 'S' reuses the top-k of the nearest earlier indexer (no weights of its own); None: all 'F'
+
+    FIELD_TYPES = {
+        'index_topk': OPTIONAL_POSITIVE_INT,
+        **kinds('index_n_heads index_head_dim', POSITIVE_INT),
+        'index_stage': one_of(INDEX_STAGES),
+        'index_loss_coef': NON_NEGATIVE_NUMBER,
+        'index_share': (lambda v, c: v is None or (isinstance(v, str) and v and not set(v) - set('FS')
+                                                   and len(v) <= c.n_layer),
+                        lambda c: f"None or a string of 'F' (own indexer) and 'S' (shares an earlier one's top-k) at "
+                                  f"most n_layer={c.n_layer} long, tiled over the layers"),
+    }
+    CHECKS = [
+        (lambda c: changed(c, INDEX_FIELDS) and c.index_topk is None,
+         lambda c: f"{flag_list(c, changed(c, INDEX_FIELDS))} apply to sparse attention only: set index_topk (the "
+                   f"keys each query reads) or leave them at their defaults"),
+        (lambda c: c.index_topk is not None and not set(indexed_kinds()) & set(c.layer_kinds),
+         lambda c: f"index_topk={c.index_topk} picks keys in global attention layers "
+                   f"({', '.join(map(repr, indexed_kinds()))}) and layers={c.layers!r} has none: add one or set "
+                   f"--index_topk=None"),
+        (lambda c: c.index_topk is not None and c.index_share is not None and _unshared(c) is not None,
+         lambda c: f"index_share={c.index_share!r} marks layer {_unshared(c)} 'S' but it has no earlier global layer "
+                   f"with an indexer of its own to share (or is no global layer): make it 'F'"),
+        (lambda c: c.index_topk is not None and c.pos == 'rope' and c.index_head_dim < c.rope_dim,
+         lambda c: f"index_head_dim ({c.index_head_dim}) must be at least the rotated width of a head ({c.rope_dim}): "
+                   f"the indexer rotates its first dims with the attention's tables"),
+    ]
+
+    @property
+    def index_shares(self):
+        """Per layer, whether it reuses an earlier layer's top-k (index_share 'S')."""
+        pattern = self.index_share or 'F'
+        return [pattern[i % len(pattern)] == 'S' for i in range(self.n_layer)]
+
+
+RUNTIME_FLAGS = ('index_stage', 'index_loss_coef')
+
+
+def mean_loss_and_reset(modules):
+    """The mean loss the modules summed in their `losses` buffers ([sum, forwards]), None if none; then zeros."""
+    totals = sum((m.losses.cpu() for m in modules), torch.zeros(2))
+    for m in modules:
+        m.losses.zero_()
+    return (totals[0] / totals[1]).item() if totals[1] else None
+
+
+def visible_keys(mask, T, S, device):
+    """attend's mask as a boolean (T, S) tensor (or the (1, S) of a decoding step): which keys each query sees."""
+    if isinstance(mask, torch.Tensor):
+        return mask
+    if mask is False or (mask is None and T == 1):
+        return torch.ones(T, S, dtype=torch.bool, device=device)
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)  # causal: query i is key S - T + i
+
+
+def top_k_earliest(scores, k):
+    """(..., S) bool: each row's k highest scores, of equal scores the earliest (a stable sort's choice), found with
+    topk, not a sort: a decoding step's cost at 8k positions was the sort's."""
+    kth = scores.topk(k, dim=-1).values[..., -1:]
+    above, tied = scores > kth, scores == kth
+    return above | (tied & (tied.cumsum(-1) <= k - above.sum(-1, keepdim=True)))
+
+
+class LightningIndexer(nn.Module):
+    """DeepSeek Sparse Attention's indexer (DeepSeek-V3.2): a cheap score of every past token for each query, so
+    the layer's attention reads only the index_topk highest. Its own small query heads (from the queries' input),
+    one key per token (LayerNorm'd), the first rope_dim dims of both rotated; score(query t, token s) = sum over
+    its heads h of w_h(t) * ReLU(q_h(t).k(s)), the weights w from the token too. A cache keeps its keys.
+
+    It learns from its own loss (learn): the KL divergence from the main attention's distribution (summed over
+    heads, renormalized, outside the gradient) to the softmax of its scores, over the keys the attention reads.
+    Its inputs are detached, so the loss moves the indexer alone and the language-model loss the rest.
+    index_stage='dense' is the warm-up: the attention reads every past token while the indexer learns to score
+    them; 'sparse' reads the top-k."""
+
+    def __init__(self, config, query_width):
+        super().__init__()
+        self.n_head, self.head_dim, self.topk = config.index_n_heads, config.index_head_dim, config.index_topk
+        self.dense, self.loss_coef = config.index_stage == 'dense', config.index_loss_coef
+        self.wq = nn.Linear(query_width, self.n_head * self.head_dim, bias=False)
+        self.wk = nn.Linear(config.n_embd, self.head_dim, bias=False)
+        self.k_norm = nn.LayerNorm(self.head_dim, eps=1e-6)  # DeepSeek's: a LayerNorm with a bias
+        self.weights = nn.Linear(config.n_embd, self.n_head, bias=False)
+        self.register_buffer('losses', torch.zeros(2), persistent=False)  # KL summed, forwards
+        self.loss = None  # what this forward adds to the training loss (times index_loss_coef)
+        self._scores = self._reads = None  # this forward's, for learn
+
+    def cache_entries(self):
+        return {'index_k': (1, self.head_dim)}
+
+    def flops(self, seq_len, qk_width):
+        """Its scores over seq_len keys (forward and backward), and the main attention's q.k once more for the
+        loss's target (forward only); the attention itself reads every key in training (masked). GPT counts 6 per
+        weight of every Linear: the indexer's inputs are detached, so its Linears take no input gradient (4 per
+        weight), and without its loss (index_loss_coef=0) nothing of it runs backward (2)."""
+        learns = bool(self.loss_coef)
+        weights = sum(m.weight.numel() for m in (self.wq, self.wk, self.weights))
+        scores = (3 if learns else 1) * 2 * self.n_head * self.head_dim * seq_len
+        target = 2 * qk_width * seq_len if learns else 0
+        return scores + target - (2 if learns else 4) * weights
+
+    def scores(self, x, q_in, rope, cache):
+        """(B, T, S): every new query's score of every key it may see (a cache's too)."""
+        B, T, _ = x.shape
+        x, q_in = x.detach(), q_in.detach()
+        q = self.wq(q_in).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_norm(self.wk(x)).unsqueeze(1)  # (B, 1, T, D): one key for all heads
+        if rope is not None:  # the tables' width: the first rope_dim dims turn, the rest pass
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if cache is not None:
+            k, = cache.update(index_k=k)
+        # the heads' queries as rows of one matrix per sequence (a broadcast over heads would copy the keys)
+        dots = q.float().reshape(B, -1, self.head_dim) @ k.float().squeeze(1).transpose(-1, -2)
+        dots = F.relu(dots.view(B, self.n_head, T, -1)) * self.head_dim ** -0.5  # (B, H, T, S)
+        w = self.weights(x).float() * self.n_head ** -0.5  # (B, T, H)
+        return (w.transpose(1, 2).unsqueeze(-1) * dots).sum(1)
+
+    def narrow(self, x, q_in, rope, mask, cache, *keys):
+        """The attention's mask for the picked keys, and its keys (B, heads, S, dim): as they are, or in a
+        decoding step (one query, a cache) only the index_topk picked, so the step reads k entries, not S."""
+        self.selection = self.select(x, q_in, rope, mask, cache)  # what layers sharing it read too
+        return read_selected(self.selection, keys)
+
+    def select(self, x, q_in, rope, mask, cache):
+        """(the attention's mask, None), or in a decoding step (the mask of the k picked, their slots (B, 1, k, 1))."""
+        scores = self.scores(x, q_in, rope, cache)
+        B, T, S = scores.shape
+        reads = visible_keys(mask, T, S, x.device)
+        self._scores, self._reads = scores, reads
+        if self.dense or self.topk >= S:  # every visible key is picked: the dense attention, as it is
+            return mask, None
+        # the k best; of equal scores (ReLU makes zeros common) the earliest keys, so a decoding step over the
+        # cache's slots picks what a forward over the sequence picks (a key's slot is its position)
+        picked = top_k_earliest(scores.masked_fill(~reads, float('-inf')), self.topk)  # (B, T, S), k per row
+        if T == 1 and cache is not None:  # the k picked slots, in order: a topk of their positions
+            positions = torch.arange(S, device=x.device)
+            slots = torch.where(picked[:, 0], positions, positions + S).topk(self.topk, largest=False).indices
+            seen = reads.expand(B, S).gather(1, slots)  # a pick among unwritten slots sees nothing
+            return seen[:, None, None, :], slots[:, None, :, None]
+        self._reads = picked & reads
+        return self._reads[:, None], None
+
+    def learn(self, q, k, scale):
+        """In training, the KL loss of this forward (self.loss) from the main attention's queries q (B, H, T, dim)
+        and keys k (B, H or fewer, S, dim), over the keys the attention read."""
+        self.loss = None
+        if not (self.training and self.loss_coef):
+            return
+        reads, log_index = self._reads, self._scores.masked_fill(~self._reads, float('-inf')).log_softmax(-1)
+        with torch.no_grad():
+            k = k.repeat_interleave(q.size(1) // k.size(1), dim=1) if k.size(1) != q.size(1) else k
+            logits = (q.float() @ k.float().transpose(-1, -2)) * (q.size(-1) ** -0.5 if scale is None else scale)
+            target = logits.masked_fill(~reads.unsqueeze(-3), float('-inf')).softmax(-1).sum(1)
+            target = target / target.sum(-1, keepdim=True)
+        kl = (torch.xlogy(target, target) - target * log_index.masked_fill(~reads, 0.0)).sum(-1).mean()
+        self.losses += torch.stack((kl.detach(), torch.ones_like(kl.detach())))
+        self.loss = kl
+
+
+def read_selected(selection, keys):
+    """An indexer's selection applied: (its mask, the keys as they are or, in a decoding step, the picked slots)."""
+    mask, slots = selection
+    if slots is not None:  # index_select per sequence: 2.6x (batch 1) to 13x (batch 8) faster than one advanced
+        # index or a gather expanded over heads and dims, on a CPU at 8k slots
+        pick = lambda t, b: t[b].index_select(1, slots[b, 0, :, 0])
+        keys = [pick(t, 0)[None] if t.size(0) == 1 else torch.stack([pick(t, b) for b in range(t.size(0))])
+                for t in keys]  # one sequence: no stack, which would copy the picked entries once more
+    return (mask, *keys)
+
+
+class SharedIndex(nn.Module):
+    """GLM-5's IndexCache: a layer with no indexer of its own reads the keys the nearest earlier indexer picked
+    for the same queries (index_share 'S'); its cache keeps no indexer keys, and it adds no loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.source = []  # [the earlier layer's LightningIndexer] (a list: not a submodule, its weights not ours)
+
+    def cache_entries(self):
+        return {}
+
+    def flops(self, seq_len, qk_width):
+        return 0
+
+    def narrow(self, x, q_in, rope, mask, cache, *keys):
+        return read_selected(self.source[0].selection, keys)
+
+    def learn(self, q, k, scale):
+        pass
+
+
+def indexers(model):
+    """The model's own indexers (a SharedIndex reads another's)."""
+    return [block.attn.indexer for block in model.transformer.h
+            if isinstance(getattr(block.attn, 'indexer', None), LightningIndexer)]
+
+
+def index_loss_and_reset(model):
+    """The indexers' mean KL loss over the training forwards since the last call (None if none), then the counts
+    restart: what train.py logs apart from the main loss."""
+    return mean_loss_and_reset(indexers(model))
+
+
+class Indexers(Feature):
+    """An indexer on every global attention layer (a SharedIndex on those index_share marks 'S', reading the
+    nearest earlier one's picks), and their KL losses in the training loss."""
+    config_class = Config
+
+    @staticmethod
+    def applies(config):
+        return config.index_topk is not None
+
+    def build(self, model):
+        config, last = self.config, None
+        q_width = (config.mla_dims['q_latent'] if config.attn == 'mla' else 0) or config.n_embd
+        for layer, (kind, block) in enumerate(zip(config.layer_kinds, model.transformer.h)):
+            if kind not in indexed_kinds():
+                continue
+            if config.index_shares[layer]:
+                block.attn.indexer = SharedIndex()
+                block.attn.indexer.source[:] = [last]
+            else:
+                block.attn.indexer = last = LightningIndexer(config, q_width)
+
+    def loss(self, model, idx, h, targets):
+        losses = [m.loss for m in indexers(model) if m.loss is not None]
+        if not losses:  # the indexers learn from their own loss alone (their inputs are detached)
+            return None
+        return self.config.index_loss_coef * sum(losses) / len(losses)
+
+
+FEATURES.append(Indexers)
