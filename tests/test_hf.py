@@ -16,6 +16,8 @@ import common  # noqa: E402
 import hf as H  # noqa: E402
 import model as M  # noqa: E402
 from export import hf_family, to_hf  # noqa: E402
+from hf.llama import _llama_read  # noqa: E402
+from hf.nanochat import _rope_turned_back  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 VOCAB, BLOCK = 96, 64
@@ -128,7 +130,7 @@ def test_a_checkpoint_feature_we_lack_is_refused_not_dropped(tmp_path):
     """A Llama checkpoint with a q_norm weight we would not use: refused, naming it."""
     hf = transformers.LlamaForCausalLM(tiny(transformers.LlamaConfig))
     state = hf.state_dict()
-    ours = GPT(GPTConfig(**H._llama_read(hf.config)))
+    ours = GPT(GPTConfig(**_llama_read(hf.config)))
     state['model.layers.0.self_attn.q_norm.weight'] = torch.ones(8)
     _, unused = H.hf_to_ours(state, ours, H.HF_FAMILIES['llama'])
     assert unused == {'model.layers.0.self_attn.q_norm.weight'}
@@ -139,7 +141,7 @@ def test_a_checkpoint_feature_we_lack_is_refused_not_dropped(tmp_path):
 def test_rope_frequencies_equal_transformers(rope, length):
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     hf_config = tiny(transformers.LlamaConfig, max_position_embeddings=24, rope_parameters=dict(ROPES[rope]))
-    ours = GPTConfig(**{**H._llama_read(hf_config), 'n_kv_head': 2})
+    ours = GPTConfig(**{**_llama_read(hf_config), 'n_kv_head': 2})
     inv, factor = M.rope_frequencies(ours, 8, length)
     hf_inv, hf_factor = ROPE_INIT_FUNCTIONS[ROPES[rope]['rope_type']](hf_config, 'cpu', torch.tensor(length))
     torch.testing.assert_close(inv, hf_inv.float(), atol=0, rtol=1e-6)
@@ -546,7 +548,7 @@ def test_nanochats_rope_conversion_is_needed(tmp_path):
     state = {k: v.clone() for k, v in ours.state_dict().items()}
     for i in range(ours.config.n_layer):
         name = f'transformer.h.{i}.attn.c_attn.weight'
-        state[name] = H._rope_turned_back(state[name], ours.config)  # undone: nanochat's rows as they are
+        state[name] = _rope_turned_back(state[name], ours.config)  # undone: nanochat's rows as they are
     ours.load_state_dict(state)
     idx = torch.randint(0, VOCAB, (1, 20), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
