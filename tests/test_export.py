@@ -197,7 +197,7 @@ def test_a_model_trained_from_qwen3_5_exports_back_to_it(tmp_path, export_here, 
     """train.py --init_from=<Qwen3.5 dir>, then a resume: the checkpoint still exports as Qwen3.5 (not as
     Qwen3-Next, which carries the same flags and comes first); --family chooses, or is refused in one line."""
     from conftest import make_char_dataset
-    from test_hf import tiny_qwen3_5
+    from test_hf_qwen3_next import tiny_qwen3_5
     make_char_dataset(tmp_path)
     tiny_qwen3_5().save_pretrained(tmp_path / 'qwen')
     for args in (['--init_from=qwen', '--max_iters=2'], ['--init_from=resume', '--max_iters=3']):
