@@ -24,18 +24,14 @@ import sys
 
 
 def hf_family(config):
-    """The family that represents config, or ValueError naming the flags that keep it out of each."""
-    from hf import HF_FAMILIES
-    blocked = {}
-    for name, family in HF_FAMILIES.items():
-        flags = family.blocking(config)
-        if not flags:
+    """The family that represents config: the first of hf.HF_FAMILIES that carries every flag; else ValueError,
+    one line saying why none can (hf.refusal: the flags no family carries, or the families that carry the model's
+    unusual flags and what else they need)."""
+    from hf import HF_FAMILIES, refusal
+    for family in HF_FAMILIES.values():
+        if not family.blocking(config):
             return family
-        blocked[name] = flags
-    # the families that need the fewest changes are the most useful advice
-    closest = sorted(blocked.items(), key=lambda item: len(item[1]))[:2]
-    raise ValueError("no Hugging Face family can represent " + '; '.join(
-        f"{name} cannot carry {', '.join(flags)}" for name, flags in closest))
+    raise ValueError(refusal(config))
 
 
 def pick_family(model, family=None):

@@ -7,7 +7,7 @@ the order export tries the families. Entry points: GPT.from_pretrained (model.py
 below) and export.to_hf.
 """
 
-from .engine import ANY, HF_FAMILIES, HFFamily, from_pretrained, hf_to_ours, ours_to_hf  # noqa: F401
+from .engine import ANY, HF_FAMILIES, HFFamily, from_pretrained, hf_to_ours, ours_to_hf, refusal  # noqa: F401
 
 # the order export tries the families in: the first that carries every flag of a model is used (where two carry
 # the same flags, as qwen3_next and qwen3_5_text do, the earlier), so a new family goes at the end

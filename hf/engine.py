@@ -1,8 +1,8 @@
 """
 The engine every Hugging Face family runs on: the record a family fills in (HFFamily), the registry export tries
 in order (HF_FAMILIES: each module of this package adds its families at its bottom, hf/__init__.py imports them
-in that order), the transforms a name table's rows name, the weights both ways (hf_to_ours, ours_to_hf) and
-from_pretrained.
+in that order), the transforms a name table's rows name, the weights both ways (hf_to_ours, ours_to_hf),
+from_pretrained, and why no family can represent a config (refusal).
 """
 
 from dataclasses import dataclass, fields
@@ -24,6 +24,7 @@ _MOE_SETTINGS = ('n_expert', 'n_expert_active', 'moe_hidden', 'n_shared_expert',
                  'n_expert_group', 'topk_group', 'routed_scaling', 'first_dense_layers', 'moe_aux_loss_coef',
                  'moe_z_loss_coef', 'moe_bias_update_rate',
                  'moe_scale_input', 'moe_every')  # Llama 4's: as the other MoE settings, a dense model's change nothing
+_DEFAULTS = GPTConfig.__dataclass_fields__
 HF_FAMILIES = {}  # model_type -> HFFamily, in the order export tries them: the first that carries every flag is used
 
 
@@ -40,19 +41,31 @@ class HFFamily:
     unpack: callable = None  # (hf_state, config) -> hf_state
     pack: callable = None  # (hf_state, config) -> hf_state
 
-    def blocking(self, config):
-        """The flags (name=value) of config this family cannot represent (a dense model's MoE settings, which
-        change nothing, aside)."""
-        defaults = GPTConfig.__dataclass_fields__
-        out = []
+    def blocked(self, config):
+        """{flag: value} of config this family cannot represent (a dense model's MoE settings, which change
+        nothing, aside)."""
+        out = {}
         for f in fields(config):
             if f.name in _MOE_SETTINGS and config.mlp != 'moe':
                 continue
-            value = getattr(config, f.name)
-            allowed = self.carries.get(f.name, (defaults[f.name].default,))
+            value, allowed = getattr(config, f.name), self._allowed(f.name)
             if allowed is not ANY and not (allowed(value) if callable(allowed) else value in allowed):
-                out.append(f"{f.name}={value!r}")
+                out[f.name] = value
         return out
+
+    def blocking(self, config):
+        """The flags (name=value) of config this family cannot represent."""
+        return [f"{name}={value!r}" for name, value in self.blocked(config).items()]
+
+    def needs(self, flag, value):
+        """What this family takes for flag in place of value, in words: flag=v (or v2), or, where a test decides,
+        flag other than value."""
+        allowed = self._allowed(flag)
+        return f"{flag} other than {value!r}" if callable(allowed) else f"{flag}={' or '.join(map(repr, allowed))}"
+
+    def _allowed(self, flag):
+        """The values this family carries for flag: `carries`' entry, else the flag's default alone."""
+        return self.carries.get(flag, (_DEFAULTS[flag].default,))
 
 
 _TRANSFORMS = {  # how -> (HF to ours, ours to HF), each (tensor, config) -> tensor; families add their own
@@ -132,3 +145,40 @@ def from_pretrained(name_or_path, override_args=None):
     # Qwen3.5 do, the flags alone cannot say); checkpoints carry it on (common.new_checkpoint)
     model.hf_family = family.model_type
     return model
+
+
+def refusal(config):
+    """Why no family of HF_FAMILIES can represent config, in one line: the flags none of them carries; else what
+    keeps out the nearest family (the fewest flags it cannot carry; of equals, the first export tries): the flags
+    it cannot carry that the model turns on, with the families nearest among those that carry them (all together
+    where some do, else each apart) and what else those need; the flags left at their default, with what the
+    nearest family needs instead."""
+    blocked = {name: family.blocked(config) for name, family in HF_FAMILIES.items()}
+    nowhere = [f"{flag}={value!r}" for flag, value in next(iter(blocked.values())).items()
+               if all(flag in other for other in blocked.values())]
+    if nowhere:
+        return f"no Hugging Face family can represent this model: none carries {', '.join(nowhere)}"
+    nearest = min(blocked, key=lambda name: len(blocked[name]))
+    turned_on = {flag: value for flag, value in blocked[nearest].items() if value != _DEFAULTS[flag].default}
+    together = _carried_by(turned_on, blocked) if turned_on else None
+    clauses = [together] if together else [_carried_by({flag: value}, blocked) for flag, value in turned_on.items()]
+    left = {flag: value for flag, value in blocked[nearest].items() if flag not in turned_on}
+    if left:
+        clauses.append(f"the nearest, {nearest}, cannot carry {', '.join(f'{k}={v!r}' for k, v in left.items())} "
+                       f"(it needs {', '.join(HF_FAMILIES[nearest].needs(k, v) for k, v in left.items())})")
+    return "no Hugging Face family can represent this model: " + '; '.join(clauses)
+
+
+def _carried_by(flags, blocked):
+    """'a=1, b=2 are carried by A and B, which also need ...': of the families that carry every one of flags, those
+    with the fewest others to change (and the same ones); None where no family carries them all. blocked: each
+    family's blocked flags."""
+    carriers = sorted((name for name, other in blocked.items() if not set(flags) & set(other)),
+                      key=lambda name: len(blocked[name]))
+    if not carriers:
+        return None
+    needs = {name: [HF_FAMILIES[name].needs(k, v) for k, v in blocked[name].items()] for name in carriers}
+    best = [name for name in carriers if needs[name] == needs[carriers[0]]]
+    names = ' and '.join(best) if len(best) < 3 else f"{', '.join(best[:-1])} and {best[-1]}"
+    return (f"{', '.join(f'{k}={v!r}' for k, v in flags.items())} {'is' if len(flags) == 1 else 'are'} carried by "
+            f"{names}, which also need{'s' if len(best) == 1 else ''} {', '.join(needs[best[0]])}")

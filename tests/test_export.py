@@ -61,7 +61,7 @@ def test_export_logits_match_and_round_trip(tmp_path, flags, family):
 
 
 @pytest.mark.parametrize('flags, named', [
-    ({'norm': 'rms'}, ["norm='rms'", "mlp='gelu'", "pos='learned'"]),
+    ({'norm': 'rms'}, ["norm='rms' is carried by llama", "mlp='swiglu'", "pos='rope'"]),  # what llama needs too
     ({'norm_position': 'post'}, ["norm_position='post'"]),
     ({'mlp': 'geglu', 'pos': 'rope'}, ["mlp='geglu'"]),
     ({'n_kv_head': 2}, ['n_kv_head=2']),

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import common
-from export import to_hf
+from export import hf_family, to_hf
 from hf import HF_FAMILIES, hf_to_ours
 from hf.llama import _llama_read
 from hf_tiny import BLOCK, GPT, M, ROPES, VOCAB, GPTConfig, tiny, transformers
@@ -121,7 +121,7 @@ SIGMOID_FLAGS = dict(n_layer=2, n_head=4, n_embd=32, vocab_size=VOCAB, block_siz
     ({**SIGMOID_FLAGS, 'qk_norm': True, 'qk_norm_all_heads': True}, 'minimax_m2', None),
     ({**SIGMOID_FLAGS, 'qk_norm': True}, None, 'n_shared_expert=0'),  # GLM always has a shared expert
     ({**GPT_OSS_FLAGS, 'zero_init': True}, 'gpt_oss', None),  # only the init: every family carries it
-    (dict(n_layer=2, n_head=4, n_embd=32, mlp='relu2'), None, "mlp='relu2'"),  # no family has ReLU²
+    (dict(n_layer=2, n_head=4, n_embd=32, mlp='relu2'), None, "mlp='relu2'"),  # nanochat's, with its other flags
 ], ids=['gpt_oss', 'gpt_oss-nope', 'gpt_oss-unclamped', 'gpt_oss-no-biases', 'glm4_moe', 'minimax_m2',
         'glm4_moe-no-shared', 'zero_init', 'relu2'])
 def test_export_picks_the_2025_families_or_refuses(flags, family, refused):
@@ -133,3 +133,28 @@ def test_export_picks_the_2025_families_or_refuses(flags, family, refused):
         with pytest.raises(ValueError, match=refused) as e:
             hf_family(config)
         assert '\n' not in str(e.value)
+
+
+MODERN_TINY = dict(n_layer=4, n_head=4, n_embd=32, vocab_size=VOCAB, block_size=BLOCK, norm='rms', mlp='swiglu',
+                   n_kv_head=2, pos='rope')  # swap_flags('modern'): bias stays on
+
+
+@pytest.mark.parametrize('flags, says', [
+    # issue #49: the family that does carry the flag, and what else it needs, not two families that cannot
+    (dict(index_topk=16), "index_topk=16 is carried by deepseek_v32 and glm_moe_dsa, which also need bias=False, "
+                          "attn='mla', n_kv_head=None, q_lora_rank other than None"),
+    (dict(layers='KSVG'), "none carries layers='KSVG'"),
+    (dict(mtp_depth=2), 'none carries mtp_depth=2'),
+    (dict(layers='KG'), "layers='KG' is carried by kimi_linear, which also needs bias=False, attn='mla', "
+                        "n_kv_head=None, pos='none'"),
+    # two flags one family carries together: named together, not each with the family that lacks the other
+    (dict(layers='LG', sliding_window=8), "sliding_window=8, layers='LG' are carried by olmo3, which also needs "
+                                          "bias=False, norm_position='after', qk_norm=True, qk_norm_all_heads=True"),
+    # a flag left at its default that the nearest family needs turned on
+    ({**GPT_OSS_FLAGS, 'swiglu_limit': None}, 'the nearest, gpt_oss, cannot carry swiglu_limit=None (it needs '
+                                              'swiglu_limit other than None)'),
+], ids=['index_topk', 'KSVG', 'mtp', 'kda', 'local-layers', 'gpt_oss-unclamped'])
+def test_no_family_is_one_line_naming_what_carries_the_flag_and_what_else_it_needs(flags, says):
+    with pytest.raises(ValueError) as e:
+        hf_family(GPTConfig(**{**MODERN_TINY, **flags}))
+    assert str(e.value) == 'no Hugging Face family can represent this model: ' + says
