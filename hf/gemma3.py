@@ -8,12 +8,18 @@ from .shared import (_LLAMA_LIKE, _decoder_names, _layer_types_read, _layer_type
                      _rope_kinds_read, _rope_kinds_write, _tiling)
 
 
-def _gemma3_text_read(c):
+def _gemma_refusals(c, gemma):
+    """What a Gemma 3 or 4 (`gemma`) config may hold that we do not run: another activation, biases, bidirectional
+    attention; ValueError, one line."""
     if c.hidden_activation not in ('gelu_pytorch_tanh', 'gelu_new'):
         raise ValueError(f"hidden_activation {c.hidden_activation!r} is not supported (only the tanh GELU "
                          f"'gelu_pytorch_tanh': GEGLU)")
     if c.attention_bias or c.use_bidirectional_attention:
-        raise ValueError("Gemma 3 with attention_bias or use_bidirectional_attention is not supported")
+        raise ValueError(f"{gemma} with attention_bias or use_bidirectional_attention is not supported")
+
+
+def _gemma3_text_read(c):
+    _gemma_refusals(c, 'Gemma 3')
     kinds = _layer_types_read(c)
     head_dim = c.head_dim or c.hidden_size // c.num_attention_heads
     flags = dict(n_layer=c.num_hidden_layers, n_head=c.num_attention_heads, n_embd=c.hidden_size,

@@ -1,6 +1,7 @@
 """Gemma 4 (text): K/V sharing, K = V, global layers' own shapes and proportional RoPE, per-layer embeddings."""
 
 from .engine import ANY, HF_FAMILIES, HFFamily
+from .gemma3 import _gemma_refusals
 from .shared import _MOE, _SIZES, _decoder_names, _layer_types_read, _layer_types_write, _made_of, _tiling
 
 
@@ -22,11 +23,7 @@ def _gemma4_rope_read(c, kinds):
 
 
 def _gemma4_text_read(c):
-    if c.hidden_activation not in ('gelu_pytorch_tanh', 'gelu_new'):
-        raise ValueError(f"hidden_activation {c.hidden_activation!r} is not supported (only the tanh GELU "
-                         f"'gelu_pytorch_tanh': GEGLU)")
-    if c.attention_bias or c.use_bidirectional_attention:
-        raise ValueError("Gemma 4 with attention_bias or use_bidirectional_attention is not supported")
+    _gemma_refusals(c, 'Gemma 4')
     if c.use_double_wide_mlp and c.num_kv_shared_layers:
         raise ValueError("Gemma 4 with use_double_wide_mlp is not supported (the K/V-sharing layers' MLPs twice as "
                          "wide as the others)")
