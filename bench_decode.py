@@ -5,7 +5,8 @@ give the variants, the prompt, the new tokens, the device and the dtypes):
     python bench.py --vs_hf=True --variants=vanilla,modern --threads=2 --device=cpu
     python bench.py --vs_hf=True --variants=vanilla,modern --threads=2 --device=cpu --vs_hf_dtype=float32,bfloat16
 
-Each variant is built with random weights and exported to its Hugging Face family (export.to_hf); both models are
+Each variant is built with random weights and exported to its Hugging Face family (export.to_hf; a variant no
+family carries, such as kda or mamba2, is skipped with a one-line note before anything is measured); both models are
 then cast to each of vs_hf_dtype (weights and so the KV cache: each side keeps it in its weights' dtype) and three
 decoders run whole generate calls in turn, the best of vs_hf_repeats kept for each: ours eager, ours with
 compile_decoding() (the compile is a warm-up call, not timed) and transformers' generate. Tokens/s count the new
@@ -32,7 +33,7 @@ import torch
 from torch import nn
 
 from common import write_output
-from export import to_hf
+from export import hf_family, to_hf
 from chapters import GPT
 
 DECODERS = ('ours eager', 'ours compiled', 'HF generate')
@@ -171,10 +172,29 @@ def print_table(rows):
               f"{r['eager_vs_hf']:.2f}x | {r['compiled_vs_hf']:.2f}x | {_agreement(r)} |")
 
 
+def exportable(configs):
+    """The (name, config) pairs a Hugging Face family carries, in order; a one-line note for each other, which
+    is skipped (no family has its layers or flags: there is nothing to compare it with)."""
+    out = []
+    for name, cfg in configs:
+        try:
+            hf_family(cfg).write_config(cfg)  # a family's own refusals (an attn_scale Gemma cannot write) too
+        except ValueError as e:
+            print(f"note: skipping {name}: {e}", flush=True)
+            continue
+        out.append((name, cfg))
+    return out
+
+
 def compare_with_hf(configs, batches, prompt_len, new_tokens, repeats, device, seed, json_path='', profile=False,
                     dtypes=('float32',)):
     """Print a Markdown table of tokens/s per variant, dtype and batch (ours eager, ours compiled, HF, the ratios to
-    HF), the bytes a step reads against the time to read them here, and how many tokens match HF's; return its rows."""
+    HF), the bytes a step reads against the time to read them here, and how many tokens match HF's; return its rows.
+    A variant no Hugging Face family carries is skipped with a note before anything is measured."""
+    configs = exportable(configs)
+    if not configs:
+        print("no variant has a Hugging Face family to compare with: nothing measured", flush=True)
+        return []
     import transformers
     transformers.logging.set_verbosity_error()  # generate's notes on random weights' generation config
     bandwidth = 2 ** 28 / read_seconds(2 ** 28, device, repeats=5)

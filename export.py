@@ -11,12 +11,15 @@ and nothing is written. The run's tokenizer goes with it (a character vocabulary
 model's), so sample.py --init_from=hf_dir and transformers read the directory alone.
 
 The directory is written aside and switched in whole: a failed or interrupted export leaves what was there.
-An hf_dir that already holds a model is replaced only with --overwrite=True (the directory as a whole); one
-holding other files is refused. to_hf(model) gives the transformers model in memory.
+An hf_dir that already holds a model is replaced only with --overwrite=True (the directory as a whole), and only
+when it holds nothing but a Hugging Face export; one holding anything else (a dataset, notes, a subfolder,
+checkpoints at any depth) is refused. to_hf(model) gives the transformers model in memory.
 """
 
 import glob
+import json
 import os
+import re
 import shutil
 import sys
 
@@ -24,18 +27,14 @@ import sys
 
 
 def hf_family(config):
-    """The family that represents config, or ValueError naming the flags that keep it out of each."""
-    from hf import HF_FAMILIES
-    blocked = {}
-    for name, family in HF_FAMILIES.items():
-        flags = family.blocking(config)
-        if not flags:
+    """The family that represents config: the first of hf.HF_FAMILIES that carries every flag; else ValueError,
+    one line saying why none can (hf.refusal: the flags no family carries, or the families that carry the model's
+    unusual flags and what else they need)."""
+    from hf import HF_FAMILIES, refusal
+    for family in HF_FAMILIES.values():
+        if not family.blocking(config):
             return family
-        blocked[name] = flags
-    # the families that need the fewest changes are the most useful advice
-    closest = sorted(blocked.items(), key=lambda item: len(item[1]))[:2]
-    raise ValueError("no Hugging Face family can represent " + '; '.join(
-        f"{name} cannot carry {', '.join(flags)}" for name, flags in closest))
+    raise ValueError(refusal(config))
 
 
 def pick_family(model, family=None):
@@ -83,9 +82,19 @@ def to_hf(model, bos_token_id=None, eos_token_id=None, family=None):
     return hf.eval()
 
 
+# what a Hugging Face export holds (save_pretrained of a model and its tokenizer), all that --overwrite may replace
+_HF_FILES = re.compile(r'config\.json|generation_config\.json'
+                       r'|(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?'
+                       r'|(tokenizer|tokenizer_config|special_tokens_map|added_tokens|vocab|chat_template)\.json'
+                       r'|merges\.txt|vocab\.txt|tokenizer\.model|spiece\.model|sentencepiece\.bpe\.model'
+                       r'|chat_template\.jinja')
+
+
 def hf_dir_problem(hf_dir, overwrite):
     """Why export may not write hf_dir, or None. The directory is replaced whole, so it must be new or empty, or
-    hold a model and --overwrite=True; never a directory holding checkpoints (an out_dir)."""
+    hold a Hugging Face export alone (a config.json naming a model_type or architectures, its weights, tokenizer
+    and generation config: _HF_FILES) and --overwrite=True; anything else (a dataset: its meta.json and .bin
+    files; notes; a subfolder; checkpoints at any depth, an out_dir) is never replaced."""
     if not os.path.exists(hf_dir):
         target = os.path.realpath(hf_dir)
         parent, name = os.path.split(target)
@@ -96,15 +105,49 @@ def hf_dir_problem(hf_dir, overwrite):
         return None
     if not os.path.isdir(hf_dir):
         return "is a file, not a directory"
-    names = os.listdir(hf_dir)
-    checkpoints = sorted(n for n in names if n.endswith('.pt'))
+    names = sorted(os.listdir(hf_dir))
+    if not names:
+        return None
+    checkpoints = _checkpoints(hf_dir)
     if checkpoints:
-        return f"holds checkpoints ({', '.join(checkpoints[:3])}), which export never replaces"
-    if names and not ('config.json' in names or any(n.endswith(('.safetensors', '.bin')) for n in names)):
-        return "holds files but no model: export into a new or empty directory"
-    if names and not overwrite:
+        return f"holds checkpoints ({', '.join(checkpoints)}), which export never replaces"
+    others = [n + os.sep if os.path.isdir(os.path.join(hf_dir, n)) else n for n in names
+              if os.path.isdir(os.path.join(hf_dir, n)) or not _HF_FILES.fullmatch(n)]
+    held = ', '.join(others[:5]) + (f", ... ({len(others)} in all)" if len(others) > 5 else '')
+    if not _holds_model(hf_dir):
+        return f"holds files but no model ({held or ', '.join(names[:5])}): export into a new or empty directory"
+    if others:
+        return (f"holds a model and what export did not write ({held}), which --overwrite=True would delete: move "
+                f"them out, or choose another hf_dir")
+    if not overwrite:
         return "already holds a model: --overwrite=True replaces it (the directory whole), or choose another hf_dir"
     return None
+
+
+def _checkpoints(directory, most=3, looked_at=10_000):
+    """Up to `most` checkpoint files (*.pt, *.pth) at any depth below directory, as paths in it; it stops looking
+    after `looked_at` files (whatever else is there is refused anyway)."""
+    found, seen = [], 0
+    for root, dirs, files in os.walk(directory):
+        dirs.sort()
+        for name in sorted(files):
+            seen += 1
+            if name.endswith(('.pt', '.pth')):
+                found.append(os.path.relpath(os.path.join(root, name), directory))
+            if len(found) == most or seen == looked_at:
+                return found
+    return found
+
+
+def _holds_model(directory):
+    """Whether directory's config.json is a transformers model's: a JSON object naming a model_type or
+    architectures."""
+    try:
+        with open(os.path.join(directory, 'config.json')) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and bool(config.get('model_type') or config.get('architectures'))
 
 
 def write_aside(hf, tokenizer, hf_dir):

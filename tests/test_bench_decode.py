@@ -1,4 +1,5 @@
 """bench_decode.py (bench.py --vs_hf=True): the dtype reaching both sides, the bytes a step reads, a bad dtype."""
+import json
 import sys
 from pathlib import Path
 
@@ -34,6 +35,23 @@ def test_vs_hf_dtype_reaches_our_model_and_hugging_faces(monkeypatch):
     assert [(r['dtype'], r['hf_class'], r['new_tokens_total']) for r in rows] == [('bfloat16', 'LlamaForCausalLM', 6)]
     assert set(rows[0]['matching_tokens']) == {'ours eager', 'ours compiled', 'HF generate'}
     assert rows[0]['matching_tokens']['HF generate'] == 6
+
+
+def test_a_variant_no_family_carries_is_skipped_with_a_note_before_anything_is_measured(monkeypatch, tmp_path, capsys):
+    """issue #44: --variants=modern,kda measured modern, then died exporting kda (its rows lost, no JSON). Now kda is
+    skipped with one note naming why, first; modern is measured and written."""
+    pytest.importorskip('transformers')
+    monkeypatch.setattr(GPT, 'compile_decoding', lambda self: self)  # the dtype test says why
+    modern = swap_flags('modern', TINY)
+    configs = [('modern', GPTConfig(**TINY, **modern)), ('kda', GPTConfig(**TINY, **modern, layers='K'))]
+    rows = bench_decode.compare_with_hf(configs, [1], 1, 2, 1, 'cpu', 0, json_path=str(tmp_path / 'vs_hf.json'))
+    out = capsys.readouterr().out.splitlines()
+    notes = [line for line in out if line.startswith('note:')]
+    assert len(notes) == 1 and notes[0].startswith('note: skipping kda: ') and 'kimi_linear' in notes[0], out
+    assert out.index(notes[0]) < min(i for i, line in enumerate(out) if 'greedy decoding' in line)  # before measuring
+    assert [r['variant'] for r in rows] == ['modern']
+    assert [r['variant'] for r in json.loads((tmp_path / 'vs_hf.json').read_text())['rows']] == ['modern']
+    assert bench_decode.compare_with_hf(configs[1:], [1], 1, 2, 1, 'cpu', 0) == []  # nothing left: nothing measured
 
 
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])

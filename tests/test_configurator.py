@@ -411,6 +411,7 @@ def test_a_field_added_to_gptconfig_alone_reaches_every_script(tmp_path):
     from conftest import make_char_dataset
     for path in REPO_ROOT.glob('*.py'):
         shutil.copy(path, tmp_path)
+    shutil.copytree(REPO_ROOT / 'hf', tmp_path / 'hf', ignore=shutil.ignore_patterns('__pycache__'))  # export's families
     source = (tmp_path / 'model.py').read_text()
     anchor = '    tie_embeddings: bool = True'
     assert anchor in source
@@ -435,7 +436,7 @@ def test_a_field_added_to_gptconfig_alone_reaches_every_script(tmp_path):
     bench = run('bench.py', '--n_layer=1', '--n_head=2', '--n_embd=16', '--block_size=8', '--batch_size=2',
                 '--train_iters=1', '--warmup_iters=0', '--decode_tokens=2', '--device=cpu', '--demo_kind=wide')
     assert bench.returncode == 0, bench.stderr
-    export = run('export.py', '--out_dir=out', '--hf_dir=hf')
-    assert export.returncode == 2 and not (tmp_path / 'hf').exists()
+    export = run('export.py', '--out_dir=out', '--hf_dir=hf-out')  # (hf/ is the families' package)
+    assert export.returncode == 2 and not (tmp_path / 'hf-out').exists()
     (line,) = export.stderr.strip().splitlines()
     assert line.startswith('error:') and 'demo_switch=True' in line and "demo_kind='wide'" in line, line

@@ -61,7 +61,7 @@ def test_export_logits_match_and_round_trip(tmp_path, flags, family):
 
 
 @pytest.mark.parametrize('flags, named', [
-    ({'norm': 'rms'}, ["norm='rms'", "mlp='gelu'", "pos='learned'"]),
+    ({'norm': 'rms'}, ["norm='rms' is carried by llama", "mlp='swiglu'", "pos='rope'"]),  # what llama needs too
     ({'norm_position': 'post'}, ["norm_position='post'"]),
     ({'mlp': 'geglu', 'pos': 'rope'}, ["mlp='geglu'"]),
     ({'n_kv_head': 2}, ['n_kv_head=2']),
@@ -197,7 +197,7 @@ def test_a_model_trained_from_qwen3_5_exports_back_to_it(tmp_path, export_here, 
     """train.py --init_from=<Qwen3.5 dir>, then a resume: the checkpoint still exports as Qwen3.5 (not as
     Qwen3-Next, which carries the same flags and comes first); --family chooses, or is refused in one line."""
     from conftest import make_char_dataset
-    from test_hf import tiny_qwen3_5
+    from test_hf_qwen3_next import tiny_qwen3_5
     make_char_dataset(tmp_path)
     tiny_qwen3_5().save_pretrained(tmp_path / 'qwen')
     for args in (['--init_from=qwen', '--max_iters=2'], ['--init_from=resume', '--max_iters=3']):
@@ -239,6 +239,50 @@ def test_an_hf_dir_holding_a_model_is_replaced_only_with_overwrite(tmp_path, exp
     one_line_error(*export_here(tmp_path, 'out', 'notes', overwrite=True), "'notes' holds files but no model")
     one_line_error(*export_here(tmp_path, 'out', 'out2', overwrite=True), "'out2' holds checkpoints (ckpt.pt)")
     assert (tmp_path / 'notes' / 'todo.txt').read_text() == 'keep me' and (tmp_path / 'out2' / 'ckpt.pt').exists()
+
+
+def test_overwrite_replaces_a_hugging_face_export_and_nothing_else(tmp_path, export_here):
+    """issue #44: --overwrite=True replaces a directory holding an export alone (its tokenizer files too); a dataset
+    (meta.json, prepare.py, .bin files), a model beside a checkpoint in a subfolder, or beside notes, is refused in
+    one line naming what it holds, and left as it was."""
+    from conftest import make_char_dataset
+    data = make_char_dataset(tmp_path, 'copy')
+    (data / 'prepare.py').write_text('# writes train.bin, val.bin and meta.json\n')
+    vocab = len(json.loads((data / 'meta.json').read_text())['chars'])
+    (tmp_path / 'out').mkdir()
+    common.save_checkpoint(common.new_checkpoint(perturbed(**MODERN, vocab_size=vocab), config={'dataset': 'copy'}),
+                           str(tmp_path / 'out' / 'ckpt.pt'))
+    for _ in range(2):  # the second export replaces the first, tokenizer and all
+        code, err = export_here(tmp_path, 'out', 'hf', overwrite=True)
+        assert code == 0 and 'with its tokenizer' in export_here.out, err
+    hf = tmp_path / 'hf'
+    assert {'config.json', 'model.safetensors', 'tokenizer.json'} <= set(files_of(hf))
+    dataset = files_of(data)
+    one_line_error(*export_here(tmp_path, 'out', 'data/copy', overwrite=True),
+                   "hf_dir 'data/copy' holds files but no model (meta.json, prepare.py, train.bin, val.bin)")
+    assert files_of(data) == dataset
+    (hf / 'finetune_run').mkdir()
+    (hf / 'finetune_run' / 'ckpt.pt').write_bytes(b'a checkpoint')
+    one_line_error(*export_here(tmp_path, 'out', 'hf', overwrite=True),
+                   "hf_dir 'hf' holds checkpoints (finetune_run/ckpt.pt), which export never replaces")
+    (hf / 'finetune_run' / 'ckpt.pt').rename(hf / 'finetune_run' / 'log.jsonl')
+    one_line_error(*export_here(tmp_path, 'out', 'hf', overwrite=True),
+                   "hf_dir 'hf' holds a model and what export did not write (finetune_run/)")
+    (hf / 'notes.md').write_text('keep me')
+    one_line_error(*export_here(tmp_path, 'out', 'hf', overwrite=True), "(finetune_run/, notes.md)")
+    assert (hf / 'notes.md').read_text() == 'keep me' and (hf / 'finetune_run' / 'log.jsonl').exists()
+    assert (hf / 'config.json').exists()
+
+
+def test_a_model_no_family_carries_is_refused_naming_the_family_that_carries_its_flag(tmp_path, export_here):
+    """issue #49: the one line names the family that carries index_topk and what else it needs, not two that
+    cannot; nothing is written."""
+    (tmp_path / 'out').mkdir()
+    common.save_checkpoint(common.new_checkpoint(perturbed(**MODERN, n_kv_head=2, index_topk=16), config={}),
+                           str(tmp_path / 'out' / 'ckpt.pt'))
+    line = one_line_error(*export_here(tmp_path, 'out', 'hf'), 'no Hugging Face family can represent this model: '
+                          "index_topk=16 is carried by deepseek_v32 and glm_moe_dsa, which also need", "attn='mla'")
+    assert 'llama' not in line and not (tmp_path / 'hf').exists()
 
 
 @pytest.mark.parametrize('failure', ['disk full', 'interrupt'])

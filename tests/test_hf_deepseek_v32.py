@@ -1,0 +1,62 @@
+"""DeepSeek-V3.2 and GLM-5 (hf/deepseek_v32.py), both ways."""
+
+import pytest
+import torch
+
+from chapters import sparse_attention
+from export import hf_family
+from hf import HF_FAMILIES
+from hf_tiny import GPT, M, VOCAB, YARN_DEEPSEEK, GPTConfig, check_parity, deepseek, randomized, transformers
+
+pytestmark = pytest.mark.usefixtures('single_thread')
+
+
+def deepseek_v32(config_class=None, **overrides):
+    """A tiny DeepSeek-V3.2: V3's MLA (a query bottleneck, which its indexer reads) and experts, and an indexer of
+    8 heads keeping 6 tokens, well below the test's 40 positions."""
+    args = dict(q_lora_rank=16, index_topk=6, index_n_heads=8, index_head_dim=8, mlp_layer_types=None, n_group=2,
+                topk_group=1)
+    return deepseek(config_class or transformers.DeepseekV32Config, True, **{**args, **overrides})
+
+
+@pytest.mark.parametrize('rope', [None, YARN_DEEPSEEK], ids=['rope', 'yarn'])
+def test_deepseek_v32_sparse_attention(rope, tmp_path):
+    """Logits, greedy tokens and the export back. Where every score of a query is 0 (each head's ReLU zero) the
+    top-k is a tie: we keep the earliest tokens, torch.topk in transformers any of them; this seed has none."""
+    extra = {'rope_parameters': dict(rope)} if rope else {}
+    torch.manual_seed(0)
+    hf = randomized(transformers.DeepseekV32ForCausalLM(deepseek_v32(**extra)), 8)
+    ours = check_parity(hf, tmp_path)
+    cfg = ours.config
+    assert (cfg.index_topk, cfg.index_n_heads, cfg.index_head_dim, cfg.q_lora_rank) == (6, 8, 8, 16)
+    assert all(block.attn.indexer is not None for block in ours.transformer.h)
+    # the selection matters: the same weights read densely give other logits
+    dense = GPT(GPTConfig(**{**vars(cfg), 'index_topk': None, 'index_n_heads': 4, 'index_head_dim': 32})).eval()
+    dense.load_state_dict({k: v for k, v in ours.state_dict().items() if '.indexer.' not in k})
+    idx = torch.randint(0, VOCAB, (1, 40), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert not torch.allclose(dense(idx)[0], ours(idx)[0], atol=1e-2)
+    # the cache keeps the latent, the rotated key and the indexer's key: (16 + 4 + 8) numbers per token and layer
+    assert ours.kv_cache_bytes(1, 10) == 2 * 10 * (16 + 4 + 8) * 4
+
+
+def test_deepseek_v32_without_its_query_bottleneck_or_in_the_dense_stage_is_refused():
+    for flags, named in ((dict(q_lora_rank=None), 'q_lora_rank=None'), (dict(index_stage='dense'), "index_stage='dense'")):
+        config = GPTConfig(vocab_size=VOCAB, n_layer=2, n_head=4, n_embd=32, attn='mla', pos='rope', norm='rms',
+                           mlp='swiglu', bias=False, index_topk=4, index_head_dim=8, **{'q_lora_rank': 16, **flags})
+        assert HF_FAMILIES['deepseek_v32'].blocking(config) == [named]
+        with pytest.raises(ValueError, match='no Hugging Face family can represent'):
+            hf_family(config)
+
+
+def test_glm_moe_dsa_shared_top_k_and_pairwise_indexer_rope(tmp_path):
+    """GLM-5: the second and third layer of each three reuse the first's top-k (IndexCache), the indexer rotates
+    pairs (reordered to our halves)."""
+    torch.manual_seed(0)
+    hf = randomized(transformers.GlmMoeDsaForCausalLM(deepseek_v32(
+        transformers.GlmMoeDsaConfig, num_hidden_layers=3, indexer_types=['full', 'shared', 'full'])), 9)
+    ours = check_parity(hf, tmp_path)
+    assert ours.config.index_share == 'FS' and ours.config.index_topk == 6  # tiled: F S F
+    assert [type(b.attn.indexer) for b in ours.transformer.h] == [sparse_attention.LightningIndexer, sparse_attention.SharedIndex,
+                                                                 sparse_attention.LightningIndexer]
+    assert hf_family(ours.config).model_type == 'glm_moe_dsa'  # sharing: GLM's, not DeepSeek-V3.2's
