@@ -100,8 +100,11 @@ check(not unknown_methods, f"unknown extrapolation method(s) {', '.join(map(repr
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from common import (build_model, die, load_checkpoint, model_from_checkpoint, output_refusal,  # noqa: E402
-                    masked_accuracy, pick_device, read_examples, tmp_path, write_json, write_output)
+from common.checkpoints import build_model, load_checkpoint, model_from_checkpoint  # noqa: E402
+from common.data import masked_accuracy, read_examples  # noqa: E402
+from common.errors import die  # noqa: E402
+from common.files import output_refusal, tmp_path, write_json, write_output  # noqa: E402
+from common.hardware import pick_device  # noqa: E402
 from probes import probe, summarize as summarize_probe  # noqa: E402
 from stats import welch  # noqa: E402
 from model import GPT, SWAPS, GPTConfig, swap_flags  # noqa: E402

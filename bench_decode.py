@@ -31,7 +31,7 @@ import time
 import torch
 from torch import nn
 
-from common import write_output
+from common.files import write_output
 from export import to_hf
 from model import GPT
 

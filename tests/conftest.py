@@ -60,9 +60,9 @@ def single_thread():
 
 @pytest.fixture(autouse=True)
 def fresh_interrupt_state():
-    """Each test starts as a new process would: no interrupt pending, held or under way in common.py (tests run
+    """Each test starts as a new process would: no interrupt pending, held or under way in common/errors.py (tests run
     scripts in this process with catch_interrupts, which re-arms it, replaced, and simulate signals)."""
-    common = sys.modules.get('common')
-    if common is not None:
-        common._critical, common._pending, common._stopping = 0, None, False
+    errors = sys.modules.get('common.errors')
+    if errors is not None:
+        errors._critical, errors._pending, errors._stopping = 0, None, False
     yield

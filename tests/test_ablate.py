@@ -897,7 +897,8 @@ def test_the_recall_group_takes_pair_counts_each_its_own_dataset(tmp_path, monke
 def test_a_rope_run_on_copy_is_scaled_to_each_evaluation_length(tmp_path, monkeypatch, capsys):
     """task_lengths: each scaling of a RoPE checkpoint at data/copy's val, val_2x, val_4x; at 1x a scaling is plain
     RoPE, so it scores train.py's own val evaluation (the same first examples); cached in lengths.json."""
-    import common
+    import common.errors
+    from common.files import release_out_dirs
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, 'argv', ['prepare.py', '--length', '4', '--num_train', '64', '--num_val', '16',
                                       '--out_dir', str(tmp_path / 'data' / 'copy')])
@@ -906,11 +907,11 @@ def test_a_rope_run_on_copy_is_scaled_to_each_evaluation_length(tmp_path, monkey
                                       '--n_head=2', '--n_embd=16', '--block_size=8', '--batch_size=4', '--eval_iters=2',
                                       '--gradient_accumulation_steps=1', '--max_iters=4', '--eval_interval=4',
                                       '--pos=rope', '--out_dir=run'])
-    monkeypatch.setattr(common, 'catch_interrupts', lambda: None)
+    monkeypatch.setattr(common.errors, 'catch_interrupts', lambda: None)
     try:
         runpy.run_path(str(REPO / 'train.py'), run_name='__main__')
     finally:
-        common.release_out_dirs()
+        release_out_dirs()
     logged = json.loads((tmp_path / 'run' / 'log.jsonl').read_text().splitlines()[-1])
     monkeypatch.setattr(sys, 'argv', ['ablate.py', '--extrapolation_iters=2'])
     monkeypatch.syspath_prepend(str(REPO))

@@ -12,7 +12,8 @@ import torch  # noqa: E402
 
 transformers = pytest.importorskip('transformers')
 
-import common  # noqa: E402
+from common.checkpoints import (load_checkpoint, load_pretrained, model_from_checkpoint, new_checkpoint,  # noqa: E402
+                                save_checkpoint)
 import hf as H  # noqa: E402
 import model as M  # noqa: E402
 from export import hf_family, to_hf  # noqa: E402
@@ -449,11 +450,12 @@ def test_qwen3_5_text_deltanet_layers_in_separate_projections(tmp_path):
 
 
 def test_a_qwen3_5_checkpoint_exports_back_to_qwen3_5(tmp_path):
-    """The family a model was loaded from survives a checkpoint (train.py's saves write common.new_checkpoint)."""
+    """The family a model was loaded from survives a checkpoint (train.py's saves write
+    common.checkpoints.new_checkpoint)."""
     tiny_qwen3_5().save_pretrained(tmp_path / 'hf')
     ckpt = str(tmp_path / 'ckpt.pt')
-    common.save_checkpoint(common.new_checkpoint(GPT.from_pretrained(str(tmp_path / 'hf'))), ckpt)
-    restored = common.model_from_checkpoint(common.load_checkpoint(ckpt), ckpt)
+    save_checkpoint(new_checkpoint(GPT.from_pretrained(str(tmp_path / 'hf'))), ckpt)
+    restored = model_from_checkpoint(load_checkpoint(ckpt), ckpt)
     assert type(to_hf(restored)) is transformers.Qwen3_5ForCausalLM
 
 
@@ -514,7 +516,7 @@ def test_unsafe_or_damaged_bin_weights_are_one_line(weights, fragment, tmp_path,
         bin_path.write_bytes(bin_path.read_bytes()[:200])
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
-        common.load_pretrained(str(hf_dir))
+        load_pretrained(str(hf_dir))
     lines = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(lines) == 1 and lines[0].startswith('error: cannot load'), lines
     assert fragment in lines[0] and str(hf_dir) in lines[0]
