@@ -1,5 +1,6 @@
-"""The grid's groups: group_members builds a group's members, [(name, flags)] on the base recipe; the helpers
-read the groups' settings and size a variant (MLA's cache, a layer kind's widths) to the modern block's."""
+"""The grid's groups as data: GROUPS maps each group's name to what builds its members, [(name, flags)] on the base
+recipe; the helpers before it read the groups' settings and size a variant (MLA's cache, a layer kind's widths) to
+the modern block's."""
 
 import ast
 import re
@@ -143,119 +144,192 @@ def copy_inputs(settings):
     return splits['train']['example_length'] - 1, max(s['example_length'] for s in splits.values()) - 1
 
 
-def group_members(group, base, settings):
-    """[(name, settings)] of one grid group, built on the base recipe."""
-    swaps = {name: swap_flags([name], base) for name in SWAPS}
-    modern = swap_flags('modern', base)
-    if group == 'default':
-        return [('vanilla', {})] + [(f'vanilla+{s}', f) for s, f in swaps.items()] + [('modern', modern)]
-    if group == 'leave_one_out':
-        return [('modern', modern)] + [(f'modern-{s}', {**modern, **swap_flags([s], base, modern=False)})
-                                       for s in swaps]
-    if group == 'norm_position':
-        return [('vanilla', {}), ('vanilla+postnorm', {'norm_position': 'post'}),
-                ('modern', modern), ('modern+postnorm', {**modern, 'norm_position': 'post'}),
-                ('modern+sandwich', {**modern, 'norm_position': 'sandwich'}),
-                ('modern+after', {**modern, 'norm_position': 'after'})]
-    window = {'sliding_window': max(1, base['block_size'] // 4)}  # a quarter of the context, as Gemma 3's ratio
-    if group == 'local_global':  # all global, gpt-oss's 1:1, OLMo 3's 3:1, all local
-        return [('modern', modern)] + [(f'layers={p}', {**modern, 'layers': p, **window}) for p in ('LG', 'LLLG', 'L')]
-    if group == 'sinks':  # the first-token sink and what removes it: the output gate, learned sinks (probed)
-        return [('modern', modern), ('modern+gate', {**modern, 'attn_gate': True}),
-                ('modern+sinks', {**modern, 'attn_sinks': True}),
-                ('modern+gate+sinks', {**modern, 'attn_gate': True, 'attn_sinks': True})] + [
-            # windowed attention with and without sinks (StreamingLLM, gpt-oss)
-            (f'layers={p}{s}', {**modern, 'layers': p, **window, **({'attn_sinks': True} if s else {})})
-            for p in ('L', 'LG') for s in ('', '+sinks')]
-    if group == 'recall':
-        return recall_members(base, settings)
-    if group == 'length_generalization':  # on data/copy: trained at strings of 1..16, evaluated at 16, 32, 64
-        trained, longest = copy_inputs(settings)
-        copy = {**modern, 'dataset': 'copy', 'block_size': trained}
-        # learned positions get a table as long as the longest evaluation: its rows past `trained` never train
-        return [('learned', {**copy, 'pos': 'learned', 'block_size': longest}), ('rope', copy),
-                ('nope', {**copy, 'layers': 'N'}), ('layers=GGGN', {**copy, 'layers': 'GGGN'}),
-                ('rope_fraction=0.25', {**copy, 'rope_fraction': 0.25})]
-    if group == 'gate':
-        return [('modern', modern), ('modern+gate', {**modern, 'attn_gate': True})]
-    if group == 'nope':  # where positions are: every layer rotates all dims, a NoPE layer in four, part of each head
-        return [('modern', modern), ('layers=GGGN', {**modern, 'layers': 'GGGN'})] + [
-            (f'rope_fraction={f:g}', {**modern, 'rope_fraction': f}) for f in (0.5, 0.25)]
-    if group == 'hybrid':  # constant-memory layers in the block, 3:1 with full attention (Qwen3-Next, Kimi Linear,
-        # Nemotron-H, LFM2's share) and alone, at about the modern block's parameters: Gated DeltaNet by its widths,
-        # Kimi Delta Attention, Mamba-2 and the gated short convolution by their MLP's width
-        return [('modern', modern)] + [(f'layers={p}', pattern_flags(base, modern, p, settings))
-                                       for kind in 'DKSV' for p in (kind * 3 + 'G', kind)]
-    if group == 'chunked':  # Llama 4's three chunked layers and a NoPE one, against windows of the chunk's size
-        sizes = sorted({max(1, base['block_size'] // 4), max(1, base['block_size'] // 2)})
-        return [('modern', modern), ('layers=GGGN', {**modern, 'layers': 'GGGN'})] + [
-            (f'layers={p}+{kind}={c}', {**modern, 'layers': p, kind: c}) for c in sizes
-            for p, kind in (('CCCN', 'attention_chunk_size'), ('LLLN', 'sliding_window'))]
-    if group == 'sparse':  # DeepSeek Sparse Attention: each query reads a quarter or an eighth of block_size, the
-        # indexer trained by its KL loss or not at all
-        rotated = GPTConfig(**{**model_args(base), **modern}).rope_dim
-        dsa = lambda k, coef: {**modern, 'index_topk': k, 'index_loss_coef': coef, 'index_head_dim': max(32, rotated)}
-        return [('modern', modern)] + [(f"dsa_topk={k}{'' if coef else '_no_kl'}", dsa(k, coef))
-                                       for k in (max(1, base['block_size'] // 4), max(1, base['block_size'] // 8))
-                                       for coef in (1.0, 0.0)]
-    if group == 'mtp':  # DeepSeek-V3's multi-token prediction, one and two tokens further
-        return [('modern', modern)] + [(f'mtp_depth={d}', {**modern, 'mtp_depth': d}) for d in (1, 2)]
-    if group == 'kv_sharing':  # Gemma 4's cache savings: the last quarter and half of the layers sharing K/V, K = V
-        shared = sorted({max(1, base['n_layer'] // 4), max(1, base['n_layer'] // 2)} - {base['n_layer']})
-        return [('modern', modern)] + [(f'kv_shared_layers={n}', {**modern, 'kv_shared_layers': n}) for n in shared] + [
-            ('modern+attn_k_eq_v', {**modern, 'attn_k_eq_v': True})]
-    if group == 'per_layer_embeddings':  # Gemma 4's per-layer tables, against the dense block given the same
-        # total parameters (the tables' rows cost lookups, not FLOPs) and the same FLOPs per token
-        ple = {**modern, 'per_layer_embd': max(1, base['n_embd'] // 4)}
-        args = {**model_args(base), 'vocab_size': base_vocab(base, settings)}
-        with_ple = GPT(GPTConfig(**{**args, **ple}))
-        params, flops = with_ple.get_num_params(), with_ple.flops_per_token()
-        equal_params = widened(args, modern, params, lambda m: m.get_num_params())
-        equal_flops = widened(args, modern, flops, lambda m: m.flops_per_token())
-        return [('modern', modern), (f"per_layer_embd={ple['per_layer_embd']}", ple),
-                (f"equal_params_ffn={equal_params['ffn_hidden']}", equal_params),
-                (f"equal_flops_ffn={equal_flops['ffn_hidden']}", equal_flops)]
-    if group == 'mlp':
-        return [(f'mlp={m}', {'mlp': m}) for m in ('relu', 'gelu', 'swiglu', 'geglu')]
-    if group == 'kv':
-        return [(f'kv={k}', {**modern, 'n_kv_head': k}) for k in int_list(settings['n_kv_heads'], 'n_kv_heads')]
-    if group == 'moe':
-        # 8 experts of half the dense width, 2 per token: the dense model's active parameters
-        routed = {**modern, 'mlp': 'moe', 'n_expert': 8, 'n_expert_active': 2}
-        moe = {**routed, 'moe_aux_loss_coef': 0.01}
-        total = 8 * GPTConfig(**{**model_args(base), **moe}).expert_hidden  # the MoE's MLP parameters, dense
-        return [('modern', modern), ('moe', moe), ('moe+shared', {**moe, 'n_shared_expert': 1}),
-                ('moe-sigmoid', {**routed, 'router': 'sigmoid'}), ('moe-noaux', routed),
-                ('dense-as-total', {**modern, 'ffn_hidden': total})]
-    if group == 'attention':
-        # MLA with the cache of GQA (n_head/2 K/V heads) and of MQA (one): latent + rotated key = that width
-        return [('mha', {**modern, 'n_kv_head': None}), ('modern', modern), ('mqa', {**modern, 'n_kv_head': 1}),
-                ('mla-gqa-cache', mla_flags(base, modern, gqa_cache=True)),
-                ('mla-mqa-cache', mla_flags(base, modern, gqa_cache=False))]
-    if group == 'long_context':
-        return [('vanilla', {}), ('modern', modern)]
-    if group == 'stability':
-        return [(f"{name} lr={lr:g}", {**flags, 'learning_rate': lr, 'min_lr': lr / 10})
-                for lr in float_list(settings['learning_rates'], 'learning_rates')
-                for name, flags in (('modern', modern), ('modern+qk_norm', {**modern, 'qk_norm': True}))]
-    if group == 'optimizer':  # the min_lr floor stays a tenth of each peak
-        lr = lambda r: {'learning_rate': r, 'min_lr': r / 10}
-        return [(f'adamw lr={r:g}', {**modern, **lr(r)}) for r in float_list(settings['adamw_lrs'], 'adamw_lrs')] + \
-               [(f'muon lr={r:g}', {**modern, 'optimizer': 'muon', 'muon_lr': r})
-                for r in float_list(settings['muon_lrs'], 'muon_lrs')]
-    if group == 'schedule':
-        return [('modern', modern), ('modern+wsd', {**modern, 'lr_schedule': 'wsd'})]
-    if group == 'recipe_mlp':  # the modern block's MLP; the plain ones 1.5x the gated width: equal parameters
-        gated = GPTConfig(**{**model_args(base), **modern}).mlp_width  # 8/3 d rounded up to multiple_of
-        return [('modern mlp=swiglu', modern)] + [(f'modern mlp={m}', {**modern, 'mlp': m, 'ffn_hidden': 3 * gated // 2})
-                                                  for m in ('gelu', 'relu2')]
-    if group == 'zero_init':  # a tied head is the embedding and keeps its init: untied shows the head's part too
-        untied = {**modern, 'tie_embeddings': False}
-        return [('modern', modern), ('modern+zero_init', {**modern, 'zero_init': True}),
-                ('modern untied', untied), ('modern untied+zero_init', {**untied, 'zero_init': True})]
-    if group == 'custom':
-        return list(parse_custom(settings['custom'], base).items())
-    die(f"unknown grid group {group!r}; groups are default, leave_one_out, norm_position, mlp, kv, moe, attention, "
-        f"long_context, stability, local_global, sinks, gate, nope, hybrid, chunked, sparse, mtp, kv_sharing, "
-        f"per_layer_embeddings, optimizer, schedule, recipe_mlp, zero_init, recall, length_generalization, custom")
+# ----------------------------------------------------------------------------- the groups: builders and their table
+# Each builder takes (base, modern, settings): the base recipe, the flags of every swap on it, ablate.py's settings;
+# it returns [(name, flags)].
 
+def quarter_window(base):
+    """A window of a quarter of the context, as Gemma 3's ratio."""
+    return {'sliding_window': max(1, base['block_size'] // 4)}
+
+
+def default_members(base, modern, settings):
+    swaps = {name: swap_flags([name], base) for name in SWAPS}
+    return [('vanilla', {})] + [(f'vanilla+{s}', f) for s, f in swaps.items()] + [('modern', modern)]
+
+
+def leave_one_out_members(base, modern, settings):
+    return [('modern', modern)] + [(f'modern-{s}', {**modern, **swap_flags([s], base, modern=False)}) for s in SWAPS]
+
+
+def norm_position_members(base, modern, settings):
+    return [('vanilla', {}), ('vanilla+postnorm', {'norm_position': 'post'}),
+            ('modern', modern), ('modern+postnorm', {**modern, 'norm_position': 'post'}),
+            ('modern+sandwich', {**modern, 'norm_position': 'sandwich'}),
+            ('modern+after', {**modern, 'norm_position': 'after'})]
+
+
+def moe_members(base, modern, settings):
+    # 8 experts of half the dense width, 2 per token: the dense model's active parameters
+    routed = {**modern, 'mlp': 'moe', 'n_expert': 8, 'n_expert_active': 2}
+    moe = {**routed, 'moe_aux_loss_coef': 0.01}
+    total = 8 * GPTConfig(**{**model_args(base), **moe}).expert_hidden  # the MoE's MLP parameters, dense
+    return [('modern', modern), ('moe', moe), ('moe+shared', {**moe, 'n_shared_expert': 1}),
+            ('moe-sigmoid', {**routed, 'router': 'sigmoid'}), ('moe-noaux', routed),
+            ('dense-as-total', {**modern, 'ffn_hidden': total})]
+
+
+def attention_members(base, modern, settings):
+    # MLA with the cache of GQA (n_head/2 K/V heads) and of MQA (one): latent + rotated key = that width
+    return [('mha', {**modern, 'n_kv_head': None}), ('modern', modern), ('mqa', {**modern, 'n_kv_head': 1}),
+            ('mla-gqa-cache', mla_flags(base, modern, gqa_cache=True)),
+            ('mla-mqa-cache', mla_flags(base, modern, gqa_cache=False))]
+
+
+def stability_members(base, modern, settings):
+    return [(f"{name} lr={lr:g}", {**flags, 'learning_rate': lr, 'min_lr': lr / 10})
+            for lr in float_list(settings['learning_rates'], 'learning_rates')
+            for name, flags in (('modern', modern), ('modern+qk_norm', {**modern, 'qk_norm': True}))]
+
+
+def local_global_members(base, modern, settings):
+    # all global, gpt-oss's 1:1, OLMo 3's 3:1, all local
+    return [('modern', modern)] + [(f'layers={p}', {**modern, 'layers': p, **quarter_window(base)})
+                                   for p in ('LG', 'LLLG', 'L')]
+
+
+def sinks_members(base, modern, settings):
+    # the first-token sink and what removes it: the output gate, learned sinks (probed)
+    return [('modern', modern), ('modern+gate', {**modern, 'attn_gate': True}),
+            ('modern+sinks', {**modern, 'attn_sinks': True}),
+            ('modern+gate+sinks', {**modern, 'attn_gate': True, 'attn_sinks': True})] + [
+        # windowed attention with and without sinks (StreamingLLM, gpt-oss)
+        (f'layers={p}{s}', {**modern, 'layers': p, **quarter_window(base), **({'attn_sinks': True} if s else {})})
+        for p in ('L', 'LG') for s in ('', '+sinks')]
+
+
+def nope_members(base, modern, settings):
+    # where positions are: every layer rotates all dims, a NoPE layer in four, part of each head
+    return [('modern', modern), ('layers=GGGN', {**modern, 'layers': 'GGGN'})] + [
+        (f'rope_fraction={f:g}', {**modern, 'rope_fraction': f}) for f in (0.5, 0.25)]
+
+
+def hybrid_members(base, modern, settings):
+    # constant-memory layers in the block, 3:1 with full attention (Qwen3-Next, Kimi Linear, Nemotron-H, LFM2's
+    # share) and alone, at about the modern block's parameters: Gated DeltaNet by its widths, Kimi Delta
+    # Attention, Mamba-2 and the gated short convolution by their MLP's width
+    return [('modern', modern)] + [(f'layers={p}', pattern_flags(base, modern, p, settings))
+                                   for kind in 'DKSV' for p in (kind * 3 + 'G', kind)]
+
+
+def chunked_members(base, modern, settings):
+    # Llama 4's three chunked layers and a NoPE one, against windows of the chunk's size
+    sizes = sorted({max(1, base['block_size'] // 4), max(1, base['block_size'] // 2)})
+    return [('modern', modern), ('layers=GGGN', {**modern, 'layers': 'GGGN'})] + [
+        (f'layers={p}+{kind}={c}', {**modern, 'layers': p, kind: c}) for c in sizes
+        for p, kind in (('CCCN', 'attention_chunk_size'), ('LLLN', 'sliding_window'))]
+
+
+def sparse_members(base, modern, settings):
+    # DeepSeek Sparse Attention: each query reads a quarter or an eighth of block_size, the indexer trained by its
+    # KL loss or not at all
+    rotated = GPTConfig(**{**model_args(base), **modern}).rope_dim
+    dsa = lambda k, coef: {**modern, 'index_topk': k, 'index_loss_coef': coef, 'index_head_dim': max(32, rotated)}
+    return [('modern', modern)] + [(f"dsa_topk={k}{'' if coef else '_no_kl'}", dsa(k, coef))
+                                   for k in (max(1, base['block_size'] // 4), max(1, base['block_size'] // 8))
+                                   for coef in (1.0, 0.0)]
+
+
+def kv_sharing_members(base, modern, settings):
+    # Gemma 4's cache savings: the last quarter and half of the layers sharing K/V, K = V
+    shared = sorted({max(1, base['n_layer'] // 4), max(1, base['n_layer'] // 2)} - {base['n_layer']})
+    return [('modern', modern)] + [(f'kv_shared_layers={n}', {**modern, 'kv_shared_layers': n}) for n in shared] + [
+        ('modern+attn_k_eq_v', {**modern, 'attn_k_eq_v': True})]
+
+
+def per_layer_embeddings_members(base, modern, settings):
+    # Gemma 4's per-layer tables, against the dense block given the same total parameters (the tables' rows cost
+    # lookups, not FLOPs) and the same FLOPs per token
+    ple = {**modern, 'per_layer_embd': max(1, base['n_embd'] // 4)}
+    args = {**model_args(base), 'vocab_size': base_vocab(base, settings)}
+    with_ple = GPT(GPTConfig(**{**args, **ple}))
+    params, flops = with_ple.get_num_params(), with_ple.flops_per_token()
+    equal_params = widened(args, modern, params, lambda m: m.get_num_params())
+    equal_flops = widened(args, modern, flops, lambda m: m.flops_per_token())
+    return [('modern', modern), (f"per_layer_embd={ple['per_layer_embd']}", ple),
+            (f"equal_params_ffn={equal_params['ffn_hidden']}", equal_params),
+            (f"equal_flops_ffn={equal_flops['ffn_hidden']}", equal_flops)]
+
+
+def optimizer_members(base, modern, settings):
+    # the min_lr floor stays a tenth of each peak
+    lr = lambda r: {'learning_rate': r, 'min_lr': r / 10}
+    return [(f'adamw lr={r:g}', {**modern, **lr(r)}) for r in float_list(settings['adamw_lrs'], 'adamw_lrs')] + \
+           [(f'muon lr={r:g}', {**modern, 'optimizer': 'muon', 'muon_lr': r})
+            for r in float_list(settings['muon_lrs'], 'muon_lrs')]
+
+
+def recipe_mlp_members(base, modern, settings):
+    # the modern block's MLP; the plain ones 1.5x the gated width: equal parameters
+    gated = GPTConfig(**{**model_args(base), **modern}).mlp_width  # 8/3 d rounded up to multiple_of
+    return [('modern mlp=swiglu', modern)] + [(f'modern mlp={m}', {**modern, 'mlp': m, 'ffn_hidden': 3 * gated // 2})
+                                              for m in ('gelu', 'relu2')]
+
+
+def zero_init_members(base, modern, settings):
+    # a tied head is the embedding and keeps its init: untied shows the head's part too
+    untied = {**modern, 'tie_embeddings': False}
+    return [('modern', modern), ('modern+zero_init', {**modern, 'zero_init': True}),
+            ('modern untied', untied), ('modern untied+zero_init', {**untied, 'zero_init': True})]
+
+
+def length_generalization_members(base, modern, settings):
+    # on data/copy: trained at strings of 1..16, evaluated at 16, 32, 64
+    trained, longest = copy_inputs(settings)
+    copy = {**modern, 'dataset': 'copy', 'block_size': trained}
+    # learned positions get a table as long as the longest evaluation: its rows past `trained` never train
+    return [('learned', {**copy, 'pos': 'learned', 'block_size': longest}), ('rope', copy),
+            ('nope', {**copy, 'layers': 'N'}), ('layers=GGGN', {**copy, 'layers': 'GGGN'}),
+            ('rope_fraction=0.25', {**copy, 'rope_fraction': 0.25})]
+
+
+# group name -> what builds its members; the order is the one an unknown group's error lists
+GROUPS = {
+    'default': default_members,
+    'leave_one_out': leave_one_out_members,
+    'norm_position': norm_position_members,
+    'mlp': lambda base, modern, settings: [(f'mlp={m}', {'mlp': m}) for m in ('relu', 'gelu', 'swiglu', 'geglu')],
+    'kv': lambda base, modern, settings: [(f'kv={k}', {**modern, 'n_kv_head': k})
+                                          for k in int_list(settings['n_kv_heads'], 'n_kv_heads')],
+    'moe': moe_members,
+    'attention': attention_members,
+    'long_context': lambda base, modern, settings: [('vanilla', {}), ('modern', modern)],
+    'stability': stability_members,
+    'local_global': local_global_members,
+    'sinks': sinks_members,
+    'gate': lambda base, modern, settings: [('modern', modern), ('modern+gate', {**modern, 'attn_gate': True})],
+    'nope': nope_members,
+    'hybrid': hybrid_members,
+    'chunked': chunked_members,
+    'sparse': sparse_members,
+    # DeepSeek-V3's multi-token prediction, one and two tokens further
+    'mtp': lambda base, modern, settings: [('modern', modern)] + [(f'mtp_depth={d}', {**modern, 'mtp_depth': d})
+                                                                  for d in (1, 2)],
+    'kv_sharing': kv_sharing_members,
+    'per_layer_embeddings': per_layer_embeddings_members,
+    'optimizer': optimizer_members,
+    'schedule': lambda base, modern, settings: [('modern', modern), ('modern+wsd', {**modern, 'lr_schedule': 'wsd'})],
+    'recipe_mlp': recipe_mlp_members,
+    'zero_init': zero_init_members,
+    'recall': lambda base, modern, settings: recall_members(base, settings),
+    'length_generalization': length_generalization_members,
+    'custom': lambda base, modern, settings: list(parse_custom(settings['custom'], base).items()),
+}
+
+
+def group_members(group, base, settings):
+    """[(name, flags)] of one grid group, built on the base recipe."""
+    modern = swap_flags('modern', base)
+    if group not in GROUPS:
+        die(f"unknown grid group {group!r}; groups are {', '.join(GROUPS)}")
+    return GROUPS[group](base, modern, settings)
