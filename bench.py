@@ -84,8 +84,9 @@ globals().update(settings)
 # the heavy imports only now: --help and a mistyped setting answer before torch loads
 import torch  # noqa: E402
 
-from common import (DTYPES, autocast, catch_interrupts, die, output_refusal,  # noqa: E402
-                    peak_flops as measure_peak_flops, pick_device, pick_dtype, write_output)
+from common.errors import catch_interrupts, die  # noqa: E402
+from common.files import output_refusal, write_output  # noqa: E402
+from common.hardware import DTYPES, autocast, peak_flops as measure_peak_flops, pick_device, pick_dtype  # noqa: E402
 from chapters import BEYOND_MODERN, GPT, SWAPS, GPTConfig, swap_flags  # noqa: E402
 from model import LAYER_KINDS  # noqa: E402
 

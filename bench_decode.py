@@ -32,7 +32,7 @@ import time
 import torch
 from torch import nn
 
-from common import write_output
+from common.files import write_output
 from export import hf_family, to_hf
 from chapters import GPT
 

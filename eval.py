@@ -45,7 +45,7 @@ def require_harness():
     try:
         import lm_eval
     except ImportError:
-        from common import die
+        from common.errors import die
         die(_INSTALL)
     return lm_eval
 
@@ -81,7 +81,7 @@ def harness_lm(model, tokenizer, device, dtype='float32', batch_size=16):
     from lm_eval.api.model import TemplateLM
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-    from common import autocast
+    from common.hardware import autocast
     eot = end_of_text(tokenizer)
     block_size = model.config.block_size
     vocab_limit = min(tokenizer.vocab_size, model.config.vocab_size)
@@ -181,7 +181,7 @@ def harness_lm(model, tokenizer, device, dtype='float32', batch_size=16):
 def task_manager(include_path='', names=()):
     """The harness's task index, with the task YAMLs under include_path (one line when it does not exist). Its
     thousands of own tasks take seconds to index: only the local ones when they hold every task named."""
-    from common import die
+    from common.errors import die
     if include_path and not os.path.isdir(include_path):
         die(f"include_path '{include_path}' is not a directory (it should hold task YAML files)")
     require_harness()
@@ -197,7 +197,7 @@ def check_tasks(manager, names):
     """One line for a task name the harness does not know, with the closest it does."""
     import difflib
 
-    from common import die
+    from common.errors import die
     known = set(manager.all_tasks)
     for name in names:
         if name not in known:
@@ -270,7 +270,7 @@ def check_items(tasks, limit=None):
 
 def task_failure(error, num_fewshot=None):
     """What the harness's exception means for the task's author, in one line."""
-    from common import first_line
+    from common.errors import first_line
     while error.__cause__ is not None and 'error occurred while generating' in str(error):
         error = error.__cause__  # datasets wraps the reader's own error (a malformed jsonl line, ...)
     text = f"{type(error).__name__}: {first_line(error)}"
@@ -315,7 +315,7 @@ if __name__ == '__main__':
     if batch_size < 1:
         usage_error(f"batch_size must be at least 1, got {batch_size}")
     if output:  # said now, not after the whole evaluation
-        from common import output_refusal
+        from common.files import output_refusal
         refusal = output_refusal(output)
         if refusal:
             usage_error(f"cannot write --output={output}: {refusal}")
@@ -324,8 +324,11 @@ if __name__ == '__main__':
     except ImportError:
         usage_error(_INSTALL)
 
-    from common import (catch_interrupts, die, load_checkpoint, load_pretrained, load_tokenizer,  # noqa: E402
-                        model_from_checkpoint, pick_device, pick_dtype, write_output)
+    from common.checkpoints import load_checkpoint, load_pretrained, model_from_checkpoint  # noqa: E402
+    from common.errors import catch_interrupts, die  # noqa: E402
+    from common.files import write_output  # noqa: E402
+    from common.hardware import pick_device, pick_dtype  # noqa: E402
+    from common.tokenizer import load_tokenizer  # noqa: E402
     catch_interrupts()
     device = pick_device(device)
     dtype = pick_dtype(device, dtype)

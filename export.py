@@ -153,7 +153,8 @@ def _holds_model(directory):
 def write_aside(hf, tokenizer, hf_dir):
     """Save model and tokenizer into a fresh directory beside hf_dir, then switch it in for whatever hf_dir held:
     a failure or an interrupt before the switch leaves hf_dir as it was, and removes the new one."""
-    from common import critical, die, tmp_path
+    from common.errors import critical, die
+    from common.files import tmp_path
     target = os.path.realpath(hf_dir)  # a link to the directory stays one
     parent, name = os.path.split(target)
     os.makedirs(parent, exist_ok=True)
@@ -184,7 +185,9 @@ def write_aside(hf, tokenizer, hf_dir):
 
 
 def main(out_dir, hf_dir, family='', overwrite=False):
-    from common import catch_interrupts, die, hf_tokenizer, load_checkpoint, model_from_checkpoint
+    from common.checkpoints import load_checkpoint, model_from_checkpoint
+    from common.errors import catch_interrupts, die
+    from common.tokenizer import hf_tokenizer
     catch_interrupts()
     if not hf_dir:
         die("hf_dir is required: python export.py --out_dir=DIR --hf_dir=DIR2")

@@ -49,8 +49,10 @@ if init_from_problem(init_from, modes=('resume',)):  # a typo of a name: said be
 # the heavy imports only now: --help and a mistyped setting answer before torch loads
 import torch  # noqa: E402
 
-from common import (DTYPES, autocast, catch_interrupts, die, load_checkpoint, load_pretrained,  # noqa: E402
-                    load_tokenizer, model_from_checkpoint, pick_device, pick_dtype)
+from common.checkpoints import load_checkpoint, load_pretrained, model_from_checkpoint  # noqa: E402
+from common.errors import catch_interrupts, die  # noqa: E402
+from common.hardware import DTYPES, autocast, pick_device, pick_dtype  # noqa: E402
+from common.tokenizer import load_tokenizer  # noqa: E402
 SEPARATOR = '---------------'
 catch_interrupts()  # Ctrl-C or kill: one line, exit 130 or 143
 # -----------------------------------------------------------------------------

@@ -119,12 +119,14 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from common import (DTYPES, all_reduce_sum, append_log, autocast, catch_interrupts, claim_out_dir,  # noqa: E402
-                    collective_error, critical, dataset_meta, deliver_interrupts, die, first_line, grad_scaler,
-                    hold_interrupts, Interrupted, keep_as, load_checkpoint, load_pretrained, measure_matmul_flops,
-                    model_from_checkpoint, new_checkpoint, out_of_memory, peak_flops as measure_peak_flops,
-                    pick_device, pick_dtype, repair_log, save_checkpoint, split_files, write_json, example_split,
-                    masked_accuracy, read_examples)
+from common.checkpoints import (keep_as, load_checkpoint, load_pretrained, model_from_checkpoint,  # noqa: E402
+                                new_checkpoint, save_checkpoint)
+from common.data import dataset_meta, example_split, masked_accuracy, read_examples, split_files  # noqa: E402
+from common.errors import (Interrupted, catch_interrupts, collective_error, critical, deliver_interrupts,  # noqa: E402
+                           die, first_line, hold_interrupts, out_of_memory)
+from common.files import append_log, claim_out_dir, repair_log, write_json  # noqa: E402
+from common.hardware import (DTYPES, all_reduce_sum, autocast, grad_scaler, measure_matmul_flops,  # noqa: E402
+                             peak_flops as measure_peak_flops, pick_device, pick_dtype)
 from chapters import GPT, RUNTIME_FLAGS, GPTConfig, moe, mtp, sparse_attention  # noqa: E402
 
 catch_interrupts()
@@ -737,7 +739,7 @@ if eval_task and fsdp:  # every rank stops: the model's forward would need every
     die("eval_task runs on rank 0 alone, which cannot run an FSDP-sharded model; train with DDP (fsdp=False) "
         "or score checkpoints with eval.py")
 if eval_task and master:
-    from common import load_tokenizer
+    from common.tokenizer import load_tokenizer
     from eval import check_tasks, harness_lm, run_tasks, scores, task_manager  # only now: lm-eval is optional
     task_index = task_manager(eval_task_include_path, [eval_task])
     task_tokenizer = load_tokenizer(meta_path if os.path.exists(meta_path) else None,

@@ -143,7 +143,7 @@ def from_pretrained(name_or_path, override_args=None):
         raise ValueError(f"{name_or_path}: weights this model has no place for: {sorted(unused)[:5]}")
     model.load_state_dict(state)
     # export goes back to this family by default (where several carry the same flags, as Qwen3-Next and
-    # Qwen3.5 do, the flags alone cannot say); checkpoints carry it on (common.new_checkpoint)
+    # Qwen3.5 do, the flags alone cannot say); checkpoints carry it on (common.checkpoints.new_checkpoint)
     model.hf_family = family.model_type
     return model
 

@@ -82,10 +82,11 @@ def test_json_figures(run):
 def measured_bench(tmp_path, monkeypatch, capsys, peaks):
     """bench.py in this process, one variant, its matmul 'measured' at the given FLOP/s in turn: (stdout, json)."""
     import runpy
-    import common
+    import common.errors
+    import common.hardware
     peaks = iter(peaks)
-    monkeypatch.setattr(common, 'peak_flops', lambda device, dtype='float32': (next(peaks), 'measured fake'))
-    monkeypatch.setattr(common, 'catch_interrupts', lambda: None)  # pytest keeps its own Ctrl-C
+    monkeypatch.setattr(common.hardware, 'peak_flops', lambda device, dtype='float32': (next(peaks), 'measured fake'))
+    monkeypatch.setattr(common.errors, 'catch_interrupts', lambda: None)  # pytest keeps its own Ctrl-C
     args = [a for a in ARGS if not a.startswith('--peak_flops')]
     monkeypatch.setattr(sys, 'argv', ['bench.py', *args, '--variants=vanilla', f'--json={tmp_path / "b.json"}'])
     runpy.run_path(str(REPO_ROOT / 'bench.py'), run_name='__main__')
@@ -252,11 +253,12 @@ def test_compiled_training_is_timed(tmp_path):
 @pytest.mark.parametrize('place', ['/proc/nanoswap-bench.json', '/sys/nanoswap-bench.json'])
 def test_json_that_cannot_be_written_is_refused_before_the_timing(tmp_path, monkeypatch, capsys, place):
     import runpy
-    import common
+    import common.errors
+    import common.hardware
     if not Path(place).parent.is_dir():
         pytest.skip(f'no {Path(place).parent} here')
-    monkeypatch.setattr(common, 'peak_flops', lambda *a, **k: pytest.fail('measured before checking --json'))
-    monkeypatch.setattr(common, 'catch_interrupts', lambda: None)
+    monkeypatch.setattr(common.hardware, 'peak_flops', lambda *a, **k: pytest.fail('measured before checking --json'))
+    monkeypatch.setattr(common.errors, 'catch_interrupts', lambda: None)
     args = [a for a in ARGS if not a.startswith('--peak_flops')]
     monkeypatch.setattr(sys, 'argv', ['bench.py', *args, '--variants=vanilla', f'--json={place}'])
     with pytest.raises(SystemExit) as e:
@@ -270,15 +272,16 @@ def test_json_never_replaces_a_checkpoint_or_a_hard_linked_file(tmp_path, monkey
     """best.pt is a hard link of ckpt.pt (train.py): --json naming either, or any file with a second name, is
     refused before the timing, and both files stay as they were."""
     import runpy
-    import common
-    from common import new_checkpoint, save_checkpoint
+    import common.errors
+    import common.hardware
+    from common.checkpoints import new_checkpoint, save_checkpoint
     save_checkpoint(new_checkpoint(GPT(GPTConfig(**TINY))), str(tmp_path / 'ckpt.pt'))
     os.link(tmp_path / 'ckpt.pt', tmp_path / 'best.pt')
     (tmp_path / 'notes.txt').write_text('mine')
     os.link(tmp_path / 'notes.txt', tmp_path / 'notes-too.txt')
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    monkeypatch.setattr(common, 'peak_flops', lambda *a, **k: pytest.fail('measured before checking --json'))
-    monkeypatch.setattr(common, 'catch_interrupts', lambda: None)
+    monkeypatch.setattr(common.hardware, 'peak_flops', lambda *a, **k: pytest.fail('measured before checking --json'))
+    monkeypatch.setattr(common.errors, 'catch_interrupts', lambda: None)
     args = [a for a in ARGS if not a.startswith('--peak_flops')]
     monkeypatch.setattr(sys, 'argv', ['bench.py', *args, '--variants=vanilla', f'--json={tmp_path / name}'])
     with pytest.raises(SystemExit) as e:

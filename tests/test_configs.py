@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import common
+import common.errors
+from common.files import release_out_dirs
 from configurator import configure, script_defaults
 from model import SWAPS, swap_flags
 
@@ -102,12 +103,12 @@ def test_the_bpe_cpu_recipes_train_the_modern_block_on_their_data(name, dataset,
     monkeypatch.setattr(sys, 'argv', ['train.py', f'config/{name}.py', '--max_iters=2', '--eval_interval=2',
                                       '--eval_iters=1', '--warmup_iters=1', '--out_dir=out',
                                       '--peak_flops=1e12'])  # no matmul to measure
-    monkeypatch.setattr(common, 'catch_interrupts', lambda: None)  # pytest keeps its own Ctrl-C
+    monkeypatch.setattr(common.errors, 'catch_interrupts', lambda: None)  # pytest keeps its own Ctrl-C
     monkeypatch.setenv('WANDB_MODE', 'offline')
     try:
         runpy.run_path(str(REPO / 'train.py'), run_name='__main__')
     finally:
-        common.release_out_dirs()  # as the end of its process would
+        release_out_dirs()  # as the end of its process would
     out = capsys.readouterr().out
     assert 'step 2: train loss' in out and (tmp_path / 'out' / 'ckpt.pt').exists(), out
 

@@ -13,7 +13,9 @@ import torch
 for key in ('HF_HUB_OFFLINE', 'TRANSFORMERS_OFFLINE', 'HF_DATASETS_OFFLINE'):
     os.environ.setdefault(key, '1')
 
-import common  # noqa: E402
+import common.errors  # noqa: E402
+from common.checkpoints import new_checkpoint, save_checkpoint  # noqa: E402
+from common.tokenizer import load_tokenizer  # noqa: E402
 from conftest import CHOICE_TASK_YAML  # noqa: E402
 from chapters import GPT, GPTConfig  # noqa: E402
 
@@ -97,7 +99,7 @@ def write_checkpoint(root, **flags):
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     (root / 'out').mkdir()
-    common.save_checkpoint(common.new_checkpoint(model, config={'dataset': 'bpe'}), str(root / 'out' / 'ckpt.pt'))
+    save_checkpoint(new_checkpoint(model, config={'dataset': 'bpe'}), str(root / 'out' / 'ckpt.pt'))
     return model
 
 
@@ -105,7 +107,7 @@ def run_eval(cwd, *args, monkeypatch, capsys):
     """eval.py in this process: (exit code, stdout, stderr)."""
     monkeypatch.chdir(cwd)
     monkeypatch.setattr(sys, 'argv', ['eval.py', '--device=cpu', *args])
-    monkeypatch.setattr(common, 'catch_interrupts', lambda: None)  # pytest keeps its own Ctrl-C
+    monkeypatch.setattr(common.errors, 'catch_interrupts', lambda: None)  # pytest keeps its own Ctrl-C
     try:
         runpy.run_path(str(REPO / 'eval.py'), run_name='__main__')
         code = 0
@@ -136,7 +138,7 @@ def test_scores_equal_the_harness_hf_backend_on_the_exported_weights(tmp_path, b
     export.main('out', 'hf')
     names = ['tiny_swag', 'tiny_text', 'tiny_gen']
     manager = nano_eval.task_manager(str(tasks), names)
-    lm = nano_eval.harness_lm(model, common.load_tokenizer('data/bpe/meta.json'), 'cpu', batch_size=3)
+    lm = nano_eval.harness_lm(model, load_tokenizer('data/bpe/meta.json'), 'cpu', batch_size=3)
     ours = nano_eval.run_tasks(lm, names, manager, log_samples=True)
     theirs = simple_evaluate(model='hf', model_args='pretrained=hf,dtype=float32', device='cpu', batch_size=3,
                              tasks=names, task_manager=manager, log_samples=True)
@@ -214,7 +216,7 @@ def write_char_checkpoint(root, block_size=64):
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=block_size, vocab_size=vocab))
     (root / 'out').mkdir()
-    common.save_checkpoint(common.new_checkpoint(model, config={'dataset': 'chars'}), str(root / 'out' / 'ckpt.pt'))
+    save_checkpoint(new_checkpoint(model, config={'dataset': 'chars'}), str(root / 'out' / 'ckpt.pt'))
     (root / 'examples').symlink_to(REPO / 'examples')
     return model
 

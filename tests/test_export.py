@@ -15,7 +15,10 @@ import torch
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 transformers = pytest.importorskip('transformers')
 
-import common  # noqa: E402
+import common.errors  # noqa: E402
+from common.checkpoints import new_checkpoint, save_checkpoint  # noqa: E402
+from common.errors import Interrupted  # noqa: E402
+from common.tokenizer import hf_tokenizer  # noqa: E402
 from export import hf_family, to_hf  # noqa: E402
 from chapters import GPT, GPTConfig  # noqa: E402
 from test_train import one_line_error, train_here  # noqa: E402
@@ -77,7 +80,7 @@ def test_unrepresentable_configs_name_the_blocking_flags(flags, named):
 def export_here(monkeypatch, capsys):
     """export.py's main in this process: (exit code, stderr)."""
     import export
-    monkeypatch.setattr(common, 'catch_interrupts', lambda: None)
+    monkeypatch.setattr(common.errors, 'catch_interrupts', lambda: None)
 
     def run(cwd, out_dir, hf_dir, **settings):
         monkeypatch.chdir(cwd)
@@ -96,7 +99,7 @@ def export_here(monkeypatch, capsys):
 def test_export_cli(tmp_path, export_here):
     model = perturbed(**MODERN, n_kv_head=2)
     (tmp_path / 'out').mkdir()
-    common.save_checkpoint(common.new_checkpoint(model, config={}), str(tmp_path / 'out' / 'ckpt.pt'))
+    save_checkpoint(new_checkpoint(model, config={}), str(tmp_path / 'out' / 'ckpt.pt'))
     run = lambda *args: subprocess.run([sys.executable, str(REPO / 'export.py'), *args], cwd=tmp_path,
                                        capture_output=True, text=True, timeout=120,
                                        env={**os.environ, 'HF_HUB_OFFLINE': '1'})
@@ -109,7 +112,7 @@ def test_export_cli(tmp_path, export_here):
         torch.testing.assert_close(hf(idx).logits, model(idx)[0], atol=1e-4, rtol=0)
 
     blocked = perturbed(norm='rms')
-    common.save_checkpoint(common.new_checkpoint(blocked, config={}), str(tmp_path / 'out' / 'ckpt.pt'))
+    save_checkpoint(new_checkpoint(blocked, config={}), str(tmp_path / 'out' / 'ckpt.pt'))
     for args, fragment in [(('out', 'hf2'), "norm='rms'"), (('nowhere', 'hf2'), 'nowhere/ckpt.pt'), (('out', ''), 'hf_dir')]:
         code, err = export_here(tmp_path, *args)
         lines = err.strip().splitlines()
@@ -126,7 +129,7 @@ def test_a_character_model_exports_with_its_tokenizer_and_samples_back(tmp_path,
     chars = json.loads((tmp_path / 'data' / 'chars' / 'meta.json').read_text())['chars']
     model = perturbed(**{**MODERN, 'vocab_size': len(chars)})
     (tmp_path / 'out').mkdir()
-    common.save_checkpoint(common.new_checkpoint(model, config={'dataset': 'chars'}), str(tmp_path / 'out' / 'ckpt.pt'))
+    save_checkpoint(new_checkpoint(model, config={'dataset': 'chars'}), str(tmp_path / 'out' / 'ckpt.pt'))
     env = {**os.environ, 'HF_HUB_OFFLINE': '1'}
     result = subprocess.run([sys.executable, str(REPO / 'export.py'), '--out_dir=out', '--hf_dir=hf-chars'],
                             cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
@@ -141,7 +144,7 @@ def test_a_character_model_exports_with_its_tokenizer_and_samples_back(tmp_path,
                                          pad_token_id=0)[0])
     texts = []
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(common, 'catch_interrupts', lambda: None)  # pytest keeps its own Ctrl-C
+    monkeypatch.setattr(common.errors, 'catch_interrupts', lambda: None)  # pytest keeps its own Ctrl-C
     capsys.readouterr()
     for source in ('--init_from=hf-chars', '--out_dir=out'):
         monkeypatch.setattr(sys, 'argv', ['sample.py', source, '--start=the quick', '--num_samples=1',
@@ -154,7 +157,7 @@ def test_a_character_model_exports_with_its_tokenizer_and_samples_back(tmp_path,
 def test_export_to_a_file_is_refused_and_writes_nothing(tmp_path, export_here):
     model = perturbed(**MODERN)
     (tmp_path / 'out').mkdir()
-    common.save_checkpoint(common.new_checkpoint(model, config={}), str(tmp_path / 'out' / 'ckpt.pt'))
+    save_checkpoint(new_checkpoint(model, config={}), str(tmp_path / 'out' / 'ckpt.pt'))
     (tmp_path / 'taken').write_text('not a directory')
     code, err = export_here(tmp_path, 'out', 'taken')
     lines = err.strip().splitlines()
@@ -170,7 +173,7 @@ def test_a_bpe_run_exports_gpt2s_tokenizer(tmp_path, monkeypatch):
     (tmp_path / 'data' / 'bpe').mkdir(parents=True)
     (tmp_path / 'data' / 'bpe' / 'meta.json').write_text('{"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 50257}')
     monkeypatch.chdir(tmp_path)
-    tok = common.hf_tokenizer({'dataset': 'bpe'})
+    tok = hf_tokenizer({'dataset': 'bpe'})
     import tiktoken
     text = 'Hello world, café 日本 <|endoftext|>!'
     assert tok.encode(text) == tiktoken.get_encoding('gpt2').encode(text, allowed_special='all')
@@ -183,7 +186,7 @@ def test_a_run_whose_vocabulary_is_broken_exports_saying_why_it_has_no_tokenizer
     (tmp_path / 'data' / 'chars').mkdir(parents=True)
     (tmp_path / 'data' / 'chars' / 'meta.json').write_text('{"kind": "char", "vocab_size": 100}')
     (tmp_path / 'out').mkdir()
-    common.save_checkpoint(common.new_checkpoint(perturbed(**MODERN), config={'dataset': 'chars'}),
+    save_checkpoint(new_checkpoint(perturbed(**MODERN), config={'dataset': 'chars'}),
                            str(tmp_path / 'out' / 'ckpt.pt'))
     code, err = export_here(tmp_path, 'out', 'hf')
     assert code == 0 and (tmp_path / 'hf' / 'config.json').exists()
@@ -223,7 +226,7 @@ def files_of(directory):
 def test_an_hf_dir_holding_a_model_is_replaced_only_with_overwrite(tmp_path, export_here):
     for out_dir, flags in (('out', MODERN), ('out2', {**MODERN, 'n_kv_head': 2})):
         (tmp_path / out_dir).mkdir()
-        common.save_checkpoint(common.new_checkpoint(perturbed(**flags), config={}),
+        save_checkpoint(new_checkpoint(perturbed(**flags), config={}),
                                str(tmp_path / out_dir / 'ckpt.pt'))
     assert export_here(tmp_path, 'out', 'hf')[0] == 0
     before = files_of(tmp_path / 'hf')
@@ -290,14 +293,14 @@ def test_a_failed_export_leaves_the_model_there_whole(failure, tmp_path, export_
     """The new model is written aside and switched in: a failure half-way through its files (a full disk, Ctrl-C)
     leaves the directory's old model file for file, and nothing beside it."""
     (tmp_path / 'out').mkdir()
-    common.save_checkpoint(common.new_checkpoint(perturbed(**MODERN), config={}), str(tmp_path / 'out' / 'ckpt.pt'))
+    save_checkpoint(new_checkpoint(perturbed(**MODERN), config={}), str(tmp_path / 'out' / 'ckpt.pt'))
     assert export_here(tmp_path, 'out', 'hf')[0] == 0
     before = files_of(tmp_path / 'hf')
 
     def fails_half_way(self, directory, *args, **kwargs):
         (Path(directory) / 'config.json').write_text('{"half": ')
         if failure == 'interrupt':
-            raise common.Interrupted(signal.SIGINT)
+            raise Interrupted(signal.SIGINT)
         raise OSError(errno.ENOSPC, 'No space left on device')
     monkeypatch.setattr(transformers.PreTrainedModel, 'save_pretrained', fails_half_way)
     if failure == 'interrupt':
@@ -314,7 +317,7 @@ def test_a_model_left_aside_by_a_killed_export_is_pointed_to(tmp_path, export_he
     """kill -9 between the switch's two renames leaves the old model beside a missing hf_dir: a new export
     into hf_dir says where it is, rather than hide it for good."""
     (tmp_path / 'out').mkdir()
-    common.save_checkpoint(common.new_checkpoint(perturbed(**MODERN), config={}), str(tmp_path / 'out' / 'ckpt.pt'))
+    save_checkpoint(new_checkpoint(perturbed(**MODERN), config={}), str(tmp_path / 'out' / 'ckpt.pt'))
     (tmp_path / '.hf.old4242').mkdir()
     (tmp_path / '.hf.old4242' / 'config.json').write_text('{}')
     one_line_error(*export_here(tmp_path, 'out', 'hf'), "hf_dir 'hf' is missing", '.hf.old4242', 'move it back')

@@ -4,7 +4,7 @@ from a config, a damaged or unsafe checkpoint, and the family export chooses, or
 import pytest
 import torch
 
-import common
+import common.checkpoints
 from export import hf_family, to_hf
 from hf import HF_FAMILIES, hf_to_ours
 from hf.llama import _llama_read
@@ -79,7 +79,7 @@ def test_unsafe_or_damaged_bin_weights_are_one_line(weights, fragment, tmp_path,
         bin_path.write_bytes(bin_path.read_bytes()[:200])
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
-        common.load_pretrained(str(hf_dir))
+        common.checkpoints.load_pretrained(str(hf_dir))
     lines = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(lines) == 1 and lines[0].startswith('error: cannot load'), lines
     assert fragment in lines[0] and str(hf_dir) in lines[0]

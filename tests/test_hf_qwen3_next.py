@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-import common
+from common.checkpoints import load_checkpoint, model_from_checkpoint, new_checkpoint, save_checkpoint
 from export import to_hf
 from hf import HF_FAMILIES
 from hf_tiny import GPT, NEW, PROMPT, VOCAB, check_parity, randomized, tiny, transformers
@@ -62,8 +62,8 @@ def test_a_qwen3_5_checkpoint_exports_back_to_qwen3_5(tmp_path):
     """The family a model was loaded from survives a checkpoint (train.py's saves write common.new_checkpoint)."""
     tiny_qwen3_5().save_pretrained(tmp_path / 'hf')
     ckpt = str(tmp_path / 'ckpt.pt')
-    common.save_checkpoint(common.new_checkpoint(GPT.from_pretrained(str(tmp_path / 'hf'))), ckpt)
-    restored = common.model_from_checkpoint(common.load_checkpoint(ckpt), ckpt)
+    save_checkpoint(new_checkpoint(GPT.from_pretrained(str(tmp_path / 'hf'))), ckpt)
+    restored = model_from_checkpoint(load_checkpoint(ckpt), ckpt)
     assert type(to_hf(restored)) is transformers.Qwen3_5ForCausalLM
 
 

@@ -4,7 +4,7 @@ projections among them) and AdamW (the rest: A_log, dt_bias, the convolution, th
 
 import torch
 
-import common
+from common.checkpoints import load_checkpoint
 from test_train import iter_losses, run, workdir  # noqa: F401 (fixtures)
 
 KIMI = ['--layers=KG', '--pos=none', '--attn=mla', '--norm=rms', '--mlp=swiglu', '--bias=False',
@@ -19,8 +19,8 @@ def test_a_kda_run_resumes_exactly(workdir, run):  # noqa: F811
     a, b = iter_losses(straight.stdout), iter_losses(resumed.stdout)
     assert sorted(b) == list(range(5, 9)) and {k: a[k] for k in b} == b
     assert float(a[8]) < float(a[1])
-    final_a = common.load_checkpoint(str(workdir / 'a' / 'ckpt.pt'))
-    final_b = common.load_checkpoint(str(workdir / 'b' / 'ckpt.pt'))
+    final_a = load_checkpoint(str(workdir / 'a' / 'ckpt.pt'))
+    final_b = load_checkpoint(str(workdir / 'b' / 'ckpt.pt'))
     assert final_a['model_args']['pos'] == 'none' and final_a['model_args']['layers'] == 'KG'
     for k in final_a['model']:
         assert torch.equal(final_a['model'][k], final_b['model'][k]), k

@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import common
 from chapters import GPT, mtp
+from common.checkpoints import load_checkpoint
 from test_dsa import straight_and_resumed
 from test_model import BLOCK, VOCAB, assert_close, tiny_config
 from test_train import run, workdir  # noqa: F401 (fixtures)
@@ -91,7 +91,7 @@ def test_training_logs_the_mtp_loss_apart_and_resumes_exactly(workdir, run):
     records, resumed = straight_and_resumed(workdir, run, '--dropout=0.1', '--mtp_depth=2')
     assert 'mtp_loss' not in records[0] and all(r['mtp_loss'] > 0 for r in records[1:])
     assert [r.get('mtp_loss') for r in records] == [r.get('mtp_loss') for r in resumed]
-    final = common.load_checkpoint(str(workdir / 'b' / 'ckpt.pt'))
+    final = load_checkpoint(str(workdir / 'b' / 'ckpt.pt'))
     assert any(k.startswith('mtp.1.block.') for k in final['model'])  # the checkpoint keeps the modules
 
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-import common
-from common import new_checkpoint, save_checkpoint
+import common.errors
+from common.checkpoints import new_checkpoint, save_checkpoint
 from conftest import make_char_dataset
 from chapters import GPT, GPTConfig
 
@@ -71,7 +71,7 @@ def parse_report(err):
 def sample(tmp_path, monkeypatch, capsys):
     """Run sample.py in this process with cwd tmp_path; return (stdout, stderr), or (code, stderr) on exit."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(common, 'catch_interrupts', lambda: None)  # pytest keeps its own Ctrl-C
+    monkeypatch.setattr(common.errors, 'catch_interrupts', lambda: None)  # pytest keeps its own Ctrl-C
 
     def run(*args, expect_exit=False):
         monkeypatch.setattr(sys, 'argv', ['sample.py', '--device=cpu', *args])
@@ -361,7 +361,7 @@ def hf_dir(root, name='hf', with_tokenizer_of=None, **flags):
     model = GPT(GPTConfig(block_size=32, vocab_size=len(CHARS), n_layer=1, n_head=2, n_embd=16, **flags))
     to_hf(model).save_pretrained(root / name)
     if with_tokenizer_of:
-        from common import hf_tokenizer
+        from common.tokenizer import hf_tokenizer
         cwd = os.getcwd()
         os.chdir(root)
         try:

@@ -17,7 +17,12 @@ import numpy as np
 import pytest
 import torch
 
-import common
+import common.checkpoints
+import common.errors
+import common.hardware
+from common.checkpoints import CKPT_FORMAT, load_checkpoint
+from common.errors import Interrupted, critical
+from common.files import release_out_dirs
 from conftest import CHOICE_TASK_YAML, make_char_dataset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,7 +53,7 @@ def train_here(cwd, *args, monkeypatch, capsys):
     """train.py run in this process: (exit code, stdout, stderr); 0 when it ended normally."""
     monkeypatch.chdir(cwd)
     monkeypatch.setattr(sys, 'argv', ['train.py', *TINY, *args])
-    monkeypatch.setattr(common, 'catch_interrupts', lambda: None)  # pytest keeps its own Ctrl-C
+    monkeypatch.setattr(common.errors, 'catch_interrupts', lambda: None)  # pytest keeps its own Ctrl-C
     monkeypatch.setenv('WANDB_MODE', 'offline')
     try:
         runpy.run_path(str(REPO / 'train.py'), run_name='__main__')
@@ -56,7 +61,7 @@ def train_here(cwd, *args, monkeypatch, capsys):
     except SystemExit as e:
         code = e.code
     finally:
-        common.release_out_dirs()  # as the end of its process would
+        release_out_dirs()  # as the end of its process would
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -106,7 +111,7 @@ def test_training_learns_saves_and_resumes(workdir, run, flags):
     assert records[-1]['val_loss'] < records[0]['val_loss'] - 0.5
     assert records[-1]['tokens'] == 30 * 4 * 16
     assert all(r['ms_per_iter'] > 0 for r in records[1:])
-    ckpt = common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
+    ckpt = load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
     assert ckpt['iter_num'] == 30
     assert ckpt['best_val_loss'] == min(r['val_loss'] for r in records)
     assert not any(k.startswith('_orig_mod') for k in ckpt['model'])
@@ -115,7 +120,7 @@ def test_training_learns_saves_and_resumes(workdir, run, flags):
         assert ckpt['model_args'][k] == v and ckpt['config'][k] == v
     result = run(workdir, *flags, '--max_iters=35', '--eval_interval=15', '--out_dir=out', '--init_from=resume')
     assert 'iter 35/35' in result.stdout
-    assert common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))['iter_num'] == 35
+    assert load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))['iter_num'] == 35
 
 
 @pytest.mark.parametrize('recipe', [[], ['--optimizer=muon', '--lr_schedule=wsd', '--mlp=moe', '--n_expert=4'],
@@ -137,8 +142,8 @@ def test_resume_is_exact(workdir, run, recipe):
     # the resumed run logs each evaluation once, with full-precision losses equal to the straight run's
     assert strip(log_records(workdir / 'a')) == strip(log_records(workdir / 'b'))
     assert log_records(workdir / 'b')[-1]['elapsed_s'] > log_records(workdir / 'b')[1]['elapsed_s']
-    final_a = common.load_checkpoint(str(workdir / 'a' / 'ckpt.pt'))['model']
-    final_b = common.load_checkpoint(str(workdir / 'b' / 'ckpt.pt'))['model']
+    final_a = load_checkpoint(str(workdir / 'a' / 'ckpt.pt'))['model']
+    final_b = load_checkpoint(str(workdir / 'b' / 'ckpt.pt'))['model']
     for k in final_a:
         assert torch.equal(final_a[k], final_b[k]), k
 
@@ -148,7 +153,7 @@ def test_resume_takes_this_runs_dropout(workdir, run):
     result = run(workdir, '--max_iters=4', '--eval_interval=2', '--out_dir=out', '--dropout=0.2',
                    '--n_layer=3', '--init_from=resume')
     assert "checkpoint's model flags, not this run's: n_layer" in result.stdout
-    ckpt = common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
+    ckpt = load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
     assert ckpt['model_args']['dropout'] == 0.2 and ckpt['model_args']['n_layer'] == 2
 
 
@@ -156,7 +161,7 @@ def test_bf16_autocast_on_cpu(workdir, run):
     run(workdir, *MODERN, '--dtype=bfloat16', '--max_iters=10', '--eval_interval=10', '--out_dir=out')
     records = log_records(workdir / 'out')
     assert records[-1]['val_loss'] < records[0]['val_loss']
-    assert common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))['model']['lm_head.weight'].dtype == torch.float32
+    assert load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))['model']['lm_head.weight'].dtype == torch.float32
 
 
 @pytest.mark.parametrize('optimizer', ['adamw', 'muon'])
@@ -177,7 +182,7 @@ def test_ddp_two_processes_match_one(workdir, optimizer):
     ra, rb = log_records(workdir / 'single')[-1], log_records(workdir / 'double')[-1]
     assert ra['val_loss'] == pytest.approx(rb['val_loss'], rel=1e-4)
     assert ra['moe']['load'] == rb['moe']['load']  # the val batches of both ranks, summed
-    biases = [common.load_checkpoint(str(workdir / d / 'ckpt.pt'))['model']['transformer.h.0.mlp.expert_bias']
+    biases = [load_checkpoint(str(workdir / d / 'ckpt.pt'))['model']['transformer.h.0.mlp.expert_bias']
               for d in ('single', 'double')]
     assert torch.equal(*biases)
     if optimizer == 'adamw':  # moved (with Muon's larger router steps 4 moves of +-rate happen to cancel)
@@ -186,7 +191,7 @@ def test_ddp_two_processes_match_one(workdir, optimizer):
 
 def test_interrupted_checkpoint_write_keeps_previous(tmp_path, monkeypatch):
     path = str(tmp_path / 'ckpt.pt')
-    common.save_checkpoint({'format': common.CKPT_FORMAT, 'iter_num': 1}, path)
+    common.checkpoints.save_checkpoint({'format': CKPT_FORMAT, 'iter_num': 1}, path)
 
     def crash_midway(obj, f):
         f.write(b'half a checkpoint')
@@ -194,21 +199,21 @@ def test_interrupted_checkpoint_write_keeps_previous(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch, 'save', crash_midway)
     with pytest.raises(KeyboardInterrupt):
-        common.save_checkpoint({'format': common.CKPT_FORMAT, 'iter_num': 2}, path)
+        common.checkpoints.save_checkpoint({'format': CKPT_FORMAT, 'iter_num': 2}, path)
     monkeypatch.undo()
-    assert common.load_checkpoint(path)['iter_num'] == 1
+    assert load_checkpoint(path)['iter_num'] == 1
     assert os.listdir(tmp_path) == ['ckpt.pt']  # no temporary file left behind
 
 
 def test_diverging_run_stops_and_keeps_last_good_checkpoint(workdir, run):
     run(workdir, '--max_iters=4', '--eval_interval=4', '--out_dir=out')
-    before = common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
+    before = load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
     result = run(workdir, '--max_iters=40', '--eval_interval=4', '--out_dir=out', '--init_from=resume',
                    '--learning_rate=1e9', '--decay_lr=False', '--grad_clip=0', '--always_save_checkpoint=True',
                    check=False)
     assert_one_line_error(result, 'training diverged', 'ckpt.pt')
     assert result.returncode == 1
-    after = common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
+    after = load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
     for k, v in after['model'].items():
         assert torch.isfinite(v).all(), k
     # the checkpoint is the last evaluation that was still finite, the last one log.jsonl holds
@@ -232,7 +237,7 @@ def test_init_from_local_hf_gpt2(workdir, run):
     config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=32, vocab_size=40)
     transformers.GPT2LMHeadModel(config).save_pretrained(workdir / 'hf')
     run(workdir, f'--init_from={workdir / "hf"}', '--max_iters=2', '--eval_interval=2', '--out_dir=out')
-    ckpt = common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
+    ckpt = load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
     assert ckpt['model_args']['block_size'] == 16  # cropped from 32 to the run's block_size
     assert ckpt['model_args']['vocab_size'] == 40 and ckpt['model_args']['bias'] is True
 
@@ -334,14 +339,14 @@ def test_resume_needs_a_training_checkpoint_of_this_model(workdir, monkeypatch, 
                       capsys=capsys)[0] == 0
     assert train_here(workdir, *MODERN, '--max_iters=2', '--eval_interval=2', '--out_dir=b',
                       monkeypatch=monkeypatch, capsys=capsys)[0] == 0
-    a, b = (common.load_checkpoint(str(workdir / d / 'ckpt.pt')) for d in 'ab')
+    a, b = (load_checkpoint(str(workdir / d / 'ckpt.pt')) for d in 'ab')
     del a['optimizer']
-    common.save_checkpoint(a, str(workdir / 'a' / 'ckpt.pt'))
+    common.checkpoints.save_checkpoint(a, str(workdir / 'a' / 'ckpt.pt'))
     code, _, err = train_here(workdir, '--out_dir=a', '--init_from=resume', '--max_iters=4',
                               monkeypatch=monkeypatch, capsys=capsys)
     one_line_error(code, err, 'no training state')
     b['optimizer']['param_groups'][0]['params'] = b['optimizer']['param_groups'][0]['params'][:-1]  # another model's
-    common.save_checkpoint(b, str(workdir / 'b' / 'ckpt.pt'))
+    common.checkpoints.save_checkpoint(b, str(workdir / 'b' / 'ckpt.pt'))
     code, _, err = train_here(workdir, '--out_dir=b', '--init_from=resume', '--max_iters=4',
                               monkeypatch=monkeypatch, capsys=capsys)
     one_line_error(code, err, 'optimizer state for another model')
@@ -391,15 +396,15 @@ def test_the_log_reads_as_one_run_after_a_crash(workdir, monkeypatch, capsys):
 def test_a_blown_up_run_keeps_its_better_checkpoint_and_says_so(workdir, monkeypatch, capsys):
     assert train_here(workdir, '--max_iters=20', '--eval_interval=20', '--out_dir=out', monkeypatch=monkeypatch,
                       capsys=capsys)[0] == 0
-    good = common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
+    good = load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
     code, out, err = train_here(workdir, '--max_iters=40', '--eval_interval=2', '--out_dir=out', '--init_from=resume',
                                 '--learning_rate=30', '--decay_lr=False', '--grad_clip=0', '--warmup_iters=0',
                                 monkeypatch=monkeypatch, capsys=capsys)
     assert 'not saving' in out, out[-2000:]
-    after = common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
+    after = load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
     assert after['val_loss'] <= 2 * good['best_val_loss']  # never a blown-up one
     # best.pt: the best model of the whole run, whatever ckpt.pt took since (always_save_checkpoint=True)
-    best = common.load_checkpoint(str(workdir / 'out' / 'best.pt'))
+    best = load_checkpoint(str(workdir / 'out' / 'best.pt'))
     trained = [r for r in log_records(workdir / 'out') if r['iter'] > 0]
     assert best['val_loss'] == min(r['val_loss'] for r in trained) <= good['val_loss']
     assert best['iter_num'] == min(trained, key=lambda r: r['val_loss'])['iter']
@@ -427,7 +432,7 @@ def test_one_process_per_out_dir_and_ctrl_c_stops_with_one_line(workdir, monkeyp
     _, err = first.communicate(timeout=120)
     assert first.returncode == 130
     line = one_line_error(first.returncode, err, 'interrupted at iter', "the last checkpoint is 'out/ckpt.pt'")
-    kept = common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
+    kept = load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
     assert f"(iter {kept['iter_num']}," in line
     killed = subprocess.Popen(cmd[:-1] + ['--out_dir=out2'], cwd=workdir, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
@@ -448,34 +453,34 @@ def test_an_interrupt_during_a_checkpoint_write_waits_for_it(tmp_path, monkeypat
         real_save(obj, f)
     monkeypatch.setattr(torch, 'save', interrupted_midway)
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), sys.excepthook
-    common.catch_interrupts()
+    common.errors.catch_interrupts()
     try:
-        with pytest.raises(common.Interrupted) as e:
-            common.save_checkpoint({'format': common.CKPT_FORMAT, 'iter_num': 3}, path)
+        with pytest.raises(Interrupted) as e:
+            common.checkpoints.save_checkpoint({'format': CKPT_FORMAT, 'iter_num': 3}, path)
     finally:
         signal.signal(signal.SIGINT, handlers[0])
         signal.signal(signal.SIGTERM, handlers[1])
         sys.excepthook = handlers[2]
     assert e.value.code == 130
-    assert common.load_checkpoint(path)['iter_num'] == 3  # written whole before the interrupt took effect
+    assert load_checkpoint(path)['iter_num'] == 3  # written whole before the interrupt took effect
 
 
 def test_an_interrupt_during_a_save_names_the_checkpoint_just_written(workdir, monkeypatch, capsys):
     """Ctrl-C while iter 10's checkpoint is written: that write ends whole and the one line names iter 10."""
-    real_save, saves = common.save_checkpoint, []
+    real_save, saves = common.checkpoints.save_checkpoint, []
 
     def save_then_ctrl_c(checkpoint, path):
-        with common.critical():
+        with critical():
             real_save(checkpoint, path)
             saves.append(checkpoint['iter_num'])
             if len(saves) == 2:
-                common._on_signal(signal.SIGINT, None)  # as the handler does when the signal comes mid-write
-    monkeypatch.setattr(common, 'save_checkpoint', save_then_ctrl_c)
+                common.errors._on_signal(signal.SIGINT, None)  # as the handler does when the signal comes mid-write
+    monkeypatch.setattr(common.checkpoints, 'save_checkpoint', save_then_ctrl_c)
     code, _, err = train_here(workdir, '--max_iters=100', '--eval_interval=5', '--out_dir=out',
                               monkeypatch=monkeypatch, capsys=capsys)
     line = one_line_error(code, err, 'interrupted at iter 10', "'out/ckpt.pt' (iter 10,")
     assert code == 130 and saves == [5, 10], line
-    assert common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))['iter_num'] == 10
+    assert load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))['iter_num'] == 10
 
 
 def test_eval_only_at_a_longer_context_with_rope_scaling(workdir, run):
@@ -571,11 +576,11 @@ def train_namespace(cwd, *args, monkeypatch):
     """train.py run in this process to its end: its globals (settings, get_batch, estimate_loss, ...)."""
     monkeypatch.chdir(cwd)
     monkeypatch.setattr(sys, 'argv', ['train.py', *TINY, *args])
-    monkeypatch.setattr(common, 'catch_interrupts', lambda: None)
+    monkeypatch.setattr(common.errors, 'catch_interrupts', lambda: None)
     try:
         return runpy.run_path(str(REPO / 'train.py'), run_name='__main__')
     finally:
-        common.release_out_dirs()
+        release_out_dirs()
 
 
 @pytest.mark.parametrize('fsdp, reads', [(False, [1]), (True, [1, 2])], ids=['ddp', 'fsdp'])
@@ -661,7 +666,7 @@ def test_the_first_trained_evaluation_is_always_saved(workdir, run):
     """With a learning rate of 0 no evaluation beats iter 0's (untrained, never saved): one is saved anyway."""
     run(workdir, '--max_iters=4', '--eval_interval=2', '--learning_rate=0', '--min_lr=0',
         '--always_save_checkpoint=False', '--out_dir=out')
-    ckpt = common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
+    ckpt = load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
     assert ckpt['iter_num'] >= 2 and (workdir / 'out' / 'best.pt').exists()
 
 
@@ -720,7 +725,7 @@ def test_an_interrupt_saves_the_state_and_resume_goes_on_exactly(workdir, monkey
     def ctrl_c_in_step_7(*a, **k):
         calls.append(1)
         if len(calls) == 7:
-            common._on_signal(signal.SIGINT, None)  # as the handler does when Ctrl-C comes mid-step
+            common.errors._on_signal(signal.SIGINT, None)  # as the handler does when Ctrl-C comes mid-step
         return real_clip(*a, **k)
     monkeypatch.setattr(torch.nn.utils, 'clip_grad_norm_', ctrl_c_in_step_7)
     code, _, err = train_here(workdir, *args, '--out_dir=b', monkeypatch=monkeypatch, capsys=capsys)
@@ -728,11 +733,11 @@ def test_an_interrupt_saves_the_state_and_resume_goes_on_exactly(workdir, monkey
                    "the best is 'b/best.pt' (iter 4,")
     assert code == 130
     monkeypatch.setattr(torch.nn.utils, 'clip_grad_norm_', real_clip)
-    assert common.load_checkpoint(str(workdir / 'b' / 'ckpt.pt'))['iter_num'] == 7
+    assert load_checkpoint(str(workdir / 'b' / 'ckpt.pt'))['iter_num'] == 7
     assert train_here(workdir, *args, '--out_dir=b', '--init_from=resume', monkeypatch=monkeypatch,
                       capsys=capsys)[0] == 0
-    final_a = common.load_checkpoint(str(workdir / 'a' / 'ckpt.pt'))
-    final_b = common.load_checkpoint(str(workdir / 'b' / 'ckpt.pt'))
+    final_a = load_checkpoint(str(workdir / 'a' / 'ckpt.pt'))
+    final_b = load_checkpoint(str(workdir / 'b' / 'ckpt.pt'))
     assert final_a['iter_num'] == final_b['iter_num'] == 10
     for k in final_a['model']:
         assert torch.equal(final_a['model'][k], final_b['model'][k]), k
@@ -742,7 +747,7 @@ def test_an_interrupt_saves_the_state_and_resume_goes_on_exactly(workdir, monkey
 
 def test_mfu_over_100_percent_remeasures_the_peak_and_says_so(workdir, monkeypatch, capsys):
     peaks = iter([1e3] + [1e3] * 3)  # a peak far too low at start, and still when measured again
-    monkeypatch.setattr(common, 'measure_matmul_flops', lambda device, dtype=None: next(peaks))
+    monkeypatch.setattr(common.hardware, 'measure_matmul_flops', lambda device, dtype=None: next(peaks))
     code, out, _ = train_here(workdir, '--max_iters=8', '--eval_interval=8', '--out_dir=out',
                               monkeypatch=monkeypatch, capsys=capsys)
     assert code == 0
@@ -906,19 +911,19 @@ def test_an_interrupt_while_the_task_scores_keeps_best_pt_and_best_val_loss_toge
     """Ctrl-C while eval_task scores the evaluation of iter 4: the state saved still counts iter 2 as the best (as
     best.pt holds), so the resume, evaluating iter 4 again, makes it best.pt."""
     args = ['--max_iters=4', '--eval_interval=2', '--out_dir=out', *make_char_task(workdir)]
-    scoring_that_fails_on_call(3, lambda: common._on_signal(signal.SIGINT, None), monkeypatch)  # iters 0, 2, 4
+    scoring_that_fails_on_call(3, lambda: common.errors._on_signal(signal.SIGINT, None), monkeypatch)  # iters 0, 2, 4
     code, _, err = train_here(workdir, *args, monkeypatch=monkeypatch, capsys=capsys)
     # the harness's progress bars come before it on stderr
     assert code == 130 and 'interrupted at iter 4, its state saved' in err.strip().splitlines()[-1], err
-    ckpt = common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
-    best = common.load_checkpoint(str(workdir / 'out' / 'best.pt'))
+    ckpt = load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))
+    best = load_checkpoint(str(workdir / 'out' / 'best.pt'))
     assert ckpt['iter_num'] == 4 and best['iter_num'] == 2
     assert ckpt['best_val_loss'] == best['val_loss']
     monkeypatch.undo()
     assert train_here(workdir, *args, '--init_from=resume', monkeypatch=monkeypatch, capsys=capsys)[0] == 0
     records = log_records(workdir / 'out')
     assert records[-1]['iter'] == 4 and records[-1]['val_loss'] < records[-2]['val_loss']  # it did improve
-    best = common.load_checkpoint(str(workdir / 'out' / 'best.pt'))
+    best = load_checkpoint(str(workdir / 'out' / 'best.pt'))
     assert best['iter_num'] == 4 and best['best_val_loss'] == best['val_loss'] == records[-1]['val_loss']
 
 
@@ -935,7 +940,7 @@ def test_a_task_failing_at_a_later_evaluation_is_one_line_and_training_goes_on(w
                                         "training goes on"]
     records = log_records(workdir / 'out')
     assert [r['iter'] for r in records] == [0, 2, 4] and [('task' in r) for r in records] == [True, False, True]
-    assert common.load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))['iter_num'] == 4
+    assert load_checkpoint(str(workdir / 'out' / 'ckpt.pt'))['iter_num'] == 4
 
 
 def test_wsd_holds_the_peak_then_decays_linearly(workdir, run):

@@ -1,0 +1,401 @@
+"""The report: results.md's tables (a row per variant, the length table, a task's lengths, recall, the probes),
+results.json and the plots, from every finished run; each file written aside and switched in, never over a
+checkpoint."""
+
+import json
+import os
+import re
+import statistics
+import sys
+
+from ablation.files import read_json
+from ablation.grid import made_here
+from ablation.groups import default_pairs
+from ablation.runs import MULTIPLES, PROBE_FIGURES, PROBE_ROWS, PROBE_SKIP, SCALINGS, finished, measure_lengths
+from common.errors import die
+from common.files import output_refusal, tmp_path, write_output
+from stats import welch
+
+REPORT_FILES = ('results.md', 'results.json', 'val_loss_vs_iter.png', 'val_loss_vs_time.png', 'accuracy_vs_width.png')
+
+
+def fmt(value, spec='.4f'):
+    return 'n/a' if value is None else format(value, spec)
+
+
+def mean_std(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return 'n/a'
+    if len(values) == 1:  # no spread to give
+        return f"{values[0]:.4f} (1 seed)"
+    return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
+
+
+def mean_or_none(values):
+    values = [v for v in values if v is not None]
+    return statistics.mean(values) if values else None
+
+
+def aggregate(runs, methods):
+    """A variant's means over seeds; its curve over the iterations every seed logged."""
+    iters = sorted(set.intersection(*({c[0] for c in r['curve']} for r in runs)))
+    curves = [{c[0]: c for c in r['curve']} for r in runs]
+    return {'flags': runs[0]['flags'], 'seeds': [r['seed'] for r in runs], 'parameters': runs[0]['parameters'],
+            'active_parameters': runs[0]['active_parameters'],
+            **{k: mean_or_none(r[k] for r in runs) for k in ('final_val_loss', 'best_val_loss', 'ms_per_iter',
+                                                              'tokens_per_s', 'kv_bytes_per_token',
+                                                              'load_max_over_mean')},
+            **{k: mean_or_none(r.get(k) for r in runs) for k in ('accuracy', 'best_accuracy')},
+            'lengths': mean_lengths([r.get('lengths') or {} for r in runs]),
+            'probe': {k: mean_or_none((r.get('probe') or {}).get(k) for r in runs) for k in PROBE_FIGURES},
+            'scaled_lengths': {m: mean_lengths([(r.get('scaled_lengths') or {}).get(m) or {} for r in runs])
+                               for m in methods if m in SCALINGS},
+            'diverged_at': [r['diverged_at'] for r in runs],
+            'task': {k: mean_or_none((r.get('task') or {}).get(k) for r in runs)
+                     for k in dict.fromkeys(k for r in runs for k in (r.get('task') or {}))},
+            'extrapolation': {m: {x: mean_or_none((r.get('extrapolation') or {}).get(m, {}).get(x) for r in runs)
+                                  for x in (f'{k}x' for k in MULTIPLES)} for m in methods},
+            'curve': [[i, statistics.mean(c[i][1] for c in curves), statistics.mean(c[i][2] for c in curves)]
+                      for i in iters]}
+
+
+def mean_lengths(per_run):
+    """{split: {'loss', 'accuracy'}} of several runs, each figure's mean over the runs that have it."""
+    splits = dict.fromkeys(s for lengths in per_run for s in lengths)
+    return {s: {k: mean_or_none((lengths.get(s) or {}).get(k) for lengths in per_run) for k in ('loss', 'accuracy')}
+            for s in splits}
+
+
+def seed_values(runs, name, key):
+    return [r[key] for r in runs if r['variant'] == name and r.get(key) is not None]
+
+
+def delta(agg, reference, key, n_seeds):
+    """'+0.0123 (p 0.004)' against the reference's mean, '≈' marking a p >= 0.05; '(1 seed)': nothing to test."""
+    if agg[key] is None or reference[key] is None:
+        return 'n/a'
+    text, test = f"{agg[key] - reference[key]:+.4f}", agg['welch'][key]
+    if agg is reference:
+        return text
+    if test is None:
+        return f"{text} ({n_seeds} seed{'s' if n_seeds > 1 else ''}: untested)"
+    return f"{text} (p {test['p']:.2g}{' ≈' if test['p'] >= 0.05 else ''})"
+
+
+def split_accuracies(runs, name, split):
+    """Each seed's plain accuracy of a variant at an evaluation split ('val': train.py's val accuracy)."""
+    return [a for a in ((r.get('accuracy') if split == 'val' else ((r.get('lengths') or {}).get(split) or {}).get(
+        'accuracy')) for r in runs if r['variant'] == name) if a is not None]
+
+
+def lengths_table(variants, runs, reference, extrapolation_iters):
+    """A task's accuracy (loss) at each evaluation length (train.py's eval_splits, its last evaluation), each plain
+    accuracy with Welch's p against the reference's at the same length."""
+    splits = list(dict.fromkeys(s for agg in variants.values() for s in agg['lengths']))
+    if not splits:
+        return []
+    lines = ['', "Accuracy (loss) at each evaluation length: plain, each run's last evaluation by train.py (p: Welch's "
+                 f"test of its accuracy over seeds against {reference}'s at the same length; ≈: p >= 0.05); a RoPE "
+                 f"scaling, its ckpt.pt stretched from the training length to the split's ({extrapolation_iters} "
+                 "batches of the split's first examples); n/a: the positions cannot go there.", '',
+             '| variant | positions | val (1x) | ' + ' | '.join(splits) + ' |', '|' + ' --- |' * (3 + len(splits))]
+
+    def tested(name, split, figures):
+        test = welch(split_accuracies(runs, name, split), split_accuracies(runs, reference, split)) \
+            if name != reference else None
+        return accuracy_cell(figures) + (f" p {test['p']:.2g}{' ≈' if test['p'] >= 0.05 else ''}" if test else '')
+
+    for name, agg in variants.items():
+        val = {'accuracy': agg['accuracy'], 'loss': agg['final_val_loss']}
+        lines.append(f"| {name} | plain | {tested(name, 'val', val)} | "
+                     + ' | '.join(tested(name, s, agg['lengths'].get(s)) for s in splits) + ' |')
+        for method, figures in agg['scaled_lengths'].items():
+            if figures:
+                lines.append(f"| {name} | {method} | {accuracy_cell(figures.get('val'))} | "
+                             + ' | '.join(accuracy_cell(figures.get(s)) for s in splits) + ' |')
+    return lines
+
+
+def recall_points(variants):
+    """{name: (architecture, (L, pairs), width)} of the recall group's variants ('<arch>_d=<width>_L=<L>[_P=<pairs>]',
+    pairs L / 8 where the name has none)."""
+    points = {}
+    for name in variants:
+        match = re.fullmatch(r'(.+)_d=(\d+)_L=(\d+)(?:_P=(\d+))?', name)
+        if match:
+            length = int(match[3])
+            points[name] = (match[1], (length, int(match[4] or default_pairs(length))), int(match[2]))
+    return points
+
+
+def task_label(task):
+    """'L=32' where the pair count is L's default (L / 8), else 'L=32 P=8'."""
+    length, pairs = task
+    return f'L={length}' + ('' if pairs == default_pairs(length) else f' P={pairs}')
+
+
+def recall_table(variants, runs):
+    """Zoology's figure as a table: each architecture's recall accuracy at every (L, pairs, width), tested against
+    all global attention of the same shape, the architecture that solves it."""
+    points = recall_points(variants)
+    if not points:
+        return []
+    shapes = sorted({(task, width) for _, task, width in points.values()})
+    lines = ['', "Recall accuracy (val, the last evaluation; mean ± std over seeds) at each sequence length L (P: pairs "
+                 "where not L / 8) and width d; p: Welch's test against global attention at the same L, P and d (≈: "
+                 "p >= 0.05, noise could explain it). Chance is 1/num_pairs among the values of an example.", '',
+             '| architecture | ' + ' | '.join(f'{task_label(task)} d={width}' for task, width in shapes) + ' |',
+             '|' + ' --- |' * (1 + len(shapes))]
+    names = {point: name for name, point in points.items()}
+    for arch in dict.fromkeys(a for a, _, _ in points.values()):
+        cells = []
+        for task, width in shapes:
+            accuracies = seed_values(runs, names.get((arch, task, width)), 'accuracy')
+            if not accuracies:
+                cells.append('-')
+                continue
+            cell = f"{statistics.mean(accuracies):.3f}" + (
+                f" ± {statistics.stdev(accuracies):.3f}" if len(accuracies) > 1 else ' (1 seed)')
+            reference = names.get(('global', task, width))
+            test = welch(accuracies, seed_values(runs, reference, 'accuracy')) if arch != 'global' else None
+            cells.append(cell + (f" (p {test['p']:.2g}{' ≈' if test['p'] >= 0.05 else ''})" if test else ''))
+        lines.append(f"| {arch} | " + ' | '.join(cells) + ' |')
+    return lines
+
+
+def plot_recall(variants, runs, path):
+    """accuracy_vs_width.png: a panel per sequence length and pair count, a line per architecture (mean, ± std)."""
+    points = recall_points(variants)
+    tasks = sorted({task for _, task, _ in points.values()})
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 4), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        # past matplotlib's 10 colours the lines repeat one: a marker per decade tells them apart
+        for i, arch in enumerate(dict.fromkeys(a for a, _, _ in points.values())):
+            at = sorted((w, seed_values(runs, n, 'accuracy')) for n, (a, t, w) in points.items()
+                        if a == arch and t == task and seed_values(runs, n, 'accuracy'))
+            if at:
+                ax.errorbar([w for w, _ in at], [statistics.mean(v) for _, v in at], marker='osD^v'[i // 10 % 5], capsize=3,
+                            yerr=[statistics.stdev(v) if len(v) > 1 else 0 for _, v in at], label=arch)
+        title = f'L={task[0]}, {task[1]} pairs'
+        ax.set(xscale='log', xlabel='width (n_embd)', ylabel='recall accuracy', title=title, ylim=(0, 1.05))
+        ax.set_xticks(sorted({w for _, t, w in points.values() if t == task}))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # only the widths run are labelled
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize='small', loc='center left', bbox_to_anchor=(1, 0.5))
+    save_figure(fig, path)
+
+
+def accuracy_cell(figures):
+    if not figures or figures.get('accuracy') is None:
+        return 'n/a'
+    return f"{figures['accuracy']:.3f} ({figures['loss']:.3f})"
+
+
+def probes_table(variants):
+    """The probes of each variant's ckpt.pt: the attention sink and massive activations."""
+    probed = {n: agg['probe'] for n, agg in variants.items() if agg['probe']['sink_share'] is not None
+              or agg['probe']['massive_ratio'] is not None}
+    if not probed:
+        return []
+    lines = ['', f"Probes (probes.py) of each run's ckpt.pt on {PROBE_ROWS} fixed val rows: sink share, the attention "
+                 f"a query gives the first position (mean over softmax layers and heads, and the largest head), over "
+                 f"queries past the first {PROBE_SKIP}; equal attention would give it 1/(t+1), whose mean over the "
+                 f"same queries is the 'equal' column: a share far above it is a sink. Massive ratio: the largest "
+                 f"|activation| in the residual stream over its median, the largest over layers (n/a sink share: no "
+                 f"softmax layer).", '',
+             '| variant | sink share (mean) | sink share (max) | equal | massive ratio |', '|' + ' --- |' * 5]
+    for name, figures in probed.items():
+        lines.append('| ' + ' | '.join([name] + [fmt(figures[k], '.3f') for k in PROBE_FIGURES if k != 'massive_ratio']
+                                       + [fmt(figures['massive_ratio'], '.1f')]) + ' |')
+    return lines
+
+
+def methods_asked(settings):
+    return [m.strip() for m in settings['extrapolation'].split(',') if m.strip()]
+
+
+def plot_title(xlabel, settings):
+    """The variants are the grid's flags on the base recipe (a vanilla one, even when every variant is modern)."""
+    return (f"val loss vs {xlabel}: grid {settings['grid']}, each variant's flags on "
+            f"{os.path.basename(settings['train_config'])}")
+
+
+def plot(variants, x_index, xlabel, path, settings):
+    import matplotlib
+    matplotlib.use('Agg')  # files only: no display needed
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name, agg in variants.items():
+        ax.plot([c[x_index] for c in agg['curve']], [c[1] for c in agg['curve']], marker='.', label=name)
+    ax.set(xlabel=xlabel, ylabel='val loss (mean over seeds)', title=plot_title(xlabel, settings))
+    ax.grid(alpha=0.3)
+    # the loss at iteration 0 (ln vocab) would squash the differences that matter: start the axis below it
+    later = [c[1] for agg in variants.values() for c in agg['curve'][1:] if c[1] == c[1] and c[1] < 1e3]
+    if later:
+        ax.set_ylim(min(later) - 0.05, min(max(later), 2 * min(later)) + 0.05)
+    ax.legend(fontsize='small')
+    save_figure(fig, path)
+
+
+def save_figure(fig, path):
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    tmp = tmp_path(path)  # written aside and switched in: a reader never sees half a picture
+    try:
+        fig.savefig(tmp, format='png', dpi=120)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+
+
+def check_report_files(out):
+    """One line and exit if a report file may not be written in out (one is a checkpoint, a hard link, a
+    directory): outputs never replace those."""
+    for name in REPORT_FILES:
+        refusal = output_refusal(os.path.join(out, name))
+        if refusal:
+            die(f"cannot write the report's {name} in out_dir '{out}': {refusal}", code=1)
+
+
+def shell_quote(arg):
+    return arg if re.fullmatch(r'[\w@%+=:,./-]+', arg) else '"' + re.sub(r'(["\\$`])', r'\\\1', arg) + '"'
+
+
+def finished_runs(out, cwd, settings):
+    """(runs, roots, other): the figures (done.json, read now: runs other processes finished are in) and the
+    directories of the finished runs made with this invocation's train_config and train_args, and the names of
+    those made with others."""
+    runs, roots, other = [], [], []
+    for root, _, files in sorted(os.walk(os.path.join(out, 'runs'))):
+        if 'done.json' in files:
+            done = read_json(os.path.join(root, 'done.json'))
+            if not made_here(done, settings):
+                other.append(f"{done['variant']} seed {done['seed']}")
+                continue
+            runs.append(finished(root, cwd))
+            roots.append(root)
+    return runs, roots, other
+
+
+def compare_variants(runs, order, methods):
+    """(variants, reference): each variant's means over its seeds, each difference to the reference over seeds
+    tested against noise. runs is sorted as the variants: this grid's order first, then variants of earlier
+    invocations."""
+    runs.sort(key=lambda r: (order.index(r['variant']) if r['variant'] in order else len(order), r['variant'],
+                             r['seed']))
+    names = dict.fromkeys(r['variant'] for r in runs)
+    variants = {n: aggregate([r for r in runs if r['variant'] == n], methods) for n in names}
+    reference = 'vanilla' if 'vanilla' in variants else next(iter(variants), None)
+    for name, agg in variants.items():
+        agg['welch'] = {k: welch(*(seed_values(runs, n, k) for n in (name, reference))) if name != reference else None
+                        for k in ('final_val_loss', 'accuracy')}
+    return variants, reference
+
+
+def main_table(variants, runs, reference, command, settings):
+    """The report's first lines: the base recipe and command, then a row per variant."""
+    target, train_args = settings['target'], settings['train_args']
+    # steps to a loss: the first evaluation where the variant's mean curve is at the target's final loss
+    goal = target if target in variants else reference
+    goal_loss = variants[goal]['final_val_loss'] if goal else None
+    reaches = {n: next((c[0] for c in agg['curve'] if goal_loss is not None and c[1] <= goal_loss), None)
+               for n, agg in variants.items()}
+    # a downstream task's metric is a column when runs logged one (train.py's eval_task)
+    tasks = list(dict.fromkeys(k for agg in variants.values() for k in agg['task']))
+    accuracy = any(agg['accuracy'] is not None for agg in variants.values())  # a task dataset's runs
+    lines = [f"Base recipe `{settings['train_config']}`{f' with `{train_args}`' if train_args else ''}, seeds "
+             f"{', '.join(str(1337 + s) for s in range(settings['seeds']))}; command: `{command}`", '',
+             f'| variant | flags | parameters | active | final val loss | best val loss | Δ final vs {reference} '
+             f'| reaches {goal} at iter | ms/iter | tokens/s | KV cache bytes/token | load max/mean | diverged at |'
+             + ''.join(f' {t} |' for t in tasks)
+             + (f' val accuracy | Δ accuracy vs {reference} |' if accuracy else ''),
+             '|' + ' --- |' * (13 + len(tasks) + 2 * accuracy)]
+    for name, agg in variants.items():
+        seeds_runs = [r for r in runs if r['variant'] == name]
+        flags = ', '.join(f'{k}={v}' for k, v in agg['flags'].items()).replace('|', '\\|') or '(base recipe)'
+        diverged = ', '.join(str(d) for d in agg['diverged_at'] if d is not None) or '-'
+        lines.append('| ' + ' | '.join([
+            name, flags, fmt(agg['parameters'], ','), fmt(agg['active_parameters'], ','),
+            mean_std([r['final_val_loss'] for r in seeds_runs]), mean_std([r['best_val_loss'] for r in seeds_runs]),
+            delta(agg, variants[reference], 'final_val_loss', len(seeds_runs)),
+            'not reached' if reaches[name] is None else str(reaches[name]), fmt(agg['ms_per_iter'], '.1f'),
+            fmt(agg['tokens_per_s'], ',.0f'), fmt(agg['kv_bytes_per_token'], ',.0f'),
+            fmt(agg['load_max_over_mean'], '.2f'), diverged] + [fmt(agg['task'].get(t)) for t in tasks]
+            + ([mean_std([r['accuracy'] for r in seeds_runs]), delta(agg, variants[reference], 'accuracy',
+                                                                     len(seeds_runs))] if accuracy else [])) + ' |')
+    return lines
+
+
+def notes(variants, reference, n_layer):
+    """What the main table's figures are: the test, the timing, LLLG standing in for Gemma 3's ratio."""
+    lines = ['', f"p: Welch's two-sided t-test over seeds against {reference} (stats.welch); ≈: p >= 0.05, a "
+                 f"difference noise could explain; the per-seed figures are in results.json's runs."]
+    lines += ['', "ms/iter and tokens/s come from runs trained one after another (or `parallel` at once) on this "
+                  "machine: another job's load during one run slows it alone, so compare them across variants with "
+                  "care; bench.py times variants side by side, its steps taken in turn."]
+    if 'layers=LLLG' in variants:
+        lines += ['', "layers=LLLG is 3 local layers to 1 global (OLMo 3's ratio), not Gemma 3's 5:1 'LLLLLG'" + (
+            f", which tiled over this {n_layer}-layer model would be {('LLLLLG' * n_layer)[:n_layer]!r}: LLLG stands "
+            f"in for it" if n_layer < 6 else "; add that with --grid=custom") + '.']
+    return lines
+
+
+def extrapolation_table(variants, no_data, extrapolation_iters):
+    """Each variant's val loss at multiples of its trained block_size, a row per method; the runs left out."""
+    lines = ['', f"Val loss at multiples of the trained block_size (each run's ckpt.pt, {extrapolation_iters} "
+                 f"batches per length; n/a: learned positions cannot go past 1x). 1× is not the final val loss "
+                 f"above: it is the loss of ckpt.pt (the best val loss's checkpoint unless "
+                 f"always_save_checkpoint=True) on {extrapolation_iters} batches of the length table's own seed, "
+                 f"the same for every variant, where the val loss columns are train.py's eval_iters batches; "
+                 f"the two differ by that sampling (and by which checkpoint).", '',
+             '| variant | method | ' + ' | '.join(f'{k}×' for k in MULTIPLES) + ' |',
+             '|' + ' --- |' * (2 + len(MULTIPLES))]
+    for name, agg in variants.items():
+        for method, losses in agg['extrapolation'].items():
+            if any(v is not None for v in losses.values()):
+                lines.append(f"| {name} | {method} | " + ' | '.join(fmt(v) for v in losses.values()) + ' |')
+    if no_data:
+        lines += ['', f"Not in the length table (rerun once the data is back): "
+                      f"{', '.join(f'{run} ({why})' for run, why in no_data.items())}"]
+    return lines
+
+
+def write_report(out, order, failed, cwd, n_layer, settings):
+    """Write results.md, results.json and the plots from every finished run (its done.json, read now: runs other
+    processes finished are in); the set of the runs' directories it holds."""
+    check_report_files(out)  # before the minutes of the length table
+    runs, roots, other = finished_runs(out, cwd, settings)
+    methods, iters = methods_asked(settings), settings['extrapolation_iters']
+    no_data = measure_lengths(runs, roots, cwd, methods, iters)
+    reported = {os.path.abspath(root) for root in roots}
+    variants, reference = compare_variants(runs, order, methods)
+    command = ' '.join(['python ablate.py'] + [shell_quote(a) for a in sys.argv[1:]])
+    write_output(os.path.join(out, 'results.json'), json.dumps({'command': command, 'settings': dict(settings),
+                                                                'variants': variants, 'runs': runs}, indent=1),
+                 'results.json')
+    lines = main_table(variants, runs, reference, command, settings) + notes(variants, reference, n_layer)
+    if methods:
+        lines += extrapolation_table(variants, no_data, iters)
+    lines += lengths_table(variants, runs, reference, iters) + recall_table(variants, runs) + probes_table(variants)
+    target = settings['target']
+    if target and target not in variants:
+        lines += ['', f"target {target!r} has no finished runs here: the reaches column uses {reference!r}"]
+    if other:
+        lines += ['', f"Not in this report, made with another train_config or train_args: {', '.join(other)}"]
+    if failed:
+        lines += ['', f"Failed in the last invocation (see their train.log): {', '.join(failed)}"]
+    write_output(os.path.join(out, 'results.md'), '\n'.join(lines) + '\n', 'results.md')
+    if variants:
+        plot(variants, 0, 'iteration', os.path.join(out, 'val_loss_vs_iter.png'), settings)
+        plot(variants, 2, 'time (s)', os.path.join(out, 'val_loss_vs_time.png'), settings)
+    if recall_points(variants):
+        plot_recall(variants, runs, os.path.join(out, 'accuracy_vs_width.png'))
+    print(f"report: {os.path.join(out, 'results.md')} ({len(runs)} finished runs of {len(variants)} variants)")
+    return reported

@@ -1,0 +1,22 @@
+"""ablation/grid.py: the grid of several groups, each flag set run once under its first name, names fit for
+directories."""
+
+import os
+
+from conftest import ablate_grid
+
+
+def test_grid_runs_each_flag_set_once(monkeypatch, capsys):
+    # the CPU recipe: 4 heads
+    _, _, variants = ablate_grid(monkeypatch, '--grid=default,leave_one_out,norm_position,mlp,kv',
+                                 '--n_kv_heads=1,2', "--custom={'x y': {}}")
+    assert list(variants)[:6] == ['vanilla', 'vanilla+rms', 'vanilla+swiglu', 'vanilla+gqa', 'vanilla+rope', 'modern']
+    assert variants['modern'] == {'norm': 'rms', 'mlp': 'swiglu', 'n_kv_head': 2, 'pos': 'rope'}
+    assert variants['modern-rope'] == {**variants['modern'], 'pos': 'learned'}
+    assert variants['modern+postnorm'] == {**variants['modern'], 'norm_position': 'post'}
+    assert variants['kv=1']['n_kv_head'] == 1
+    # mlp=gelu is vanilla, mlp=swiglu is vanilla+swiglu, kv=2 is modern: each runs once
+    assert 'mlp=gelu' not in variants and 'mlp=swiglu' not in variants and 'kv=2' not in variants
+    assert {'mlp=relu', 'mlp=geglu', 'vanilla+postnorm', 'modern-rms', 'modern-gqa'} <= set(variants)
+    assert 'runs once, as vanilla' in capsys.readouterr().out
+    assert all(os.sep not in name and ' ' not in name for name in variants)

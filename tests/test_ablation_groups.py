@@ -1,0 +1,226 @@
+"""ablation/groups.py: each grid group's members on the CPU recipe (the flags they vary, models the recipe builds, at
+about equal parameters where they say so); a group whose data is missing is one line."""
+
+import json
+
+from ablation.groups import base_vocab, model_args
+from ablation.report import recall_points
+from conftest import ablate_grid, ablate_here, make_workdir
+
+
+def test_groups_are_built_from_the_swap_tables(monkeypatch):
+    # the CPU recipe: 4 heads of 32
+    _, _, variants = ablate_grid(monkeypatch, '--grid=moe,attention,stability,long_context',
+                                 '--learning_rates=1e-3,1e-2')
+    modern = variants['modern']
+    assert variants['moe'] == {**modern, 'mlp': 'moe', 'n_expert': 8, 'n_expert_active': 2, 'moe_aux_loss_coef': 0.01}
+    assert variants['dense-as-total']['ffn_hidden'] == 8 * 192  # 8 experts of half the 384-wide SwiGLU
+    assert variants['moe-sigmoid']['router'] == 'sigmoid' and 'moe_aux_loss_coef' not in variants['moe-sigmoid']
+    # MLA's cache: latent + rotated key = GQA's 2 K/V heads x 2 x 32 = 128, MQA's 64
+    mla = variants['mla-gqa-cache']
+    assert mla['attn'] == 'mla' and mla['kv_lora_rank'] + mla['qk_rope_head_dim'] == 128
+    assert variants['mla-mqa-cache']['kv_lora_rank'] + variants['mla-mqa-cache']['qk_rope_head_dim'] == 64
+    assert variants['modern+qk_norm_lr=0.01'] == {**modern, 'qk_norm': True, 'learning_rate': 0.01, 'min_lr': 0.001}
+    assert 'vanilla' in variants and 'mha' in variants and 'mqa' in variants
+
+
+def test_the_recipe_groups_vary_one_thing_on_the_modern_block(monkeypatch):
+    # the CPU recipe: learning_rate 1e-3
+    _, base, variants = ablate_grid(monkeypatch, '--grid=schedule,optimizer,recipe_mlp,zero_init',
+                                    '--adamw_lrs=1e-3,3e-3', '--muon_lrs=0.02')
+    modern = variants['modern']  # adamw lr=1e-3 and modern mlp=swiglu are the recipe's modern: run once
+    assert 'adamw_lr=0.001' not in variants and 'modern_mlp=swiglu' not in variants
+    assert variants['adamw_lr=0.003'] == {**modern, 'learning_rate': 0.003, 'min_lr': 0.003 / 10}
+    assert variants['muon_lr=0.02'] == {**modern, 'optimizer': 'muon', 'muon_lr': 0.02}
+    assert variants['modern+wsd'] == {**modern, 'lr_schedule': 'wsd'}
+    assert variants['modern_mlp=relu2'] == {**modern, 'mlp': 'relu2', 'ffn_hidden': 576}  # SwiGLU's 384 x 1.5
+    assert variants['modern_untied+zero_init'] == {**modern, 'tie_embeddings': False, 'zero_init': True}
+    from chapters import GPT, GPTConfig
+    mlp_params = lambda flags: sum(p.numel() for p in GPT(GPTConfig(**{**model_args(base), **flags}))
+                                   .transformer.h[0].mlp.parameters())
+    assert mlp_params(variants['modern_mlp=gelu']) == mlp_params(variants['modern_mlp=relu2']) == mlp_params(modern)
+
+
+def test_the_per_layer_groups_vary_one_thing_on_the_modern_block(monkeypatch):
+    # the CPU recipe: 4 layers, block_size 64
+    _, base, variants = ablate_grid(monkeypatch, '--grid=local_global,sinks,gate,nope,norm_position')
+    modern, window = variants['modern'], {'sliding_window': 16}  # a quarter of block_size
+    assert variants['layers=LLLG'] == {**modern, 'layers': 'LLLG', **window}
+    assert variants['layers=L'] == {**modern, 'layers': 'L', **window}
+    assert variants['layers=LG+sinks'] == {**modern, 'layers': 'LG', **window, 'attn_sinks': True}
+    assert variants['modern+gate'] == {**modern, 'attn_gate': True}
+    assert variants['layers=GGGN'] == {**modern, 'layers': 'GGGN'}
+    assert variants['rope_fraction=0.25'] == {**modern, 'rope_fraction': 0.25}
+    assert variants['modern+sandwich'] == {**modern, 'norm_position': 'sandwich'}
+    assert variants['modern+after'] == {**modern, 'norm_position': 'after'}
+    from chapters import GPTConfig
+    for flags in variants.values():  # every variant is a model the recipe can build
+        GPTConfig(**{**model_args(base), **flags})
+
+
+def test_the_hybrid_group_varies_the_layer_kinds_at_about_equal_parameters(monkeypatch):
+    """Each constant-memory kind 3:1 with global attention and alone: Gated DeltaNet differs from modern only in
+    its layers and widths, Kimi Delta Attention, Mamba-2 and the short convolution in their layers and MLP width,
+    and the parameters of all stay within 1% of modern's."""
+    _, base, variants = ablate_grid(monkeypatch, '--grid=hybrid')
+    assert list(variants) == ['modern', 'layers=DDDG', 'layers=D', 'layers=KKKG', 'layers=K', 'layers=SSSG',
+                              'layers=S', 'layers=VVVG', 'layers=V']
+    modern = variants['modern']
+    for kind in 'KSV':
+        for pattern in (kind * 3 + 'G', kind):
+            flags = variants[f'layers={pattern}']
+            assert flags == {**modern, 'layers': pattern, 'ffn_hidden': flags['ffn_hidden']}
+    linear = {k: v for k, v in variants['layers=D'].items() if k.startswith('linear_')}
+    assert variants['layers=DDDG'] == {**modern, 'layers': 'DDDG', **linear}
+    assert variants['layers=D'] == {**modern, 'layers': 'D', **linear}
+    from chapters import GPT, GPTConfig
+    sizes = [GPT(GPTConfig(**{**model_args(base), 'vocab_size': 65, **flags})).get_num_params()
+             for flags in variants.values()]
+    assert max(sizes) < 1.01 * sizes[0] and min(sizes) > 0.99 * sizes[0], sizes
+
+
+def test_the_chunked_group_sets_chunks_against_windows_of_the_same_size(monkeypatch):
+    _, base, variants = ablate_grid(monkeypatch, '--grid=chunked')  # the CPU recipe: block_size 64
+    modern = variants['modern']
+    assert list(variants) == ['modern', 'layers=GGGN', 'layers=CCCN+attention_chunk_size=16',
+                              'layers=LLLN+sliding_window=16', 'layers=CCCN+attention_chunk_size=32',
+                              'layers=LLLN+sliding_window=32']
+    assert variants['layers=CCCN+attention_chunk_size=16'] == {**modern, 'layers': 'CCCN', 'attention_chunk_size': 16}
+    assert variants['layers=LLLN+sliding_window=32'] == {**modern, 'layers': 'LLLN', 'sliding_window': 32}
+    from chapters import GPT, GPTConfig
+    sizes = {GPT(GPTConfig(**{**model_args(base), 'vocab_size': 65, **flags})).get_num_params()
+             for flags in variants.values()}
+    assert len(sizes) == 1  # chunks and windows change no weight
+
+
+def test_the_sparse_and_mtp_groups_vary_only_their_flags(monkeypatch):
+    """sparse: modern, and DSA at k of a quarter and an eighth of block_size, with and without the KL loss; mtp:
+    modern and depths 1 and 2; every variant a model the recipe builds."""
+    ablate_module, base, variants = ablate_grid(monkeypatch, '--grid=sparse,mtp')
+    modern, quarter, eighth = variants['modern'], base['block_size'] // 4, base['block_size'] // 8
+    assert list(variants) == ['modern', f'dsa_topk={quarter}', f'dsa_topk={quarter}_no_kl', f'dsa_topk={eighth}',
+                              f'dsa_topk={eighth}_no_kl', 'mtp_depth=1', 'mtp_depth=2']
+    sparse = variants[f'dsa_topk={eighth}']
+    assert sparse == {**modern, 'index_topk': eighth, 'index_loss_coef': 1.0, 'index_head_dim': sparse['index_head_dim']}
+    assert variants[f'dsa_topk={eighth}_no_kl'] == {**sparse, 'index_loss_coef': 0.0}
+    assert variants['mtp_depth=2'] == {**modern, 'mtp_depth': 2}
+    from chapters import GPTConfig
+    for flags in variants.values():
+        GPTConfig(**{**model_args(base), **flags})
+
+
+def test_the_kv_sharing_group_shares_a_quarter_and_a_half_of_the_layers_and_sets_k_eq_v(monkeypatch):
+    _, base, variants = ablate_grid(monkeypatch, '--grid=kv_sharing')  # the CPU recipe: 4 layers
+    modern = variants['modern']
+    assert list(variants) == ['modern', 'kv_shared_layers=1', 'kv_shared_layers=2', 'modern+attn_k_eq_v']
+    assert variants['kv_shared_layers=2'] == {**modern, 'kv_shared_layers': 2}
+    from chapters import GPT, GPTConfig
+    cache = [GPT(GPTConfig(**{**model_args(base), 'vocab_size': 65, **flags})).kv_cache_bytes(1, 64)
+             for flags in variants.values()]
+    assert cache == [cache[0], cache[0] * 3 // 4, cache[0] // 2, cache[0]]  # K = V keeps both in the cache
+
+
+def test_the_per_layer_embeddings_group_matches_the_dense_block_in_parameters_and_in_flops(monkeypatch):
+    """Gemma 4's per-layer embeddings against the modern block widened (ffn_hidden) to the same total parameters
+    and to the same FLOPs per token: each control nearer its target than one MLP unit more or less would be."""
+    # the CPU recipe: 4 layers, 128 wide
+    ablate_module, base, variants = ablate_grid(monkeypatch, '--grid=per_layer_embeddings')
+    names = list(variants)
+    assert names[:2] == ['modern', 'per_layer_embd=32'] and len(names) == 4
+    assert variants['per_layer_embd=32'] == {**variants['modern'], 'per_layer_embd': 32}
+    from chapters import GPT, GPTConfig
+    args = {**model_args(base), 'vocab_size': base_vocab(base, ablate_module.settings)}
+    build = lambda flags: GPT(GPTConfig(**{**args, **flags}))
+    ple = build(variants['per_layer_embd=32'])
+    for name, measure in ((names[2], lambda m: m.get_num_params()), (names[3], lambda m: m.flops_per_token())):
+        flags = variants[name]
+        assert name.endswith(f"_ffn={flags['ffn_hidden']}") and 'per_layer_embd' not in flags
+        gaps = [abs(measure(build({**flags, 'ffn_hidden': flags['ffn_hidden'] + d})) - measure(ple)) for d in (-1, 0, 1)]
+        assert gaps[1] <= min(gaps[0], gaps[2])
+    assert build(variants[names[2]]).get_num_params() > build(variants['modern']).get_num_params()
+
+
+def test_the_evidence_groups(tmp_path, monkeypatch, capsys):
+    """recall: 5 architectures x widths x lengths, each length its own dataset (a missing one is one line naming
+    its prepare command); length_generalization on data/copy; sinks with the gate and learned sinks."""
+    workdir = make_workdir(tmp_path)
+    code, err = ablate_here(workdir, tmp_path / 'out', '--grid=recall', monkeypatch=monkeypatch, capsys=capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and 'python data/recall/prepare.py --seq_len 32 --num_pairs 4' in lines[0]
+    for length in (32, 64):
+        (workdir / 'data' / f'recall_{length}').mkdir(parents=True)
+        (workdir / 'data' / f'recall_{length}' / 'meta.json').write_text(json.dumps({'example_length': length}))
+    (workdir / 'data' / 'copy').mkdir()
+    (workdir / 'data' / 'copy' / 'meta.json').write_text(json.dumps({'splits': {
+        'train': {'example_length': 33}, 'val': {'example_length': 33}, 'val_4x': {'example_length': 129}}}))
+    _, base, variants = ablate_grid(monkeypatch, f'--run_dir={workdir}', '--grid=recall,length_generalization,sinks',
+                                    '--recall_widths=32,64', '--recall_lengths=32,64')
+    recall = [n for n in variants if n.endswith(('L=32', 'L=64'))]
+    assert len(recall) == 5 * 2 * 2
+    wide = variants['global_d=64_L=32']
+    assert {k: wide[k] for k in ('dataset', 'block_size', 'n_embd', 'n_head', 'pos')} == {
+        'dataset': 'recall_32', 'block_size': 31, 'n_embd': 64, 'n_head': 2, 'pos': 'rope'}
+    assert variants['L_d=32_L=64'] == {**variants['global_d=32_L=64'], 'layers': 'L', 'sliding_window': 16}
+    assert variants['DDDG_d=64_L=64']['layers'] == 'DDDG' and variants['mla_d=64_L=64']['attn'] == 'mla'
+    assert variants['learned']['pos'] == 'learned' and variants['learned']['block_size'] == 128
+    assert variants['rope']['block_size'] == 32 and variants['nope']['layers'] == 'N'
+    assert all(variants[n]['dataset'] == 'copy' for n in ('learned', 'rope', 'nope', 'layers=GGGN'))
+    assert variants['modern+gate+sinks'] == {**variants['modern'], 'attn_gate': True, 'attn_sinks': True}
+    from chapters import GPTConfig
+    for flags in variants.values():  # every variant is a model the recipe can build
+        GPTConfig(**{**model_args(base), **{k: v for k, v in flags.items() if k != 'dataset'}})
+
+
+def test_the_recall_group_takes_any_layer_pattern_at_about_equal_parameters(tmp_path, monkeypatch, capsys):
+    """recall_archs: Kimi Delta Attention, Mamba-2, the short convolution (issue 31's recall question) beside global
+    attention, each width's models within 1% of its global one; a pattern of unknown letters is one line."""
+    workdir = make_workdir(tmp_path)
+    (workdir / 'data' / 'recall_32').mkdir(parents=True)
+    (workdir / 'data' / 'recall_32' / 'meta.json').write_text(json.dumps({'example_length': 32, 'vocab_size': 64}))
+    code, err = ablate_here(workdir, tmp_path / 'out', '--grid=recall', '--recall_lengths=32', '--recall_archs=global,XG',
+                            monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "recall_archs must be" in err and "'global,XG'" in err
+    _, base, variants = ablate_grid(monkeypatch, f'--run_dir={workdir}', '--grid=recall', '--recall_widths=32,64',
+                                    '--recall_lengths=32', '--recall_archs=global,KKKG,S,VVVG')
+    assert list(variants) == [f'{a}_d={w}_L=32' for w in (32, 64) for a in ('global', 'KKKG', 'S', 'VVVG')]
+    from chapters import GPT, GPTConfig
+    for width in (32, 64):
+        sizes = [GPT(GPTConfig(**{**model_args(base), 'vocab_size': 64,
+                                  **{k: v for k, v in variants[f'{a}_d={width}_L=32'].items() if k != 'dataset'}}))
+                 .get_num_params() for a in ('global', 'KKKG', 'S', 'VVVG')]
+        assert max(sizes) < 1.01 * sizes[0] and min(sizes) > 0.99 * sizes[0], sizes
+    assert variants['S_d=64_L=32']['layers'] == 'S' and variants['S_d=64_L=32']['n_embd'] == 64
+
+
+def test_the_recall_group_takes_pair_counts_each_its_own_dataset(tmp_path, monkeypatch, capsys):
+    """recall_pairs: the same length at several pair counts (the state's load), L / 8 keeping its old names and
+    data/recall_<L>, any other count data/recall_<L>_p<P>; a missing dataset or a count that does not fit is one
+    line."""
+    workdir = make_workdir(tmp_path)
+    (workdir / 'data' / 'recall_32').mkdir(parents=True)
+    (workdir / 'data' / 'recall_32' / 'meta.json').write_text(json.dumps(
+        {'example_length': 32, 'settings': {'num_pairs': 4}}))
+    args = ('--grid=recall', '--recall_lengths=32', '--recall_widths=64', '--recall_archs=global,D')
+    code, err = ablate_here(workdir, tmp_path / 'out', *args, '--recall_pairs=4,8', monkeypatch=monkeypatch,
+                            capsys=capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].endswith(
+        'python data/recall/prepare.py --seq_len 32 --num_pairs 8 --vocab_size 64 --out_dir data/recall_32_p8')
+    code, err = ablate_here(workdir, tmp_path / 'out', *args, '--recall_pairs=9', monkeypatch=monkeypatch,
+                            capsys=capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and '9 pairs' in lines[0] and '1 to 8 pairs' in lines[0]
+    (workdir / 'data' / 'recall_32_p8').mkdir()
+    (workdir / 'data' / 'recall_32_p8' / 'meta.json').write_text(json.dumps(
+        {'example_length': 32, 'settings': {'num_pairs': 2}}))  # not the count its name says
+    code, err = ablate_here(workdir, tmp_path / 'out', *args, '--recall_pairs=8', monkeypatch=monkeypatch,
+                            capsys=capsys)
+    assert code == 2 and 'data/recall_32_p8 (examples of 32 tokens, 8 pairs)' in err
+    (workdir / 'data' / 'recall_32_p8' / 'meta.json').write_text(json.dumps(
+        {'example_length': 32, 'settings': {'num_pairs': 8}}))
+    _, _, variants = ablate_grid(monkeypatch, f'--run_dir={workdir}', *args, '--recall_pairs=4,8')
+    assert list(variants) == ['global_d=64_L=32', 'D_d=64_L=32', 'global_d=64_L=32_P=8', 'D_d=64_L=32_P=8']
+    assert variants['D_d=64_L=32_P=8'] == {**variants['D_d=64_L=32'], 'dataset': 'recall_32_p8'}
+    assert recall_points(variants) == {
+        'global_d=64_L=32': ('global', (32, 4), 64), 'D_d=64_L=32': ('D', (32, 4), 64),
+        'global_d=64_L=32_P=8': ('global', (32, 8), 64), 'D_d=64_L=32_P=8': ('D', (32, 8), 64)}

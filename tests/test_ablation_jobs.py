@@ -1,0 +1,57 @@
+"""ablation/jobs.py: claims (whole, a stale one taken over by one process), a run finished by another process
+meanwhile, a run whose folder went away."""
+
+import json
+import os
+
+import pytest
+
+import ablation.jobs
+from conftest import import_ablate
+
+
+def test_claims_are_whole_and_stale_ones_are_taken_over(tmp_path, monkeypatch):
+    run = str(tmp_path / 'seed1337')
+    assert ablation.jobs.claim(run) is None  # ours now
+    owner = json.loads((tmp_path / 'seed1337.claim').read_text())
+    assert owner['pid'] == os.getpid()
+    assert ablation.jobs.claim(run) == f"{owner['host']}:{os.getpid()}"  # held by a live process
+    (tmp_path / 'seed1337.claim').write_text(json.dumps({'host': owner['host'], 'pid': 2 ** 22 + 12345}))
+    assert ablation.jobs.claim(run) is None  # its owner on this host is dead
+    (tmp_path / 'seed1337.claim').write_text(json.dumps({'host': 'elsewhere', 'pid': 1}))
+    assert ablation.jobs.claim(run) == 'elsewhere:1'  # another node, refreshing it
+    os.utime(tmp_path / 'seed1337.claim', (0, 0))
+    assert ablation.jobs.claim(run) is None  # another node that stopped refreshing it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['seed1337.claim']  # nothing else left beside it
+
+
+@pytest.mark.parametrize('returncode', [0, 1])
+def test_a_run_whose_folder_went_away_fails_alone(tmp_path, monkeypatch, returncode):
+    """Its folder deleted while train.py ran: that run is one FAILED line, not a traceback that stops the grid
+    (main releases its claim and goes on)."""
+    from types import SimpleNamespace
+    ablate_module = import_ablate(monkeypatch)
+    path = tmp_path / 'runs' / 'gone' / 'seed1337'
+    path.mkdir(parents=True)
+    log = open(path / 'train.log', 'w')
+    (path / 'train.log').unlink()
+    path.rmdir()
+    why = ablation.jobs.finish(('gone', {}, 1337, str(path)), SimpleNamespace(returncode=returncode), log, 1.0,
+                               str(tmp_path), ablate_module.settings)
+    assert 'went away' in why and str(path) in why and log.closed
+
+
+def test_a_run_finished_between_the_look_and_the_claim_is_not_retrained(tmp_path, monkeypatch):
+    path = tmp_path / 'runs' / 'v' / 'seed1337'
+    path.mkdir(parents=True)
+    real_claim = ablation.jobs.claim
+
+    def claim_after_another_finished(run):
+        (path / 'done.json').write_text('{}')  # another process, just before our claim
+        return real_claim(run)
+    monkeypatch.setattr(ablation.jobs, 'claim', claim_after_another_finished)
+    assert ablation.jobs.take(str(path)) == 'finished'
+    assert (path / 'done.json').exists() and not (tmp_path / 'runs' / 'v' / 'seed1337.claim').exists()
+    monkeypatch.setattr(ablation.jobs, 'claim', real_claim)
+    (path / 'done.json').unlink()
+    assert ablation.jobs.take(str(path)) is None  # free: ours to train

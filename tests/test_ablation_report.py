@@ -1,0 +1,102 @@
+"""ablation/report.py: a seed's figure without a spread, Welch's p on each difference (≈ where noise could explain
+it), the recall table by length and width against global attention, and its plot."""
+
+import json
+
+import pytest
+
+from ablation.report import mean_std
+from conftest import make_workdir, report_here, table_rows, tables
+
+
+def test_one_seed_shows_no_spread():
+    assert mean_std([2.3786]) == '2.3786 (1 seed)'
+    assert mean_std([1.0, 2.0]) == '1.5000 ± 0.7071'
+
+
+def fabricated_run(workdir, out, name, flags, seed, val_loss, accuracy, lengths=None):
+    """A finished run written by hand: an old done.json (so the report summarizes it again from its log.jsonl)
+    and a log of two evaluations, the last with the given val loss and task accuracy."""
+    path = out / 'runs' / name / f'seed{seed}'
+    path.mkdir(parents=True)
+    args = [str(workdir / 'tiny.py')] + [f'--{k}={v!r}' for k, v in flags.items()] + [f'--seed={seed}',
+                                                                                      '--wandb_log=False']
+    (path / 'done.json').write_text(json.dumps({'variant': name, 'flags': flags, 'seed': seed, 'args': args,
+                                                'duration_s': 1.0, 'version': 3}))
+    records = [{'iter': 0, 'val_loss': 3.0, 'elapsed_s': 0.0, 'ms_per_iter': None, 'tokens': 0, 'accuracy': 0.1},
+               {'iter': 4, 'val_loss': val_loss, 'elapsed_s': 1.0, 'ms_per_iter': 10.0, 'tokens': 64,
+                'accuracy': accuracy, **({'lengths': lengths} if lengths else {})}]
+    (path / 'log.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
+
+
+def test_each_difference_gets_welchs_p_and_noise_is_marked(tmp_path, monkeypatch, capsys):
+    """Three variants x 3 seeds: the Δ cells carry the p stats.welch gives on the per-seed figures, '≈' exactly
+    where p >= 0.05; accuracy (read from each run's log.jsonl) is a column with its own p, and each evaluation
+    length a column of the length table."""
+    from stats import welch
+    workdir = make_workdir(tmp_path)
+    out = tmp_path / 'out'
+    losses = {'vanilla': [2.00, 2.02, 2.01], 'close': [2.01, 2.00, 2.03], 'apart': [1.80, 1.81, 1.79]}
+    accuracies = {'vanilla': [0.30, 0.35, 0.32], 'close': [0.31, 0.36, 0.30], 'apart': [0.90, 0.95, 0.99]}
+    flags = {'vanilla': {}, 'close': {'learning_rate': 1e-3}, 'apart': {'learning_rate': 2e-3}}
+    for name in losses:
+        for k, seed in enumerate((1337, 1338, 1339)):
+            fabricated_run(workdir, out, name, flags[name], seed, losses[name][k], accuracies[name][k],
+                           {'val_2x': {'loss': 2.5, 'accuracy': accuracies[name][k] / 2},
+                            'val_4x': {'loss': None, 'accuracy': None}})
+    code, _, err = report_here(workdir, out, f'--custom={flags}', '--seeds=3', '--extrapolation=',
+                               monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, err
+    md = (out / 'results.md').read_text(encoding='utf-8')
+    rows, header = table_rows(md), tables(md)[0][0]
+    loss_col, acc_col = header.index('Δ final vs vanilla'), header.index('Δ accuracy vs vanilla')
+    saved = json.loads((out / 'results.json').read_text())['variants']
+    for name in ('close', 'apart'):
+        for col, key, figures in ((loss_col, 'final_val_loss', losses), (acc_col, 'accuracy', accuracies)):
+            p = welch(figures[name], figures['vanilla'])['p']
+            assert saved[name]['welch'][key]['p'] == pytest.approx(p)
+            assert f"(p {p:.2g}{' ≈' if p >= 0.05 else ''})" in rows[name][col]
+    assert rows['close'][loss_col].endswith('≈)') and not rows['apart'][loss_col].endswith('≈)')
+    assert rows['apart'][header.index('val accuracy')].startswith('0.9467 ±')
+    assert "Welch's two-sided t-test over seeds against vanilla" in md
+    lengths = {cells[0]: cells for cells in tables(md)[1][1:]}
+    assert tables(md)[1][0] == ['variant', 'positions', 'val (1x)', 'val_2x', 'val_4x']
+    p_val = welch(accuracies['apart'], accuracies['vanilla'])['p']
+    p_2x = welch([a / 2 for a in accuracies['apart']], [a / 2 for a in accuracies['vanilla']])['p']
+    assert lengths['apart'] == ['apart', 'plain', f'0.947 (1.800) p {p_val:.2g}', f'0.473 (2.500) p {p_2x:.2g}', 'n/a']
+    assert lengths['vanilla'][2] == '0.323 (2.010)' and lengths['close'][3].endswith(' ≈')  # no test against itself
+
+
+def test_the_recall_group_is_a_table_of_accuracy_by_length_and_width_tested_against_global(
+        tmp_path, monkeypatch, capsys):
+    """Zoology's figure as a table: one row per architecture, one column per (L, width), each cell the accuracy's
+    mean ± std with Welch's p against global attention of the same shape; and the same as a plot."""
+    from stats import welch
+    workdir = make_workdir(tmp_path)
+    out = tmp_path / 'out'
+    accuracies = {('global', 32, ''): [1.0, 0.98, 0.99], ('global', 64, ''): [1.0, 1.0, 0.99],
+                  ('D', 32, ''): [0.40, 0.45, 0.35], ('D', 64, ''): [0.99, 0.97, 1.0],
+                  ('global', 64, '_P=8'): [0.9, 0.8, 0.85], ('D', 64, '_P=8'): [0.2, 0.3, 0.25]}
+    custom = {}
+    for (arch, width, pairs), values in accuracies.items():
+        name = f'{arch}_d={width}_L=32{pairs}'
+        custom[name] = {'n_embd': width, **({'layers': 'D'} if arch == 'D' else {}),
+                        **({'dropout': 0.01} if pairs else {})}  # another flag set than the same width's at 4 pairs
+        for k, seed in enumerate((1337, 1338, 1339)):
+            fabricated_run(workdir, out, name, custom[name], seed, 1.0, values[k])
+    code, _, err = report_here(workdir, out, f'--custom={custom}', '--seeds=3', '--extrapolation=',
+                               monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, err
+    md = (out / 'results.md').read_text(encoding='utf-8')
+    recall = next(t for t in tables(md) if t[0][0] == 'architecture')
+    assert recall[0] == ['architecture', 'L=32 d=32', 'L=32 d=64', 'L=32 P=8 d=64']  # P where not L / 8
+    rows = {cells[0]: cells for cells in recall[1:]}
+    assert list(rows) == ['global', 'D']
+    assert rows['global'][1] == '0.990 ± 0.010'  # the reference: no test against itself
+    for col, width, pairs in ((1, 32, ''), (2, 64, ''), (3, 64, '_P=8')):
+        p = welch(accuracies[('D', width, pairs)], accuracies[('global', width, pairs)])['p']
+        assert rows['D'][col].endswith(f"(p {p:.2g}{' ≈' if p >= 0.05 else ''})")
+    assert rows['D'][1].startswith('0.400 ± 0.050 (p') and not rows['D'][1].endswith('≈)')
+    assert rows['D'][2].endswith('≈)')  # 0.987 against 0.997: noise could explain it
+    png = (out / 'accuracy_vs_width.png').read_bytes()
+    assert png.startswith(b'\x89PNG') and len(png) > 10_000
