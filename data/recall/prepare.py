@@ -56,14 +56,27 @@ def draw_without_replacement(rng, rows, weights, k):
 
 
 def draw_distinct(rng, rows, n, k):
-    """k distinct ids in 0..n-1 per row, uniformly: each draw is a rank among the ids not yet drawn."""
-    picked = np.empty((rows, k), dtype=np.int64)
+    """k distinct ids in 0..n-1 per row, uniformly: each draw is a rank among the ids not yet drawn (draw j's
+    rank uniform in 0..n-1-j, one rng.integers call per draw), turned into its id in O(k log^2 k) per row.
+
+    The ranks become ids by halves: the second half of the draws, as ids among those the first half left free,
+    is the same problem one level down; an id r among the free ones is r + (how many drawn ids g_i = (i-th
+    smallest drawn id) - i are <= r), one searchsorted for every row and block of a level at once."""
+    size = 1 << max(k - 1, 0).bit_length()  # k padded to a power of two; the padding's ranks come after all of ours
+    ids = np.zeros((rows, size), dtype=np.int64)
     for j in range(k):
-        pick = rng.integers(0, n - j, size=rows)
-        for taken in np.sort(picked[:, :j], axis=1).T:  # rank -> id: step over the drawn ids, smallest first
-            pick += pick >= taken
-        picked[:, j] = pick
-    return picked
+        ids[:, j] = rng.integers(0, n - j, size=rows)
+    room = n + size  # every id, the padding's too, is below it
+    half = 1
+    while half < size:
+        blocks = ids.reshape(rows, size // (2 * half), 2, half)  # a view: each block's second half is written in it
+        first, second = blocks[:, :, 0, :], blocks[:, :, 1, :]
+        below = np.sort(first, axis=-1) - np.arange(half)  # per block: its drawn ids less their rank, non-decreasing
+        offset = np.arange(rows * (size // (2 * half))).reshape(rows, -1, 1) * room  # blocks apart in one sorted array
+        second += np.searchsorted((below + offset).ravel(), (second + offset).ravel(), side="right").reshape(
+            second.shape) - offset // room * half
+        half *= 2
+    return ids[:, :k]
 
 
 def make_examples(rng, count, num_pairs, seq_len, vocab_size, power_a):
