@@ -180,10 +180,12 @@ BAD = [
     (recall, ("--power_a", 0), "--power_a 0.0: must be in (0, 1]"),
     (recall, ("--num_pairs", 5, "--vocab_size", 9), "--num_pairs 5: --vocab_size 9 has 4 keys and 4 values"),
     (recall, ("--num_pairs", 8, "--seq_len", 31), "--seq_len 31: must be at least 4 * --num_pairs = 32"),
+    (recall, ("--seed", -1), "--seed -1: must be a non-negative int"),
     (copy, ("--length", 0), "--length 0: must be a positive int"),
     (copy, ("--min_length", 4, "--length", 3), "--min_length 4: must be at most --length 3"),
     (copy, ("--vocab_size", 65), "--vocab_size 65: must be 3..64"),
     (copy, ("--vocab_size", 2), "--vocab_size 2: must be 3..64"),
+    (copy, ("--seed", -1), "--seed -1: must be a non-negative int"),
 ]
 
 

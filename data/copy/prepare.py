@@ -51,6 +51,8 @@ def make_examples(rng, count, min_length, max_length, vocab_size):
 
 def check(args):
     """One line per bad setting, naming it and what is allowed."""
+    if args.seed < 0:
+        fail(f"--seed {args.seed}: must be a non-negative int (numpy's seeds are)")
     for name in ("length", "min_length", "num_train", "num_val"):
         if getattr(args, name) < 1:
             fail(f"--{name} {getattr(args, name)}: must be a positive int")
