@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from dataset_folders import dataset_files, fineweb_like, locked, recall_like, text_bins
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -59,11 +60,6 @@ def run(script, *args, env=None, file_size_limit=None):
         resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300,
                           preexec_fn=limit if file_size_limit else None)
-
-
-def dataset_files(out):
-    """{name: bytes} of out's files but the lock (it holds the pid of the preparation that last ran)."""
-    return {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".lock"}
 
 
 def run_ok(script, *args, env=None):
@@ -320,27 +316,6 @@ def prepare_args(script):
     return ("--num_proc", 1, "--test_size", 0.5) if script == OWT else ()
 
 
-def recall_like(out):
-    """What data/recall/prepare.py writes: tokens and masks of two splits and its meta.json."""
-    out.mkdir()
-    for name in ("train.bin", "train_mask.bin", "val.bin", "val_mask.bin"):
-        (out / name).write_bytes(b"\1\0" * 4)
-    (out / "meta.json").write_text(json.dumps({"dataset": "recall", "kind": "recall", "task": "recall",
-                                               "vocab_size": 9}))
-
-
-def fineweb_like(out):
-    """What data/fineweb_edu/prepare.py leaves: 42 shards and the meta.json listing them (a record from before
-    meta.json's 'dataset')."""
-    out.mkdir()
-    names = [f"fineweb_edu_{'val' if i == 0 else 'train'}_{i:06d}.bin" for i in range(42)]
-    for name in names:
-        (out / name).write_bytes(b"\1\0" * 3)
-    (out / "meta.json").write_text(json.dumps({
-        "kind": "tiktoken", "encoding": "gpt2", "vocab_size": 50257, "preparation": {"source": "x"},
-        "shards": {"val": [[names[0], 3, 1, 0]], "train": [[n, 3, 1, 0] for n in names[1:]]}, "complete": True}))
-
-
 @pytest.mark.parametrize("script", SCRIPTS)
 @pytest.mark.parametrize("other, holds", [
     (recall_like, "recall's dataset (meta.json, train.bin, train_mask.bin and 2 more files)"),
@@ -385,14 +360,8 @@ def test_the_other_text_preparations_folder_is_refused_and_its_own_replaced(tmp_
 def test_one_preparation_of_a_folder_at_a_time(tmp_path, script):
     """Two preparations into one folder at once mixed their files (both wrote NAME.tmp): the folder is locked,
     another's lock is one line and nothing is written."""
-    import fcntl
-
     out = tmp_path / "out"
-    out.mkdir()
-    with open(out / ".lock", "w") as held:  # as a running preparation holds it
-        held.write("4242")
-        held.flush()
-        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with locked(out):
         r = run(script, "--input", write(tmp_path / "a.txt", CORPUS), "--out_dir", out, *prepare_args(script),
                 env=env_for(script))
     assert_one_line_error(r, f"error: '{out}' is being prepared by another process (pid 4242)")
@@ -515,15 +484,11 @@ def test_fineweb_parquet_without_text_is_one_line(tmp_path, bpe_env, monkeypatch
 FWE_ARGS = ("--shard_tokens", 300, "--val_tokens", 200, "--num_proc", 1)
 
 
-def files(out):
-    return {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".lock"}
-
-
 def prepared(monkeypatch, capsys, fwe, out):
     """A whole preparation of fwe into out (with two val/train boundaries crossed mid-document): its files."""
     code, _, err = prepare_here(monkeypatch, capsys, "--input", fwe, "--out_dir", out, *FWE_ARGS)
     assert code == 0, err
-    return files(out), json.loads((out / "meta.json").read_text())
+    return dataset_files(out), json.loads((out / "meta.json").read_text())
 
 
 def rerun(monkeypatch, capsys, fwe, out):
@@ -533,14 +498,8 @@ def rerun(monkeypatch, capsys, fwe, out):
 
 
 def test_fineweb_one_preparation_per_folder_at_a_time(tmp_path, fwe, monkeypatch, capsys):
-    import fcntl
-
     out = tmp_path / "out"
-    out.mkdir()
-    with open(out / ".lock", "w") as held:  # as a running preparation holds it
-        held.write("4242")
-        held.flush()
-        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with locked(out):
         code, _, err = prepare_here(monkeypatch, capsys, "--input", fwe, "--out_dir", out, *FWE_ARGS)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "being prepared by another process (pid 4242)" in err and not (out / "meta.json").exists()
@@ -566,7 +525,7 @@ def test_fineweb_resumes_from_the_shards_it_lists(tmp_path, fwe, monkeypatch, ca
     (out / "meta.json").write_text(json.dumps(cut))
     stdout, err = rerun(monkeypatch, capsys, fwe, out)
     assert "resuming" in stdout and "error" not in err
-    assert files(out) == whole
+    assert dataset_files(out) == whole
 
 
 def test_fineweb_rewrites_a_deleted_or_truncated_shard(tmp_path, fwe, monkeypatch, capsys):
@@ -575,11 +534,11 @@ def test_fineweb_rewrites_a_deleted_or_truncated_shard(tmp_path, fwe, monkeypatc
     deleted = meta["shards"]["train"][2][0]
     (out / deleted).unlink()
     stdout, err = rerun(monkeypatch, capsys, fwe, out)
-    assert "already prepared" not in stdout and deleted in err and files(out) == whole
+    assert "already prepared" not in stdout and deleted in err and dataset_files(out) == whole
     val = out / meta["shards"]["val"][0][0]
     val.write_bytes(val.read_bytes()[:-2])
     stdout, err = rerun(monkeypatch, capsys, fwe, out)
-    assert "already prepared" not in stdout and val.name in err and files(out) == whole
+    assert "already prepared" not in stdout and val.name in err and dataset_files(out) == whole
     assert "already prepared" in rerun(monkeypatch, capsys, fwe, out)[0]
 
 
@@ -651,13 +610,6 @@ def test_fineweb_a_malformed_meta_json_is_one_line_and_kept(tmp_path, fwe, monke
     (tmp_path / "old" / "meta.json").write_text(json.dumps(record))
     assert "is not a FineWeb-Edu preparation's record" in refused(monkeypatch, capsys, fwe, tmp_path / "old")
     assert json.loads((tmp_path / "old" / "meta.json").read_text()) == record
-
-
-def text_bins(out):
-    """train.bin and val.bin with no meta.json (nanoGPT's own openwebtext writes none)."""
-    out.mkdir()
-    (out / "train.bin").write_bytes(b"\1\0" * 9)
-    (out / "val.bin").write_bytes(b"\0\0")
 
 
 @pytest.mark.parametrize("other, holds", [

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from dataset_folders import char_like, dataset_files, fineweb_like, locked, text_bins
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -202,7 +203,7 @@ def test_a_failed_rerun_leaves_the_dataset_as_it_was(tmp_path, monkeypatch, caps
     import resource
 
     assert prepare(module, monkeypatch, capsys, tmp_path, *args, "--num_train", 10, "--num_val", 5)[0] == 0
-    before = files_of(tmp_path)
+    before = dataset_files(tmp_path)
     limits = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.setrlimit(resource.RLIMIT_FSIZE, (200, limits[1]))  # as a full disk: the new train.bin does not fit
     try:
@@ -211,48 +212,14 @@ def test_a_failed_rerun_leaves_the_dataset_as_it_was(tmp_path, monkeypatch, caps
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, limits)
     assert code == 2 and err.startswith(f"error: cannot write to '{tmp_path}'") and err.count("\n") == 1
-    assert files_of(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == sorted([*before, ".lock"])
-
-
-def files_of(out):
-    """{name: bytes} of out's files but the lock (it holds the pid of the preparation that last ran)."""
-    return {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".lock"}
-
-
-def fineweb_like(out):
-    """What data/fineweb_edu/prepare.py leaves: 42 shards and the meta.json listing them (a record from before
-    meta.json's 'dataset')."""
-    out.mkdir()
-    names = [f"fineweb_edu_{'val' if i == 0 else 'train'}_{i:06d}.bin" for i in range(42)]
-    for name in names:
-        (out / name).write_bytes(b"\1\0" * 3)
-    (out / "meta.json").write_text(json.dumps({
-        "kind": "tiktoken", "encoding": "gpt2", "vocab_size": 50257, "preparation": {"source": "x"},
-        "shards": {"val": [[names[0], 3, 1, 0]], "train": [[n, 3, 1, 0] for n in names[1:]]}, "complete": True}))
-
-
-def char_like(out, dataset=True):
-    """What data/shakespeare_char/prepare.py writes: train.bin, val.bin and a character vocabulary's meta.json
-    (with its 'dataset', or as written before that field)."""
-    out.mkdir()
-    (out / "train.bin").write_bytes(b"\1\0" * 9)
-    (out / "val.bin").write_bytes(b"\0\0")
-    meta = {"kind": "char", "vocab_size": 2, "chars": ["a", "b"], "train_tokens": 9, "val_tokens": 1}
-    (out / "meta.json").write_text(json.dumps({"dataset": "shakespeare_char", **meta} if dataset else meta))
-
-
-def bins_only(out):
-    """train.bin and val.bin with no meta.json (nanoGPT's own openwebtext writes none)."""
-    out.mkdir()
-    (out / "train.bin").write_bytes(b"\1\0" * 9)
-    (out / "val.bin").write_bytes(b"\0\0")
+    assert dataset_files(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == sorted([*before, ".lock"])
 
 
 OTHERS = [(fineweb_like, "fineweb_edu's dataset (fineweb_edu_train_000001.bin, fineweb_edu_train_000002.bin, "
                          "fineweb_edu_train_000003.bin and 40 more files)"),
           (char_like, "shakespeare_char's dataset (meta.json, train.bin, val.bin)"),
           (lambda out: char_like(out, dataset=False), "shakespeare_char's dataset (meta.json, train.bin, val.bin)"),
-          (bins_only, "train.bin, val.bin, with no meta.json saying which preparation wrote them")]
+          (text_bins, "train.bin, val.bin, with no meta.json saying which preparation wrote them")]
 
 
 @pytest.mark.parametrize("module, args", TASKS)
@@ -264,20 +231,20 @@ def test_another_datasets_folder_is_refused_in_one_line_and_kept(tmp_path, monke
     train.bin, without a word."""
     out = tmp_path / "out"
     other(out)
-    before = files_of(out)
+    before = dataset_files(out)
     code, err = prepare(module, monkeypatch, capsys, out, *args, "--num_train", 10, "--num_val", 5)
     assert code == 2 and err.count("\n") == 1, err
     assert err.startswith(f"error: '{out}' holds {holds}; {module.DATASET} does not write over another's files")
-    assert files_of(out) == before
+    assert dataset_files(out) == before
 
 
 def test_a_task_does_not_write_over_the_other_tasks_folder(tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
     assert prepare(copy, monkeypatch, capsys, out, "--length", 3, "--num_train", 10, "--num_val", 5)[0] == 0
-    before = files_of(out)
+    before = dataset_files(out)
     code, err = prepare(recall, monkeypatch, capsys, out, "--num_pairs", 2, "--seq_len", 12, "--vocab_size", 9)
     assert code == 2 and err.count("\n") == 1 and f"'{out}' holds copy's dataset (meta.json, train.bin," in err
-    assert files_of(out) == before
+    assert dataset_files(out) == before
     # its own kind with other settings is replaced whole, a stray file of no preparation of its own is not
     assert prepare(copy, monkeypatch, capsys, out, "--length", 4, "--num_train", 10, "--num_val", 5)[0] == 0
     assert json.loads((out / "meta.json").read_text())["settings"]["length"] == 4
@@ -290,17 +257,11 @@ def test_a_task_does_not_write_over_the_other_tasks_folder(tmp_path, monkeypatch
 def test_one_preparation_of_a_folder_at_a_time(tmp_path, monkeypatch, capsys, module, args):
     """Issue 44: two preparations into one folder at once mixed their files (both wrote NAME.tmp). The folder is
     locked (another's lock is one line, nothing written), and what each writes aside is named by its pid."""
-    import fcntl
-
     out = tmp_path / "out"
-    out.mkdir()
-    with open(out / ".lock", "w") as held:  # as a running preparation holds it
-        held.write("4242")
-        held.flush()
-        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with locked(out):
         code, err = prepare(module, monkeypatch, capsys, out, *args, "--num_train", 10, "--num_val", 5)
     assert code == 2 and err.count("\n") == 1, err
-    assert "being prepared by another process (pid 4242)" in err and files_of(out) == {}
+    assert "being prepared by another process (pid 4242)" in err and dataset_files(out) == {}
     # another process's file aside (a preparation of an older prepare.py's) is not ours to write or remove; a
     # killed preparation's (no preparation runs: we hold the lock) is removed
     (out / "val.bin.tmp").mkdir()
