@@ -251,6 +251,12 @@ def test_a_task_does_not_write_over_the_other_tasks_folder(tmp_path, monkeypatch
     (out / "notes.bin").write_bytes(b"")
     code, err = prepare(copy, monkeypatch, capsys, out, "--length", 3, "--num_train", 10, "--num_val", 5)
     assert code == 2 and "holds notes.bin, which copy's preparation does not write" in err
+    # a meta.json that names no preparation (not JSON, or no record of ours) is not taken for ours
+    (out / "notes.bin").unlink()
+    (out / "meta.json").write_text("{")
+    code, err = prepare(copy, monkeypatch, capsys, out, "--length", 3, "--num_train", 10, "--num_val", 5)
+    assert code == 2 and err.count("\n") == 1 and f"'{out}' holds meta.json, train.bin, train_mask.bin and 6 more " \
+        "files, whose meta.json names no preparation; copy does not write over another's files" in err
 
 
 @pytest.mark.parametrize("module, args", TASKS)

@@ -125,7 +125,8 @@ def refuse_others(out, names):
     else:
         listed = ', '.join(held[:3]) + (f" and {len(held) - 3} more files" if len(held) > 3 else "")
         what = (f"{' or '.join(whose)}'s dataset ({listed})" if whose else
-                f"{listed}, with no meta.json saying which preparation wrote them")
+                f"{listed}, with no meta.json saying which preparation wrote them" if "meta.json" not in held else
+                f"{listed}, whose meta.json names no preparation")
     fail(f"'{out}' holds {what}; {DATASET} does not write over another's files: use another --out_dir, or remove "
          f"them first")
 
