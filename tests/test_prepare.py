@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from dataset_folders import dataset_files, fineweb_like, locked, recall_like, text_bins
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -50,9 +51,15 @@ def enc(bpe_env, monkeypatch):
     return tiktoken.get_encoding("gpt2")
 
 
-def run(script, *args, env=None):
+def run(script, *args, env=None, file_size_limit=None):
+    """The script as a command; file_size_limit: `ulimit -f` in bytes, as a full disk fails a write."""
     cmd = [sys.executable, str(script), *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+
+    def limit():
+        import resource
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300,
+                          preexec_fn=limit if file_size_limit else None)
 
 
 def run_ok(script, *args, env=None):
@@ -86,8 +93,8 @@ def test_char_roundtrip(tmp_path):
     assert len(train) == int(n * 0.9) and len(val) == n - int(n * 0.9)
     assert (out / "train.bin").stat().st_size == 2 * len(train)  # raw uint16, no header
     chars = sorted(set(text))
-    assert meta == {"kind": "char", "vocab_size": len(chars), "chars": chars, "train_tokens": len(train),
-                    "val_tokens": len(val)}
+    assert meta == {"dataset": "shakespeare_char", "kind": "char", "vocab_size": len(chars), "chars": chars,
+                    "train_tokens": len(train), "val_tokens": len(val)}
     ids = np.concatenate([train, val])
     assert ids.max() < meta["vocab_size"]
     assert "".join(meta["chars"][i] for i in ids) == text
@@ -264,14 +271,13 @@ def test_a_failed_rerun_leaves_the_dataset_as_it_was(tmp_path, script):
     args = ("--num_proc", 1, "--test_size", 0.5) if script == OWT else ()
     first = "\n\n".join(f"doc {i}: the first corpus." for i in range(8)) + "\n"
     run_ok(script, "--input", write(tmp_path / "a.txt", first), "--out_dir", out, *args, env=env)
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    before = dataset_files(out)
     assert json.loads(before["meta.json"])["train_tokens"] * 2 == len(before["train.bin"])
-    (out / "val.bin.tmp").mkdir()
     second = "\n\n".join(f"another document {i}, longer than the first ones." for i in range(8)) + "\n"
-    r = run(script, "--input", write(tmp_path / "b.txt", second), "--out_dir", out, *args, env=env)
+    r = run(script, "--input", write(tmp_path / "b.txt", second), "--out_dir", out, *args, env=env,
+            file_size_limit=len(before["val.bin"]) + 2)  # as a full disk: the new train.bin does not fit
     assert_one_line_error(r, f"cannot write to '{out}'", "as it was")
-    (out / "val.bin.tmp").rmdir()
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert dataset_files(out) == before and sorted(p.name for p in out.iterdir()) == sorted([*before, ".lock"])
 
 
 @pytest.mark.parametrize("script", [pytest.param(CHAR, id="shakespeare_char"), pytest.param(BPE, id="shakespeare")])
@@ -290,7 +296,7 @@ def test_an_interrupted_rerun_is_one_line_and_leaves_the_dataset_whole(tmp_path,
     env = env_for(script)
     out = tmp_path / "out"
     run_ok(script, "--input", write(tmp_path / "a.txt", SAMPLE), "--out_dir", out, env=env)
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    before = dataset_files(out)
     ctrl_c = ("import json, runpy, sys\n"
               "def dump(*args, **kwargs): raise KeyboardInterrupt\n"
               "json.dump = dump\n"
@@ -300,7 +306,67 @@ def test_an_interrupted_rerun_is_one_line_and_leaves_the_dataset_whole(tmp_path,
                         "--out_dir", str(out)], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 130 and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("error: interrupted (SIGINT)")
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert dataset_files(out) == before and sorted(p.name for p in out.iterdir()) == sorted([*before, ".lock"])
+
+
+CORPUS = "\n\n".join(f"doc {i}: the first corpus." for i in range(8)) + "\n"
+
+
+def prepare_args(script):
+    return ("--num_proc", 1, "--test_size", 0.5) if script == OWT else ()
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("other, holds", [
+    (recall_like, "recall's dataset (meta.json, train.bin, train_mask.bin and 2 more files)"),
+    (fineweb_like, "fineweb_edu's dataset (fineweb_edu_train_000001.bin, fineweb_edu_train_000002.bin, "
+                   "fineweb_edu_train_000003.bin and 40 more files)")], ids=["recall", "fineweb_edu"])
+def test_another_datasets_folder_is_refused_in_one_line_and_kept(tmp_path, script, other, holds):
+    """Issue 44: a preparation aimed at another dataset's folder replaced its files without a word."""
+    out = tmp_path / "out"
+    other(out)
+    before = dataset_files(out)
+    r = run(script, "--input", write(tmp_path / "a.txt", CORPUS), "--out_dir", out, *prepare_args(script),
+            env=env_for(script))
+    assert_one_line_error(r, f"error: '{out}' holds {holds}; ", "does not write over another's files")
+    assert dataset_files(out) == before
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_the_other_text_preparations_folder_is_refused_and_its_own_replaced(tmp_path, script):
+    """shakespeare_char's train.bin is not written over by a GPT-2 BPE preparation, nor the other way round; a
+    folder of its own kind (another input), also one from before meta.json named its dataset, is replaced."""
+    other = BPE if script == CHAR else CHAR
+    out = tmp_path / "out"
+    run_ok(other, "--input", write(tmp_path / "a.txt", CORPUS), "--out_dir", out, env=env_for(other))
+    before = dataset_files(out)
+    r = run(script, "--input", write(tmp_path / "b.txt", CORPUS * 2), "--out_dir", out, *prepare_args(script),
+            env=env_for(script))
+    name = "shakespeare_char" if other == CHAR else "shakespeare"
+    assert_one_line_error(r, f"error: '{out}' holds {name}'s dataset (meta.json, train.bin, val.bin); ")
+    assert dataset_files(out) == before
+    own = tmp_path / "own"
+    run_ok(script, "--input", write(tmp_path / "c.txt", CORPUS), "--out_dir", own, *prepare_args(script),
+           env=env_for(script))
+    meta = json.loads((own / "meta.json").read_text(encoding="utf-8"))
+    assert meta.pop("dataset") == script.parent.name
+    (own / "meta.json").write_text(json.dumps(meta))  # as written before the field
+    run_ok(script, "--input", write(tmp_path / "d.txt", CORPUS * 2), "--out_dir", own, *prepare_args(script),
+           env=env_for(script))
+    assert json.loads((own / "meta.json").read_text(encoding="utf-8"))["train_tokens"] > meta["train_tokens"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_one_preparation_of_a_folder_at_a_time(tmp_path, script):
+    """Two preparations into one folder at once mixed their files (both wrote NAME.tmp): the folder is locked,
+    another's lock is one line and nothing is written."""
+    out = tmp_path / "out"
+    with locked(out):
+        r = run(script, "--input", write(tmp_path / "a.txt", CORPUS), "--out_dir", out, *prepare_args(script),
+                env=env_for(script))
+    assert_one_line_error(r, f"error: '{out}' is being prepared by another process (pid 4242)")
+    assert dataset_files(out) == {}
+    run_ok(script, "--input", tmp_path / "a.txt", "--out_dir", out, *prepare_args(script), env=env_for(script))
 
 
 # --- fineweb_edu: token shards from local parquet files -------------------------------------------
@@ -361,6 +427,7 @@ def test_fineweb_shards_hold_every_document_and_its_end_of_text(tmp_path, fwe, e
     meta = json.loads((out / "meta.json").read_text())
     got = shards(out, meta)
     assert meta["complete"] and meta["docs"] == len(DOCS) and meta["vocab_size"] == 50257
+    assert meta["dataset"] == "fineweb_edu"
     assert [e[0] for e in meta["shards"]["val"]] == ["fineweb_edu_val_000000.bin"]
     assert meta["shards"]["train"][0][0] == "fineweb_edu_train_000001.bin"
     assert [len(s) for s in got["val"]] == [200] and all(len(s) == 300 for s in got["train"][:-1])
@@ -417,15 +484,11 @@ def test_fineweb_parquet_without_text_is_one_line(tmp_path, bpe_env, monkeypatch
 FWE_ARGS = ("--shard_tokens", 300, "--val_tokens", 200, "--num_proc", 1)
 
 
-def files(out):
-    return {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".lock"}
-
-
 def prepared(monkeypatch, capsys, fwe, out):
     """A whole preparation of fwe into out (with two val/train boundaries crossed mid-document): its files."""
     code, _, err = prepare_here(monkeypatch, capsys, "--input", fwe, "--out_dir", out, *FWE_ARGS)
     assert code == 0, err
-    return files(out), json.loads((out / "meta.json").read_text())
+    return dataset_files(out), json.loads((out / "meta.json").read_text())
 
 
 def rerun(monkeypatch, capsys, fwe, out):
@@ -435,14 +498,8 @@ def rerun(monkeypatch, capsys, fwe, out):
 
 
 def test_fineweb_one_preparation_per_folder_at_a_time(tmp_path, fwe, monkeypatch, capsys):
-    import fcntl
-
     out = tmp_path / "out"
-    out.mkdir()
-    with open(out / ".lock", "w") as held:  # as a running preparation holds it
-        held.write("4242")
-        held.flush()
-        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with locked(out):
         code, _, err = prepare_here(monkeypatch, capsys, "--input", fwe, "--out_dir", out, *FWE_ARGS)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "being prepared by another process (pid 4242)" in err and not (out / "meta.json").exists()
@@ -468,7 +525,7 @@ def test_fineweb_resumes_from_the_shards_it_lists(tmp_path, fwe, monkeypatch, ca
     (out / "meta.json").write_text(json.dumps(cut))
     stdout, err = rerun(monkeypatch, capsys, fwe, out)
     assert "resuming" in stdout and "error" not in err
-    assert files(out) == whole
+    assert dataset_files(out) == whole
 
 
 def test_fineweb_rewrites_a_deleted_or_truncated_shard(tmp_path, fwe, monkeypatch, capsys):
@@ -477,11 +534,11 @@ def test_fineweb_rewrites_a_deleted_or_truncated_shard(tmp_path, fwe, monkeypatc
     deleted = meta["shards"]["train"][2][0]
     (out / deleted).unlink()
     stdout, err = rerun(monkeypatch, capsys, fwe, out)
-    assert "already prepared" not in stdout and deleted in err and files(out) == whole
+    assert "already prepared" not in stdout and deleted in err and dataset_files(out) == whole
     val = out / meta["shards"]["val"][0][0]
     val.write_bytes(val.read_bytes()[:-2])
     stdout, err = rerun(monkeypatch, capsys, fwe, out)
-    assert "already prepared" not in stdout and val.name in err and files(out) == whole
+    assert "already prepared" not in stdout and val.name in err and dataset_files(out) == whole
     assert "already prepared" in rerun(monkeypatch, capsys, fwe, out)[0]
 
 
@@ -553,3 +610,16 @@ def test_fineweb_a_malformed_meta_json_is_one_line_and_kept(tmp_path, fwe, monke
     (tmp_path / "old" / "meta.json").write_text(json.dumps(record))
     assert "is not a FineWeb-Edu preparation's record" in refused(monkeypatch, capsys, fwe, tmp_path / "old")
     assert json.loads((tmp_path / "old" / "meta.json").read_text()) == record
+
+
+@pytest.mark.parametrize("other, holds", [
+    (recall_like, "holds recall's dataset (meta.json, train.bin, train_mask.bin and 2 more files); fineweb_edu does "
+                  "not write over another's files"),
+    (text_bins, "holds train.bin, val.bin, which fineweb_edu's preparation does not write")], ids=["recall", "no_meta"])
+def test_fineweb_refuses_another_datasets_folder_naming_what_it_holds(tmp_path, fwe, monkeypatch, capsys, other,
+                                                                      holds):
+    out = tmp_path / "out"
+    other(out)
+    before = dataset_files(out)
+    assert f"'{out}' {holds}" in refused(monkeypatch, capsys, fwe, out, *FWE_ARGS)
+    assert dataset_files(out) == before

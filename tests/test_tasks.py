@@ -1,11 +1,13 @@
 """The synthetic tasks (data/recall, data/copy): every prepared example checked token by token, in-process."""
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from dataset_folders import char_like, dataset_files, fineweb_like, locked, text_bins
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,6 +90,44 @@ def test_recall_several_queries_are_drawn_without_replacement():
     assert slots.max() < (32 - 12) // 2
 
 
+def draw_by_draw(rng, rows, n, k):
+    """draw_distinct as it was first written, the definition: draw j a rank uniform in 0..n-1-j, stepped over
+    the ids drawn before it, smallest first (quadratic in k: 4,000 pairs took 78 s, issue 44)."""
+    picked = np.empty((rows, k), dtype=np.int64)
+    for j in range(k):
+        pick = rng.integers(0, n - j, size=rows)
+        for taken in np.sort(picked[:, :j], axis=1).T:
+            pick += pick >= taken
+        picked[:, j] = pick
+    return picked
+
+
+@pytest.mark.parametrize("rows, n, k", [(7, 5, 5), (200, 9, 4), (300, 40, 33), (64, 1000, 777), (3, 100, 1),
+                                        (5, 2, 2), (50, 4095, 1000), (4096, 4095, 8)])
+def test_recall_draws_the_same_ids_as_draw_by_draw(rows, n, k):
+    """The same ids for the same seed as the draw-by-draw definition: same distribution, same files."""
+    for seed in range(3):
+        expected = draw_by_draw(np.random.default_rng(seed), rows, n, k)
+        np.testing.assert_array_equal(recall.draw_distinct(np.random.default_rng(seed), rows, n, k), expected)
+
+
+def test_recall_thousands_of_pairs_are_drawn_in_seconds():
+    """8,000 distinct keys for 4 examples: under 10 s (the draw-by-draw loop takes minutes, growing with the
+    square of the pairs)."""
+    import signal
+
+    def too_slow(signum, frame):
+        raise TimeoutError("draw_distinct took more than 10 s for 8,000 pairs")
+    previous = signal.signal(signal.SIGALRM, too_slow)
+    signal.setitimer(signal.ITIMER_REAL, 10)
+    try:
+        ids = recall.draw_distinct(np.random.default_rng(0), 4, 8191, 8000)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert all(len(set(row)) == 8000 and min(row) >= 0 and max(row) < 8191 for row in ids.tolist())
+
+
 # --- copy ----------------------------------------------------------------------------------------
 
 
@@ -142,10 +182,12 @@ BAD = [
     (recall, ("--power_a", 0), "--power_a 0.0: must be in (0, 1]"),
     (recall, ("--num_pairs", 5, "--vocab_size", 9), "--num_pairs 5: --vocab_size 9 has 4 keys and 4 values"),
     (recall, ("--num_pairs", 8, "--seq_len", 31), "--seq_len 31: must be at least 4 * --num_pairs = 32"),
+    (recall, ("--seed", -1), "--seed -1: must be a non-negative int"),
     (copy, ("--length", 0), "--length 0: must be a positive int"),
     (copy, ("--min_length", 4, "--length", 3), "--min_length 4: must be at most --length 3"),
     (copy, ("--vocab_size", 65), "--vocab_size 65: must be 3..64"),
     (copy, ("--vocab_size", 2), "--vocab_size 2: must be 3..64"),
+    (copy, ("--seed", -1), "--seed -1: must be a non-negative int"),
 ]
 
 
@@ -158,10 +200,93 @@ def test_a_bad_setting_is_one_line(tmp_path, monkeypatch, capsys, module, args, 
 
 @pytest.mark.parametrize("module, args", TASKS)
 def test_a_failed_rerun_leaves_the_dataset_as_it_was(tmp_path, monkeypatch, capsys, module, args):
+    import resource
+
     assert prepare(module, monkeypatch, capsys, tmp_path, *args, "--num_train", 10, "--num_val", 5)[0] == 0
-    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    (tmp_path / "val_mask.bin.tmp").mkdir()  # as a full disk would fail the write
-    code, err = prepare(module, monkeypatch, capsys, tmp_path, *args, "--num_train", 20, "--num_val", 5, "--seed", 3)
+    before = dataset_files(tmp_path)
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (200, limits[1]))  # as a full disk: the new train.bin does not fit
+    try:
+        code, err = prepare(module, monkeypatch, capsys, tmp_path, *args, "--num_train", 200, "--num_val", 5,
+                            "--seed", 3)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
     assert code == 2 and err.startswith(f"error: cannot write to '{tmp_path}'") and err.count("\n") == 1
-    (tmp_path / "val_mask.bin.tmp").rmdir()
-    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    assert dataset_files(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == sorted([*before, ".lock"])
+
+
+OTHERS = [(fineweb_like, "fineweb_edu's dataset (fineweb_edu_train_000001.bin, fineweb_edu_train_000002.bin, "
+                         "fineweb_edu_train_000003.bin and 40 more files)"),
+          (char_like, "shakespeare_char's dataset (meta.json, train.bin, val.bin)"),
+          (lambda out: char_like(out, dataset=False), "shakespeare_char's dataset (meta.json, train.bin, val.bin)"),
+          (text_bins, "train.bin, val.bin, with no meta.json saying which preparation wrote them")]
+
+
+@pytest.mark.parametrize("module, args", TASKS)
+@pytest.mark.parametrize("other, holds", OTHERS, ids=["fineweb_edu", "shakespeare_char", "char_before_dataset",
+                                                      "no_meta"])
+def test_another_datasets_folder_is_refused_in_one_line_and_kept(tmp_path, monkeypatch, capsys, module, args,
+                                                                  other, holds):
+    """Issue 44: aimed at a FineWeb-Edu preparation recall replaced its meta.json, aimed at shakespeare_char its
+    train.bin, without a word."""
+    out = tmp_path / "out"
+    other(out)
+    before = dataset_files(out)
+    code, err = prepare(module, monkeypatch, capsys, out, *args, "--num_train", 10, "--num_val", 5)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: '{out}' holds {holds}; {module.DATASET} does not write over another's files")
+    assert dataset_files(out) == before
+
+
+def test_a_task_does_not_write_over_the_other_tasks_folder(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    assert prepare(copy, monkeypatch, capsys, out, "--length", 3, "--num_train", 10, "--num_val", 5)[0] == 0
+    before = dataset_files(out)
+    code, err = prepare(recall, monkeypatch, capsys, out, "--num_pairs", 2, "--seq_len", 12, "--vocab_size", 9)
+    assert code == 2 and err.count("\n") == 1 and f"'{out}' holds copy's dataset (meta.json, train.bin," in err
+    assert dataset_files(out) == before
+    # its own kind with other settings is replaced whole, a stray file of no preparation of its own is not
+    assert prepare(copy, monkeypatch, capsys, out, "--length", 4, "--num_train", 10, "--num_val", 5)[0] == 0
+    assert json.loads((out / "meta.json").read_text())["settings"]["length"] == 4
+    (out / "notes.bin").write_bytes(b"")
+    code, err = prepare(copy, monkeypatch, capsys, out, "--length", 3, "--num_train", 10, "--num_val", 5)
+    assert code == 2 and "holds notes.bin, which copy's preparation does not write" in err
+    # a meta.json that names no preparation (not JSON, or no record of ours) is not taken for ours
+    (out / "notes.bin").unlink()
+    (out / "meta.json").write_text("{")
+    code, err = prepare(copy, monkeypatch, capsys, out, "--length", 3, "--num_train", 10, "--num_val", 5)
+    assert code == 2 and err.count("\n") == 1 and f"'{out}' holds meta.json, train.bin, train_mask.bin and 6 more " \
+        "files, whose meta.json names no preparation; copy does not write over another's files" in err
+
+
+@pytest.mark.parametrize("module, args", TASKS)
+def test_one_preparation_of_a_folder_at_a_time(tmp_path, monkeypatch, capsys, module, args):
+    """Issue 44: two preparations into one folder at once mixed their files (both wrote NAME.tmp). The folder is
+    locked (another's lock is one line, nothing written), and what each writes aside is named by its pid."""
+    out = tmp_path / "out"
+    with locked(out):
+        code, err = prepare(module, monkeypatch, capsys, out, *args, "--num_train", 10, "--num_val", 5)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "being prepared by another process (pid 4242)" in err and dataset_files(out) == {}
+    # another process's file aside (a preparation of an older prepare.py's) is not ours to write or remove; a
+    # killed preparation's (no preparation runs: we hold the lock) is removed
+    (out / "val.bin.tmp").mkdir()
+    (out / "train.bin.999999999.tmp").write_bytes(b"half")
+    renamed = []
+    monkeypatch.setattr(module.os, "replace", lambda src, dst: renamed.append(os.path.basename(src)) or
+                        os.rename(src, dst))
+    assert prepare(module, monkeypatch, capsys, out, *args, "--num_train", 10, "--num_val", 5)[0] == 0
+    assert renamed and all(name.endswith(f".{os.getpid()}.tmp") for name in renamed)
+    assert sorted(p.name for p in out.iterdir()) == sorted([*module.NAMES, ".lock", "val.bin.tmp"])
+
+
+@pytest.mark.parametrize("module, args", TASKS)
+def test_meta_json_holds_each_files_sha256(tmp_path, monkeypatch, capsys, module, args):
+    """What lets train.py tell a mask from another preparation beside its tokens (issue 44 item 3)."""
+    import hashlib
+
+    assert prepare(module, monkeypatch, capsys, tmp_path, *args, "--num_train", 10, "--num_val", 5)[0] == 0
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["dataset"] == module.DATASET
+    assert meta["sha256"] == {name: hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
+                              for name in module.NAMES if name != "meta.json"}

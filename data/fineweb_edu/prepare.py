@@ -13,8 +13,9 @@ fineweb_edu_train_000001.bin, ... (np.memmap-able, like train.bin), and meta.jso
 counts and this preparation's settings. An interrupted run (Ctrl-C, kill -9, a full disk) resumes where its
 last listed shard ended when rerun with the same settings, and a rerun rewrites a listed shard that went missing
 or short (and those after it); other settings over those shards are refused rather than mixed, and so is a
-second preparation of the same folder while one runs (out_dir/.lock). An input that fills only the val split is
-an error naming the --val_tokens that would leave a train split.
+second preparation of the same folder while one runs (out_dir/.lock), and a folder holding another dataset's
+files (another preparation's meta.json, .bin files that are no shards of ours), named in one line. An input that
+fills only the val split is an error naming the --val_tokens that would leave a train split.
 Offline, point TIKTOKEN_CACHE_DIR at a directory holding tiktoken's cached GPT-2 files.
 """
 import argparse
@@ -128,6 +129,20 @@ def claim(out):
     return fd
 
 
+def makers(meta):
+    """The preparations that could have written a meta.json: its 'dataset'; for a record older than that field,
+    what its shape says (the two GPT-2 BPE text preparations wrote the same one)."""
+    if not isinstance(meta, dict):
+        return ()
+    if "dataset" in meta:
+        return (str(meta["dataset"]),)
+    if "shards" in meta:
+        return ("fineweb_edu",)
+    if "task" in meta:
+        return (str(meta["task"]),)
+    return {"char": ("shakespeare_char",), "tiktoken": ("shakespeare", "openwebtext")}.get(meta.get("kind"), ())
+
+
 def read_meta(meta_path, preparation):
     """The record of an earlier preparation in this folder, checked: None when there is none."""
     if not os.path.exists(meta_path):
@@ -138,6 +153,13 @@ def read_meta(meta_path, preparation):
             meta = json.load(f)
     except (OSError, ValueError) as e:
         fail(f"cannot read '{meta_path}' ({reason(e)}); {start_over}")
+    whose = makers(meta)
+    if whose and "fineweb_edu" not in whose:
+        out = os.path.dirname(meta_path)
+        held = sorted(n for n in os.listdir(out) if n.endswith(".bin") or n == "meta.json")
+        listed = ', '.join(held[:3]) + (f" and {len(held) - 3} more files" if len(held) > 3 else "")
+        fail(f"'{out}' holds {' or '.join(whose)}'s dataset ({listed}); fineweb_edu does not write over another's "
+             f"files: use another --out_dir, or remove them first")
     shards = meta.get("shards") if isinstance(meta, dict) else None
     if not (isinstance(shards, dict) and isinstance(meta.get("complete"), bool)
             and all(isinstance(shards.get(split), list) and all(
@@ -149,6 +171,7 @@ def read_meta(meta_path, preparation):
     if meta.get("preparation") != preparation:
         fail(f"'{os.path.dirname(meta_path)}' holds shards of another preparation ({meta.get('preparation')}); use "
              f"another --out_dir, or {start_over}")
+    meta.setdefault("dataset", "fineweb_edu")  # a record from before the field
     return meta
 
 
@@ -266,9 +289,9 @@ def prepare(args, out):
     meta_path = os.path.join(out, "meta.json")
     meta = read_meta(meta_path, preparation)
     if meta is None:
-        meta = {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": enc.n_vocab, "preparation": preparation,
-                "shards": {"val": [], "train": []}, "train_tokens": 0, "val_tokens": 0, "docs": 0, "doc_offset": 0,
-                "complete": False}
+        meta = {"dataset": "fineweb_edu", "kind": "tiktoken", "encoding": "gpt2", "vocab_size": enc.n_vocab,
+                "preparation": preparation, "shards": {"val": [], "train": []}, "train_tokens": 0, "val_tokens": 0,
+                "docs": 0, "doc_offset": 0, "complete": False}
     else:
         meta = keep_whole_shards(out, meta)
         if meta["complete"]:
@@ -282,6 +305,10 @@ def prepare(args, out):
     if strays:  # shards meta.json does not list: another preparation's, which would mix with ours
         fail(f"'{out}' holds shards meta.json does not list ({strays[0]}, ...): from another preparation; remove "
              f"them or use another --out_dir")
+    others = sorted(n for n in os.listdir(out) if n.endswith(".bin") and not SHARD.fullmatch(n))
+    if others:  # another dataset's, as train.bin (with no meta.json: nanoGPT's openwebtext writes none)
+        fail(f"'{out}' holds {', '.join(others[:3])}, which fineweb_edu's preparation does not write; fineweb_edu does "
+             f"not write beside another's files: use another --out_dir, or remove them first")
 
     ds = load(args)
     if len(ds) == 0:

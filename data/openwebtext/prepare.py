@@ -13,14 +13,20 @@ Each document is encoded with encode_ordinary and followed by the end-of-text to
 --test_size fraction of the documents (at least 1, and never all) becomes the val split.
 Writes train.bin / val.bin (uint16 token ids, raw) and meta.json.
 Offline, point TIKTOKEN_CACHE_DIR at a directory holding tiktoken's cached GPT-2 files.
+A folder holding another dataset's files (another preparation's meta.json, or .bin files no meta.json of ours
+accounts for) is refused in one line, and so is a second preparation of the same folder while one runs
+(out_dir/.lock); meta.json's 'dataset' says which preparation wrote it.
 """
 import argparse
+import fcntl
 import glob
 import json
 import math
 import os
+import re
 import signal
 import sys
+from contextlib import contextmanager
 
 import numpy as np
 import tiktoken
@@ -28,6 +34,8 @@ from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from tqdm import tqdm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+DATASET = "openwebtext"  # meta.json's 'dataset': which preparation wrote a folder
+NAMES = ("train.bin", "val.bin", "meta.json")
 
 
 def fail(msg):
@@ -107,6 +115,85 @@ def write_split(dset, path):
     return total
 
 
+def makers(meta):
+    """The preparations that could have written a meta.json: its 'dataset'; for a record older than that field,
+    what its shape says (the two GPT-2 BPE text preparations wrote the same one)."""
+    if not isinstance(meta, dict):
+        return ()
+    if "dataset" in meta:
+        return (str(meta["dataset"]),)
+    if "shards" in meta:
+        return ("fineweb_edu",)
+    if "task" in meta:
+        return (str(meta["task"]),)
+    return {"char": ("shakespeare_char",), "tiktoken": ("shakespeare", "openwebtext")}.get(meta.get("kind"), ())
+
+
+def refuse_others(out, names):
+    """One line, naming out and what it holds, where it holds another dataset's files: a meta.json another
+    preparation wrote, or .bin files that no meta.json of ours accounts for, or that ours does not write (names:
+    the files this preparation writes). A folder of our own (other settings, another seed) is replaced whole."""
+    held = sorted(n for n in os.listdir(out) if n.endswith(".bin") or n == "meta.json")
+    try:
+        with open(os.path.join(out, "meta.json"), encoding="utf-8") as f:
+            whose = makers(json.load(f))
+    except (OSError, ValueError):  # none, or not a record
+        whose = ()
+    strays = [n for n in held if n not in names]
+    if not held or (DATASET in whose and not strays):
+        return
+    if DATASET in whose:
+        what = f"{', '.join(strays[:3])}, which {DATASET}'s preparation does not write"
+    else:
+        listed = ', '.join(held[:3]) + (f" and {len(held) - 3} more files" if len(held) > 3 else "")
+        what = (f"{' or '.join(whose)}'s dataset ({listed})" if whose else
+                f"{listed}, with no meta.json saying which preparation wrote them" if "meta.json" not in held else
+                f"{listed}, whose meta.json names no preparation")
+    fail(f"'{out}' holds {what}; {DATASET} does not write over another's files: use another --out_dir, or remove "
+         f"them first")
+
+
+@contextmanager
+def claimed(out, names):
+    """out, made if need be, locked for this preparation (out/.lock: a second one on the same folder while this
+    runs is refused, as their files would mix; the kernel drops the lock however this process ends) and checked
+    by refuse_others. Files a killed preparation left aside are removed; a folder made here is removed again if
+    the preparation fails before writing to it."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        fail(f"--out_dir '{out}' is a file, not a directory")
+    created = not os.path.exists(out)
+    try:
+        os.makedirs(out, exist_ok=True)
+        lock = os.open(os.path.join(out, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        fail(f"cannot write to --out_dir '{out}': {e.strerror or e}")
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(lock, 32).decode(errors="replace").strip() or "?"
+            fail(f"'{out}' is being prepared by another process (pid {holder}); wait for it to end or use another "
+                 f"--out_dir")
+        os.ftruncate(lock, 0)
+        os.pwrite(lock, str(os.getpid()).encode(), 0)
+        refuse_others(out, names)
+        for name in os.listdir(out):  # aside(): none is being written, as we hold the lock
+            left = re.fullmatch(r"(.+)\.\d+\.tmp", name)
+            if left and left.group(1) in names and os.path.isfile(os.path.join(out, name)):
+                os.remove(os.path.join(out, name))
+        yield
+    finally:
+        os.close(lock)
+        if created and os.listdir(out) == [".lock"]:
+            os.remove(os.path.join(out, ".lock"))
+            os.rmdir(out)
+
+
+def aside(out, name):
+    """Where name is written before the switch: a name of this process's own."""
+    return os.path.join(out, f"{name}.{os.getpid()}.tmp")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--input", help="local corpus to use instead of the hub's openwebtext (see above)")
@@ -118,8 +205,12 @@ def main():
         parser.error("--num_proc must be at least 1")
     if not 0 < args.test_size < 1:
         parser.error("--test_size must be between 0 and 1")
-    num_proc = min(args.num_proc, os.cpu_count() or 1)
+    with claimed(args.out_dir, NAMES):
+        prepare(args)
 
+
+def prepare(args):
+    num_proc = min(args.num_proc, os.cpu_count() or 1)
     try:
         enc = tiktoken.get_encoding("gpt2")
     except Exception as e:  # offline without a cache, tiktoken raises whatever its HTTP client raises
@@ -163,27 +254,25 @@ def main():
 
     # train.bin, val.bin and meta.json are written aside, then switched: a failed run (a full disk) leaves the
     # previous dataset whole, never half a new one beside it
-    names = ["train.bin", "val.bin", "meta.json"]
     try:
-        os.makedirs(args.out_dir, exist_ok=True)
-        counts = {name: write_split(d, os.path.join(args.out_dir, f"{name}.bin.tmp")) for name, d in tokenized.items()}
-        with open(os.path.join(args.out_dir, "meta.json.tmp"), "w", encoding="utf-8") as f:
-            json.dump({"kind": "tiktoken", "encoding": "gpt2", "vocab_size": enc.n_vocab,
+        counts = {name: write_split(d, aside(args.out_dir, f"{name}.bin")) for name, d in tokenized.items()}
+        with open(aside(args.out_dir, "meta.json"), "w", encoding="utf-8") as f:
+            json.dump({"dataset": DATASET, "kind": "tiktoken", "encoding": "gpt2", "vocab_size": enc.n_vocab,
                        **{f"{name}_tokens": count for name, count in counts.items()}}, f)
             f.write("\n")
         # Ctrl-C waits until all three are switched: never a new train.bin beside an old meta.json
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
-            for name in names:
-                os.replace(os.path.join(args.out_dir, name + ".tmp"), os.path.join(args.out_dir, name))
+            for name in NAMES:
+                os.replace(aside(args.out_dir, name), os.path.join(args.out_dir, name))
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
     except OSError as e:
         fail(f"cannot write to '{args.out_dir}': {reason(e)}; the dataset there is as it was")
     finally:
-        for name in names:
-            if os.path.isfile(os.path.join(args.out_dir, name + ".tmp")):
-                os.remove(os.path.join(args.out_dir, name + ".tmp"))
+        for name in NAMES:
+            if os.path.isfile(aside(args.out_dir, name)):
+                os.remove(aside(args.out_dir, name))
 
     for name, d in tokenized.items():
         print(f"{name} has {len(d):,} documents, {counts[name]:,} tokens")

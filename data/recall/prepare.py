@@ -13,13 +13,22 @@ Zoology's power law: most queries come soon after the pairs, some far. Every oth
 Writes train.bin / val.bin (uint16, whole examples back to back), train_mask.bin / val_mask.bin (uint8, one per
 token: 1 where the NEXT token is scored, i.e. at each query key, whose next token is its value; the last
 position of an example is never scored, its next token is the next example) and meta.json (example_length, the
-settings, the vocabulary, vocab_size). Ids: 0 the filler, then the keys, then the values.
+settings, the vocabulary, vocab_size, 'dataset': "recall", and each file's sha256, by which a reader can tell a
+mask from another preparation beside its tokens). Ids: 0 the filler, then the keys, then the values.
+
+A folder holding another dataset's files (another preparation's meta.json, or .bin files no meta.json of ours
+accounts for) is refused in one line, and so is a second preparation of the same folder while one runs
+(out_dir/.lock); a folder of recall's own, of any settings, is replaced whole.
 """
 import argparse
+import fcntl
+import hashlib
 import json
 import os
+import re
 import signal
 import sys
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -27,6 +36,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 FILLER = 0
 SPLITS = ("train", "val")
 CHUNK = 4096  # examples drawn at once
+DATASET = "recall"  # meta.json's 'dataset': which preparation wrote a folder
+NAMES = tuple(f"{split}{kind}" for split in SPLITS for kind in (".bin", "_mask.bin")) + ("meta.json",)
 
 
 def fail(msg):
@@ -56,14 +67,27 @@ def draw_without_replacement(rng, rows, weights, k):
 
 
 def draw_distinct(rng, rows, n, k):
-    """k distinct ids in 0..n-1 per row, uniformly: each draw is a rank among the ids not yet drawn."""
-    picked = np.empty((rows, k), dtype=np.int64)
+    """k distinct ids in 0..n-1 per row, uniformly: each draw is a rank among the ids not yet drawn (draw j's
+    rank uniform in 0..n-1-j, one rng.integers call per draw), turned into its id in O(k log^2 k) per row.
+
+    The ranks become ids by halves: the second half of the draws, as ids among those the first half left free,
+    is the same problem one level down; an id r among the free ones is r + (how many drawn ids g_i = (i-th
+    smallest drawn id) - i are <= r), one searchsorted for every row and block of a level at once."""
+    size = 1 << max(k - 1, 0).bit_length()  # k padded to a power of two; the padding's ranks come after all of ours
+    ids = np.zeros((rows, size), dtype=np.int64)
     for j in range(k):
-        pick = rng.integers(0, n - j, size=rows)
-        for taken in np.sort(picked[:, :j], axis=1).T:  # rank -> id: step over the drawn ids, smallest first
-            pick += pick >= taken
-        picked[:, j] = pick
-    return picked
+        ids[:, j] = rng.integers(0, n - j, size=rows)
+    room = n + size  # every id, the padding's too, is below it
+    half = 1
+    while half < size:
+        blocks = ids.reshape(rows, size // (2 * half), 2, half)  # a view: each block's second half is written in it
+        first, second = blocks[:, :, 0, :], blocks[:, :, 1, :]
+        below = np.sort(first, axis=-1) - np.arange(half)  # per block: its drawn ids less their rank, non-decreasing
+        offset = np.arange(rows * (size // (2 * half))).reshape(rows, -1, 1) * room  # blocks apart in one sorted array
+        second += np.searchsorted((below + offset).ravel(), (second + offset).ravel(), side="right").reshape(
+            second.shape) - offset // room * half
+        half *= 2
+    return ids[:, :k]
 
 
 def make_examples(rng, count, num_pairs, seq_len, vocab_size, power_a):
@@ -87,6 +111,8 @@ def make_examples(rng, count, num_pairs, seq_len, vocab_size, power_a):
 
 def check(args):
     """One line per bad setting, naming it and what is allowed."""
+    if args.seed < 0:
+        fail(f"--seed {args.seed}: must be a non-negative int (numpy's seeds are)")
     for name in ("num_pairs", "seq_len", "num_train", "num_val"):
         if getattr(args, name) < 1:
             fail(f"--{name} {getattr(args, name)}: must be a positive int")
@@ -108,24 +134,102 @@ def write_dataset(out_dir, files, meta):
     previous dataset whole, never half a new one beside it."""
     names = list(files) + ["meta.json"]
     try:
-        os.makedirs(out_dir, exist_ok=True)
         for name, array in files.items():
-            array.tofile(os.path.join(out_dir, name + ".tmp"))
-        with open(os.path.join(out_dir, "meta.json.tmp"), "w", encoding="utf-8") as f:
+            array.tofile(aside(out_dir, name))
+        with open(aside(out_dir, "meta.json"), "w", encoding="utf-8") as f:
             json.dump(meta, f)
             f.write("\n")
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:  # Ctrl-C waits until all are switched
             for name in names:
-                os.replace(os.path.join(out_dir, name + ".tmp"), os.path.join(out_dir, name))
+                os.replace(aside(out_dir, name), os.path.join(out_dir, name))
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
     except OSError as e:
         fail(f"cannot write to '{out_dir}': {e.strerror or e}; the dataset there is as it was")
     finally:
         for name in names:
-            if os.path.isfile(os.path.join(out_dir, name + ".tmp")):
-                os.remove(os.path.join(out_dir, name + ".tmp"))
+            if os.path.isfile(aside(out_dir, name)):
+                os.remove(aside(out_dir, name))
+
+
+def makers(meta):
+    """The preparations that could have written a meta.json: its 'dataset'; for a record older than that field,
+    what its shape says (the two GPT-2 BPE text preparations wrote the same one)."""
+    if not isinstance(meta, dict):
+        return ()
+    if "dataset" in meta:
+        return (str(meta["dataset"]),)
+    if "shards" in meta:
+        return ("fineweb_edu",)
+    if "task" in meta:
+        return (str(meta["task"]),)
+    return {"char": ("shakespeare_char",), "tiktoken": ("shakespeare", "openwebtext")}.get(meta.get("kind"), ())
+
+
+def refuse_others(out, names):
+    """One line, naming out and what it holds, where it holds another dataset's files: a meta.json another
+    preparation wrote, or .bin files that no meta.json of ours accounts for, or that ours does not write (names:
+    the files this preparation writes). A folder of our own (other settings, another seed) is replaced whole."""
+    held = sorted(n for n in os.listdir(out) if n.endswith(".bin") or n == "meta.json")
+    try:
+        with open(os.path.join(out, "meta.json"), encoding="utf-8") as f:
+            whose = makers(json.load(f))
+    except (OSError, ValueError):  # none, or not a record
+        whose = ()
+    strays = [n for n in held if n not in names]
+    if not held or (DATASET in whose and not strays):
+        return
+    if DATASET in whose:
+        what = f"{', '.join(strays[:3])}, which {DATASET}'s preparation does not write"
+    else:
+        listed = ', '.join(held[:3]) + (f" and {len(held) - 3} more files" if len(held) > 3 else "")
+        what = (f"{' or '.join(whose)}'s dataset ({listed})" if whose else
+                f"{listed}, with no meta.json saying which preparation wrote them" if "meta.json" not in held else
+                f"{listed}, whose meta.json names no preparation")
+    fail(f"'{out}' holds {what}; {DATASET} does not write over another's files: use another --out_dir, or remove "
+         f"them first")
+
+
+@contextmanager
+def claimed(out, names):
+    """out, made if need be, locked for this preparation (out/.lock: a second one on the same folder while this
+    runs is refused, as their files would mix; the kernel drops the lock however this process ends) and checked
+    by refuse_others. Files a killed preparation left aside are removed; a folder made here is removed again if
+    the preparation fails before writing to it."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        fail(f"--out_dir '{out}' is a file, not a directory")
+    created = not os.path.exists(out)
+    try:
+        os.makedirs(out, exist_ok=True)
+        lock = os.open(os.path.join(out, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        fail(f"cannot write to --out_dir '{out}': {e.strerror or e}")
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(lock, 32).decode(errors="replace").strip() or "?"
+            fail(f"'{out}' is being prepared by another process (pid {holder}); wait for it to end or use another "
+                 f"--out_dir")
+        os.ftruncate(lock, 0)
+        os.pwrite(lock, str(os.getpid()).encode(), 0)
+        refuse_others(out, names)
+        for name in os.listdir(out):  # aside(): none is being written, as we hold the lock
+            left = re.fullmatch(r"(.+)\.\d+\.tmp", name)
+            if left and left.group(1) in names and os.path.isfile(os.path.join(out, name)):
+                os.remove(os.path.join(out, name))
+        yield
+    finally:
+        os.close(lock)
+        if created and os.listdir(out) == [".lock"]:
+            os.remove(os.path.join(out, ".lock"))
+            os.rmdir(out)
+
+
+def aside(out, name):
+    """Where name is written before the switch: a name of this process's own."""
+    return os.path.join(out, f"{name}.{os.getpid()}.tmp")
 
 
 def main():
@@ -140,7 +244,11 @@ def main():
     parser.add_argument("--out_dir", default=HERE, help="where to write the .bin files and meta.json")
     args = parser.parse_args()
     check(args)
+    with claimed(args.out_dir, NAMES):
+        prepare(args)
 
+
+def prepare(args):
     files, splits = {}, {}
     for index, split in enumerate(SPLITS):
         rng = np.random.default_rng([args.seed, index])  # a stream per split: val does not move with num_train
@@ -155,10 +263,11 @@ def main():
     (k_lo, k_hi), (v_lo, v_hi) = vocabulary(args.vocab_size)
     settings = {k: v for k, v in vars(args).items() if k != "out_dir"}
     meta = {
-        "kind": "recall", "task": "recall", "vocab_size": args.vocab_size, "example_length": args.seq_len,
-        "settings": settings, "splits": splits, "eval_splits": ["val"],
+        "dataset": DATASET, "kind": "recall", "task": "recall", "vocab_size": args.vocab_size,
+        "example_length": args.seq_len, "settings": settings, "splits": splits, "eval_splits": ["val"],
         "vocabulary": {"filler": FILLER, "keys": [k_lo, k_hi], "values": [v_lo, v_hi]},  # id ranges, half-open
         **{f"{split}_tokens": s["examples"] * args.seq_len for split, s in splits.items()},
+        "sha256": {name: hashlib.sha256(array).hexdigest() for name, array in files.items()},  # which belong together
     }
     write_dataset(args.out_dir, files, meta)
     for split, s in splits.items():
