@@ -557,6 +557,9 @@ class Feature:
     def applies(config):
         return False
 
+    def build_block(self, block, layer):
+        """Add its modules to a block (the model's, or one an auxiliary head makes), before the weights' init."""
+
     def build(self, model):
         """Add its modules to the model, under the names checkpoints keep (before the weights' init)."""
 
@@ -616,6 +619,8 @@ class GPT(nn.Module):
             ln_f=make_norm(config) if config.norm_position != 'post' else nn.Identity(),
         ))
         for feature in self.features:
+            for layer, block in enumerate(self.transformer.h):
+                feature.build_block(block, layer)
             feature.build(self)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:

@@ -404,6 +404,9 @@ if checkpoint:
     trained_config = checkpoint.get('config') or {}  # older checkpoints carry no token count
     tokens_seen = checkpoint.get('tokens', iter_num * trained_config.get('gradient_accumulation_steps', 0)
                                  * trained_config.get('batch_size', 0) * trained_args['block_size'])
+    if master and not eval_only:
+        print(f"resuming {ckpt_path} at iteration {iter_num} of {max_iters} (best val loss so far "
+              f"{best_val_loss:.4f})")
 if master:  # records a crash left past the checkpoint go: this run logs them again
     repair_log(log_path, last_iter=iter_num if checkpoint and not eval_only else None)
 

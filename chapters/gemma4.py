@@ -274,13 +274,15 @@ class Gemma4(Feature):
             model.transformer.wpe = Rotary(config, dim=int(config.global_head_dim * config.rope_fraction))
         if config.per_layer_embd:
             model.transformer.update(per_layer_embeddings(config))
-        for layer, block in enumerate(model.transformer.h):
-            if config.moe_dense_mlp and isinstance(block.mlp, MoE):  # it normalizes its branches' inputs itself
-                block.mlp, block.ln_2 = DenseAndExperts(config), nn.Identity()
-            if config.per_layer_embd:
-                block.per_layer = PerLayerInput(config, layer)
-            if config.layer_scalar:  # a buffer: loaded and saved, never trained
-                block.register_buffer('layer_scalar', torch.ones(1))
+
+    def build_block(self, block, layer):
+        config = self.config
+        if config.moe_dense_mlp and isinstance(block.mlp, MoE):  # it normalizes its branches' inputs itself
+            block.mlp, block.ln_2 = DenseAndExperts(config), nn.Identity()
+        if config.per_layer_embd:
+            block.per_layer = PerLayerInput(config, layer)
+        if config.layer_scalar:  # a buffer: loaded and saved, never trained
+            block.register_buffer('layer_scalar', torch.ones(1))
 
     def embed(self, model, idx, x, start, tables):
         if self.config.per_layer_embd:  # from the token embeddings alone (no learned positions in them)

@@ -41,11 +41,13 @@ class MTPModule(nn.Module):
     model's at the first) and the embedding of token i + k, both normalized, concatenated and projected, pass one
     block (the last layer's kind) and a norm; the shared head then predicts token i + k + 1."""
 
-    def __init__(self, config):
+    def __init__(self, config, features=()):
         super().__init__()
         self.norm_h, self.norm_e, self.norm = make_norm(config), make_norm(config), make_norm(config)
         self.proj = nn.Linear(2 * config.n_embd, config.n_embd, bias=False)
         self.block = Block(config, config.n_layer - 1)
+        for feature in features:  # the model's features give its block what they give the last layer's
+            feature.build_block(self.block, config.n_layer - 1)
         self.apply(GPT._init_weights)
         for name, p in self.named_parameters():
             if name.endswith('c_proj.weight'):  # GPT-2's scaled init, as the model's blocks
@@ -130,7 +132,7 @@ class MultiTokenPrediction(Feature):
 
     def init(self, model):
         with torch.random.fork_rng(devices=[]):
-            model.mtp = nn.ModuleList([MTPModule(self.config) for _ in range(self.config.mtp_depth)])
+            model.mtp = nn.ModuleList([MTPModule(self.config, model.features) for _ in range(self.config.mtp_depth)])
 
     def loss(self, model, idx, h, targets):
         if self.config.mtp_loss_coef and model.training:

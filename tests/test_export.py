@@ -253,7 +253,7 @@ def test_overwrite_replaces_a_hugging_face_export_and_nothing_else(tmp_path, exp
     (data / 'prepare.py').write_text('# writes train.bin, val.bin and meta.json\n')
     vocab = len(json.loads((data / 'meta.json').read_text())['chars'])
     (tmp_path / 'out').mkdir()
-    common.save_checkpoint(common.new_checkpoint(perturbed(**MODERN, vocab_size=vocab), config={'dataset': 'copy'}),
+    save_checkpoint(new_checkpoint(perturbed(**MODERN, vocab_size=vocab), config={'dataset': 'copy'}),
                            str(tmp_path / 'out' / 'ckpt.pt'))
     for _ in range(2):  # the second export replaces the first, tokenizer and all
         code, err = export_here(tmp_path, 'out', 'hf', overwrite=True)
@@ -281,7 +281,7 @@ def test_a_model_no_family_carries_is_refused_naming_the_family_that_carries_its
     """issue #49: the one line names the family that carries index_topk and what else it needs, not two that
     cannot; nothing is written."""
     (tmp_path / 'out').mkdir()
-    common.save_checkpoint(common.new_checkpoint(perturbed(**MODERN, n_kv_head=2, index_topk=16), config={}),
+    save_checkpoint(new_checkpoint(perturbed(**MODERN, n_kv_head=2, index_topk=16), config={}),
                            str(tmp_path / 'out' / 'ckpt.pt'))
     line = one_line_error(*export_here(tmp_path, 'out', 'hf'), 'no Hugging Face family can represent this model: '
                           "index_topk=16 is carried by deepseek_v32 and glm_moe_dsa, which also need", "attn='mla'")

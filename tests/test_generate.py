@@ -484,7 +484,7 @@ def test_speculative_decoding_keeps_a_partly_right_draft(monkeypatch):
     def half_right(model_, hidden, window, n):
         right = model.generate(window, n, temperature=0)[:, -n:]
         return [right[:, :1]] + [(right[:, k:k + 1] + 1) % VOCAB for k in range(1, n)]
-    monkeypatch.setattr(G, 'draft', half_right)
+    monkeypatch.setattr(mtp, 'draft', half_right)
     out, stats = mtp.generate_speculative(model, prompt, 30)
     assert torch.equal(out, expected)
     assert 0 < stats['accepted'] < stats['drafted']  # each round with drafts keeps one; the second goes back

@@ -148,7 +148,7 @@ MODERN_TINY = dict(n_layer=4, n_head=4, n_embd=32, vocab_size=VOCAB, block_size=
     (dict(layers='KG'), "layers='KG' is carried by kimi_linear, which also needs bias=False, attn='mla', "
                         "n_kv_head=None, pos='none'"),
     # two flags one family carries together: named together, not each with the family that lacks the other
-    (dict(layers='LG', sliding_window=8), "sliding_window=8, layers='LG' are carried by olmo3, which also needs "
+    (dict(layers='LG', sliding_window=8), "layers='LG', sliding_window=8 are carried by olmo3, which also needs "
                                           "bias=False, norm_position='after', qk_norm=True, qk_norm_all_heads=True"),
     # a flag left at its default that the nearest family needs turned on
     ({**GPT_OSS_FLAGS, 'swiglu_limit': None}, 'the nearest, gpt_oss, cannot carry swiglu_limit=None (it needs '

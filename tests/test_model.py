@@ -2625,3 +2625,40 @@ def test_layers_take_the_fla_kernels_where_offered_and_not_for_a_decoding_step(m
         assert all(T > 1 for _, T in calls) and len(calls) == 1  # the prefill only
         monkeypatch.undo()
         assert torch.equal(fast, model.generate(idx[:, :5], 4, temperature=0))
+
+
+# ----------------------------------------------------------------------------- the lesson alone
+
+LESSON_ALONE = '''
+import torch
+from model import GPT, GPTConfig, SWAPS, swap_flags
+for modern in (False, True):
+    flags = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=64)
+    config = GPTConfig(**flags, **swap_flags('modern', flags, modern=modern))
+    torch.manual_seed(0)
+    model = GPT(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    data = torch.randint(0, 64, (4, 17), generator=torch.Generator().manual_seed(1))
+    losses = []
+    for _ in range(3):
+        _, loss = model(data[:, :-1], data[:, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    print(config.norm, config.mlp, config.kv_heads, config.pos, losses[0] > losses[-1], model(data[:, :-1])[0].shape[-1])
+'''
+
+
+def test_model_py_runs_alone_in_an_empty_folder(tmp_path):
+    """model.py copied by itself into an empty folder: the vanilla and the modern block build and train there (AdamW
+    steps lower the loss), with nothing else of the project on the path."""
+    import shutil
+    import subprocess
+    import sys
+    shutil.copy(os.path.join(os.path.dirname(__file__), '..', 'model.py'), tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    result = subprocess.run([sys.executable, '-c', LESSON_ALONE], cwd=tmp_path, capture_output=True, text=True,
+                            env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split('\n')[:2] == ['layernorm gelu 4 learned True 64', 'rms swiglu 2 rope True 64']
