@@ -114,8 +114,12 @@ def test_the_bpe_cpu_recipes_train_the_modern_block_on_their_data(name, dataset,
 
 
 def test_every_cpu_recipe_is_in_the_readme():
-    """A newcomer finds the CPU recipes in the README's table, the BPE ones with their data's preparation."""
+    """A newcomer finds the CPU recipes in the README's table (its "## Recipes"), the BPE ones and the synthetic
+    tasks' with their data's preparation."""
     readme = (REPO / 'README.md').read_text(encoding='utf-8')
+    table = readme.split('\n## Recipes\n', 1)[1].split('\n## ', 1)[0]
     for name in (n for n in CONFIGS if n.endswith('_cpu.py')):  # ablate.py's recipes are its to run
-        assert f"{'ablate' if name.startswith('ablate_') else 'train'}.py config/{name}" in readme, name
-    assert 'python data/shakespeare/prepare.py && python train.py config/shakespeare_bpe_cpu.py' in readme
+        assert f"{'ablate' if name.startswith('ablate_') else 'train'}.py config/{name}" in table, name
+    assert 'python data/shakespeare/prepare.py && python train.py config/shakespeare_bpe_cpu.py' in table
+    assert 'python data/copy/prepare.py && python train.py config/copy_cpu.py' in table
+    assert '--out_dir data/recall_32 && python train.py config/recall_cpu.py' in table

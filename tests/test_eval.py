@@ -328,11 +328,16 @@ def test_a_tokenizer_larger_than_the_model_is_one_line(tmp_path, bpe, monkeypatc
     one_line_error(code, err, '50257 tokens', 'vocab_size', 'leave --tokenizer empty')
 
 
-def test_the_readme_points_to_the_example_task_and_the_dev_requirements():
-    """What a newcomer follows: the README's example command names the shipped task, and the requirements that
-    run the whole suite (eval.py's tests need lm-eval and accelerate) are one file that .ci/run installs too."""
+def test_the_docs_point_to_the_example_task_and_the_dev_requirements():
+    """What a newcomer follows: docs/evaluation.md's example command names the shipped task (after installing the
+    dev requirements), and the requirements that run the whole suite (eval.py's tests need lm-eval and accelerate)
+    are one file that .ci/run installs too and README's Tests names."""
     readme = (REPO / 'README.md').read_text()
-    assert '--tasks=shakespeare_cloze --include_path=examples/eval_task' in readme
+    page = (REPO / 'docs' / 'evaluation.md').read_text()
+    command = 'python eval.py --out_dir=out-shakespeare-modern-cpu --tasks=shakespeare_cloze --include_path=examples/eval_task'
+    assert command in page
+    assert page.index('pip install -r requirements-dev.txt') < page.index(command)
+    assert 'out-shakespeare-modern-cpu' in readme  # the quick start trains the model it scores
     assert 'task: shakespeare_cloze' in (EXAMPLE / 'shakespeare_cloze.yaml').read_text()
     dev = (REPO / 'requirements-dev.txt').read_text().splitlines()
     assert {'-r requirements.txt', 'lm-eval==0.4.13', 'accelerate', 'pytest'} <= {line.split('#')[0].strip()
