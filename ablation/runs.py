@@ -11,7 +11,7 @@ import torch
 
 from ablation.files import data_meta, read_json
 from common.checkpoints import build_model, load_checkpoint, model_from_checkpoint
-from common.data import masked_accuracy, read_examples
+from common.data import example_split, masked_accuracy, read_examples
 from common.files import write_json
 from common.hardware import pick_device
 from probes import probe, summarize as summarize_probe
@@ -62,8 +62,8 @@ def probe_tokens(cwd, dataset, block_size):
     if 'example_length' in meta:
         if not os.path.isfile(os.path.join(data_dir, 'val_mask.bin')):
             return None
-        length = meta['splits']['val']['example_length']
-        inputs, _ = read_examples(data_dir, 'val', range(min(PROBE_ROWS, meta['splits']['val']['examples'])), length)
+        examples, length = example_split(data_dir, 'val', meta)  # its files of one preparation
+        inputs, _ = read_examples(data_dir, 'val', range(min(PROBE_ROWS, examples)), length)
         return torch.from_numpy(inputs)
     files = [f for f in val_files(cwd, dataset) if os.path.isfile(f)]
     data = np.memmap(files[0], dtype=np.uint16, mode='r') if files else []
@@ -225,13 +225,14 @@ def task_checkpoint(path, cwd):
 def task_split_figures(checkpoint, ckpt_path, data_dir, meta, method, split, extrapolation_iters):
     """{'loss', 'accuracy'} over the scored targets of the split's first extrapolation_iters batches of examples,
     the trained model scaled from its training examples' length to the split's."""
-    trained, length = meta['splits']['train']['example_length'] - 1, meta['splits'][split]['example_length']
+    trained = meta['splits']['train']['example_length'] - 1
+    examples, length = example_split(data_dir, split, meta)  # its files of one preparation
     args = {**checkpoint['model_args'], **method_args(method, trained, (length - 1) / trained),
             'block_size': max(length - 1, checkpoint['model_args']['block_size'])}
     device = pick_device('auto')
     model = build_model(args, checkpoint['model'], f"checkpoint '{ckpt_path}'").to(device).eval()
     batch_size = checkpoint['config']['batch_size']
-    n = min(meta['splits'][split]['examples'], extrapolation_iters * batch_size)
+    n = min(examples, extrapolation_iters * batch_size)
     loss_sum, right, scored = 0.0, 0, 0
     for start in range(0, n, batch_size):
         rows = range(start, min(n, start + batch_size))

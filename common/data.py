@@ -1,6 +1,7 @@
 """Datasets under data/<dataset>/: meta.json, the token files of a split (train.bin / val.bin or shards), and a
 task's whole examples with the mask of their scored tokens."""
 
+import hashlib
 import json
 import os
 
@@ -98,7 +99,27 @@ def example_split(data_dir, split, meta):
         if os.path.getsize(path) != size:
             die(f"'{path}' is {os.path.getsize(path)} bytes but meta.json promises {size} ({examples} examples of "
                 f"{length} tokens): the files are from different runs of prepare.py; rerun {fix}")
+        expected = (meta.get('sha256') or {}).get(name)  # a meta.json from before the hashes: sizes only
+        if expected and file_sha256(path) != expected:
+            die(f"'{path}' does not match the sha256 meta.json gives it: the files are from different runs of "
+                f"prepare.py (two at once into one folder?); rerun {fix}")
     return examples, length
+
+
+_HASHES = {}  # (path, size, mtime) -> sha256: each file hashed once per process
+
+
+def file_sha256(path):
+    """The sha256 of a file's bytes, read 1 MiB at a time, computed once per process for a file as it is."""
+    stat = os.stat(path)
+    key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+    if key not in _HASHES:
+        digest = hashlib.sha256()
+        with open(path, 'rb') as f:
+            for chunk in iter(lambda: f.read(1 << 20), b''):
+                digest.update(chunk)
+        _HASHES[key] = digest.hexdigest()
+    return _HASHES[key]
 
 
 def read_examples(data_dir, split, rows, length):

@@ -50,3 +50,17 @@ def test_a_rope_run_on_copy_is_scaled_to_each_evaluation_length(tmp_path, monkey
     monkeypatch.setattr(ablation.runs, 'load_checkpoint', lambda *a: pytest.fail('cached: nothing to load'))
     assert ablation.runs.task_lengths(str(tmp_path / 'run'), str(tmp_path), ['linear', 'yarn'],
                                       extrapolation_iters) == figures
+
+
+def test_the_probes_and_length_figures_read_a_task_split_only_of_one_preparation(tmp_path, monkeypatch, capsys):
+    """A val.bin of another preparation beside the masks (same sizes): the probes' tokens, as the task's lengths
+    table, stop with train.py's one line naming the file (common.data.example_split), not read mixed examples."""
+    import shutil
+    from test_data import two_preparations
+    mine, other = two_preparations(tmp_path / 'data', monkeypatch, capsys)
+    assert ablation.runs.probe_tokens(str(tmp_path), 'seed1', 23).shape == (16, 23)
+    shutil.copy(other / 'val.bin', mine / 'val.bin')
+    with pytest.raises(SystemExit):
+        ablation.runs.probe_tokens(str(tmp_path), 'seed1', 23)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"'{mine / 'val.bin'}'" in err[0] and 'different runs of prepare.py' in err[0]
