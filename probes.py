@@ -5,9 +5,11 @@ residual stream gets (massive activations).
     report = probe(model, idx)   # idx: (B, T) token ids, T > skip
 
 - sink_share[layer][head]: the mean share of attention a query gives to position 0, over the queries at
-  positions skip.. (StreamingLLM's "attention sink"; Qwen's gated attention removes it). Equal scores give
-  query t a share of 1/(t+1), so a share well above the mean of 1/(t+1) is a sink. None for layers without
+  positions skip.. (StreamingLLM's "attention sink"; Qwen's gated attention removes it). None for layers without
   softmax attention (Gated DeltaNet).
+- equal_share[layer]: what equal scores would give position 0 over the same queries, the baseline a sink is read
+  against: query t sees t + 1 keys, so 1/(t+1), while position 0 is in its window (a sliding window's or a chunk's
+  first w positions: t < w) and 0 past it; a share well above it is a sink. None where sink_share is.
 - learned_sink_share[layer][head]: with attn_sinks, the share given to the learned sink (to no key at all).
 - massive[layer]: the largest |value| in the residual stream after the block, where it is (position,
   channel), the median |value| and their ratio (Sun et al. 2024: a few values thousands of times the median).
@@ -117,20 +119,32 @@ def probe(model, idx, skip=4):
     finally:
         model.train(was_training)
     n_layer = len(model.transformer.h)
-    report = {'sink_share': [None] * n_layer, 'learned_sink_share': [None] * n_layer}
+    report = {'sink_share': [None] * n_layer, 'learned_sink_share': [None] * n_layer, 'equal_share': [None] * n_layer}
     for layer, (weights, sink) in records.items():
         report['sink_share'][layer] = weights[:, :, skip:, 0].mean(dim=(0, 2)).tolist()
+        report['equal_share'][layer] = equal_share(idx.size(1), skip, model.transformer.h[layer].attn.window)
         if sink is not None:
             report['learned_sink_share'][layer] = sink[:, :, skip:].mean(dim=(0, 2)).tolist()
     report['massive'] = [massive_activation(streams[layer]) for layer in range(n_layer)]
     return report
 
 
+def equal_share(T, skip, window=None):
+    """The mean share equal scores give position 0 over the queries skip..T-1: query t sees t + 1 keys while
+    position 0 is in its window (t < window: a sliding window's, or the first chunk of a chunked layer), none past
+    it; window None: the whole past."""
+    return sum(1 / (t + 1) for t in range(skip, min(T, window or T))) / (T - skip)
+
+
 def summarize(report):
     """One row of figures from a probe's report: the sink share (mean and largest over the softmax layers'
-    heads) and the largest massive-activation ratio and value over layers."""
+    heads), what equal attention would give over the same heads (each layer's window followed), and the largest
+    massive-activation ratio and value over layers."""
     shares = [s for layer in report['sink_share'] if layer is not None for s in layer]
+    equal = [e for e, layer in zip(report.get('equal_share') or [], report['sink_share']) if layer is not None
+             for _ in layer]
     return {'sink_share': sum(shares) / len(shares) if shares else None,
             'sink_share_max': max(shares) if shares else None,
+            'equal_share': sum(equal) / len(equal) if equal and None not in equal else None,
             'massive_ratio': max(m['ratio'] for m in report['massive']),
             'massive_max': max(m['max'] for m in report['massive'])}

@@ -204,10 +204,11 @@ def probes_table(variants):
         return []
     lines = ['', f"Probes (probes.py) of each run's ckpt.pt on {PROBE_ROWS} fixed val rows: sink share, the attention "
                  f"a query gives the first position (mean over softmax layers and heads, and the largest head), over "
-                 f"queries past the first {PROBE_SKIP}; equal attention would give it 1/(t+1), whose mean over the "
-                 f"same queries is the 'equal' column: a share far above it is a sink. Massive ratio: the largest "
-                 f"|activation| in the residual stream over its median, the largest over layers (n/a sink share: no "
-                 f"softmax layer).", '',
+                 f"queries past the first {PROBE_SKIP}; equal attention would give it 1/(t+1) where the query sees "
+                 f"position 0 and 0 where it does not (past a sliding window, or the first chunk of a chunked layer), "
+                 f"whose mean over the same queries and layers is the 'equal' column: a share far above it is a sink. "
+                 f"Massive ratio: the largest |activation| in the residual stream over its median, the largest over "
+                 f"layers (n/a sink share: no softmax layer).", '',
              '| variant | sink share (mean) | sink share (max) | equal | massive ratio |', '|' + ' --- |' * 5]
     for name, figures in probed.items():
         lines.append('| ' + ' | '.join([name] + [fmt(figures[k], '.3f') for k in PROBE_FIGURES if k != 'massive_ratio']

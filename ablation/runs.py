@@ -18,7 +18,7 @@ from probes import probe, summarize as summarize_probe
 
 EXTRAPOLATION_SEED = 4242  # one set of batches per length, the same for every variant
 MULTIPLES = (1, 2, 4, 8)
-SUMMARY_VERSION = 4  # done.json figures older than this are recomputed from the run's files
+SUMMARY_VERSION = 5  # done.json figures older than this are recomputed from the run's files
 PROBE_ROWS, PROBE_SKIP = 16, 4  # the probes' rows, and the first queries left out of the sink share
 PROBE_FIGURES = ('sink_share', 'sink_share_max', 'equal_share', 'massive_ratio')
 
@@ -75,13 +75,12 @@ def probe_tokens(cwd, dataset, block_size):
 
 
 def probe_run(model, tokens):
-    """The probes' summary (sink share, massive activations), the equal-attention share of the same queries,
-    and the per-layer report; None without tokens."""
+    """The probes' summary (sink share, what equal attention would give the same queries in each layer's window,
+    massive activations) and the per-layer report; None without tokens."""
     if tokens is None or tokens.size(1) <= PROBE_SKIP:
         return None
     report = probe(model, tokens, skip=PROBE_SKIP)
-    equal = statistics.mean(1 / (t + 1) for t in range(PROBE_SKIP, tokens.size(1)))
-    return {**summarize_probe(report), 'equal_share': equal, 'layers': report}
+    return {**summarize_probe(report), 'layers': report}
 
 
 def task_scores(record):

@@ -64,3 +64,16 @@ def test_the_probes_and_length_figures_read_a_task_split_only_of_one_preparation
         ablation.runs.probe_tokens(str(tmp_path), 'seed1', 23)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"'{mine / 'val.bin'}'" in err[0] and 'different runs of prepare.py' in err[0]
+
+
+def test_the_probes_equal_baseline_follows_a_windowed_models_layers():
+    """A run's probe figures: 'equal' is what equal attention gives the same queries in each layer's window (all
+    local layers with a window of 16 at 64 tokens: 0.022), not the whole row's 0.044 (issue 44.5)."""
+    import torch
+    from chapters import GPT, GPTConfig
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=64, vocab_size=11, n_layer=2, n_head=2, n_embd=16, pos='rope', layers='L',
+                          sliding_window=16)).eval()
+    figures = ablation.runs.probe_run(model, torch.randint(0, 11, (2, 64), generator=torch.Generator().manual_seed(1)))
+    assert figures['equal_share'] == pytest.approx(sum(1 / (t + 1) for t in range(4, 16)) / 60)
+    assert figures['layers']['equal_share'] == [figures['equal_share']] * 2

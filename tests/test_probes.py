@@ -95,3 +95,21 @@ def test_massive_activations_find_a_planted_value():
 def test_too_few_tokens_is_refused_by_name():
     with pytest.raises(ValueError, match="more than skip=4 tokens"):
         probe(tiny(), tokens(T=4))
+
+
+@pytest.mark.parametrize("kind, flag", [("L", "sliding_window"), ("C", "attention_chunk_size")])
+def test_equal_attention_follows_each_layers_window_or_chunk(kind, flag):
+    """Equal scores in a layer whose window (or chunk) is 16, at 64 tokens: queries past it do not see position 0,
+    so equal attention gives it 0.022 on average there, not the whole row's 0.044; the global layer beside it
+    keeps 0.044, and the summary's baseline is the mean over the same layers' heads (issue 44.5)."""
+    model = tiny(block_size=64, pos="rope", layers=kind + "G", **{flag: 16})
+    zero_queries(model)
+    report = probe(model, tokens(T=64), skip=4)
+    windowed = sum(1 / (t + 1) for t in range(4, 16)) / 60
+    whole = sum(1 / (t + 1) for t in range(4, 64)) / 60
+    assert round(windowed, 3) == 0.022 and round(whole, 3) == 0.044
+    assert report['equal_share'] == pytest.approx([windowed, whole])
+    for shares, equal in zip(report['sink_share'], report['equal_share']):
+        assert shares == pytest.approx([equal] * 2, rel=1e-5)  # equal scores give exactly the baseline
+    assert summarize(report)['equal_share'] == pytest.approx((windowed + whole) / 2)
+    assert summarize(report)['sink_share'] == pytest.approx(summarize(report)['equal_share'], rel=1e-5)
