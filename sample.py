@@ -10,6 +10,7 @@ The model flags that change no weight (model.RUNTIME_FLAGS) may differ from the 
 context with a RoPE scaling or a sliding window, e.g. --block_size=1024 --rope_scaling=yarn --rope_factor=4.
 """
 
+import json
 import os
 import sys
 import time
@@ -54,8 +55,27 @@ from common.errors import catch_interrupts, die  # noqa: E402
 from common.hardware import DTYPES, autocast, pick_device, pick_dtype  # noqa: E402
 from common.tokenizer import load_tokenizer  # noqa: E402
 SEPARATOR = '---------------'
+# a task dataset's prompts are its own symbols, not text: an example of one for each task, and what it asks
+TASK_PROMPTS = {'recall': ('k1 v2 k1', "a key, its value and the key again: the model answers the value"),
+                'copy': ('abc|', "a string and the separator: the model copies the string")}
 catch_interrupts()  # Ctrl-C or kill: one line, exit 130 or 143
 # -----------------------------------------------------------------------------
+
+
+
+def task_of(meta_path):
+    """The synthetic task (recall, copy) whose examples a dataset's meta.json describes, else None."""
+    if meta_path is None:
+        return None
+    with open(meta_path) as f:  # load_tokenizer has read it whole already
+        meta = json.load(f)
+    return meta.get('dataset') if 'example_length' in meta else None
+
+
+def task_prompt(task):
+    example, what = TASK_PROMPTS.get(task, ('...', "its own symbols, as in its examples"))
+    return f'--start="{example}" ({what})'
+
 
 # settings first: a typo should not cost a model load
 if temperature < 0:
@@ -109,10 +129,16 @@ model = (model_from_checkpoint(checkpoint, ckpt_path, settings) if init_from == 
          else load_pretrained(init_from, settings))
 encode, decode, tokenizer_vocab, source, guessed = load_tokenizer(
     meta_path, pretrained=None if init_from == 'resume' else init_from, name=tokenizer)
+task = task_of(meta_path) if not tokenizer else None
+if task and start == '\n':  # the default prompt is text; a task's vocabulary has none (a newline is no symbol of it)
+    die(f"the default prompt (a newline) is no symbol of '{meta_path}': the model was trained on the {task} task, "
+        f"whose prompts are its symbols; give one, e.g. {task_prompt(task)}")
 prompt = encode(start)
 if not prompt:
     die("the prompt must have at least one token to continue from; give a non-empty --start "
         "(the default is a newline)" if not start else
+        f"{source} encodes --start={start!r} to no tokens: the prompt needs the {task} task's symbols, e.g. "
+        f"{task_prompt(task)}" if task else
         f"{source} encodes --start={start!r} to no tokens: it is not this model's tokenizer; give one with "
         f"--tokenizer=NAME_OR_DIR (a Hugging Face tokenizer, or 'gpt2')")
 if max(prompt) >= model.config.vocab_size:

@@ -450,3 +450,28 @@ def test_speculative_decoding_prints_greedy_text_and_the_acceptance_rate(tmp_pat
                           '--temperature=0')
     char_checkpoint(tmp_path)  # no MTP modules
     assert_one_line_error(*sample(*args, '--speculative=True', expect_exit=True), 'mtp_depth >= 1')
+
+
+@pytest.mark.parametrize('task', ['recall', 'copy'])
+def test_a_task_checkpoint_asks_for_its_symbols_not_another_tokenizer(tmp_path, sample, task):
+    """A recall (or copy) checkpoint and the default prompt, a newline: the tokenizer is the dataset's own, so the
+    line says the prompt needs the task's symbols, with one that works (issue 44.12); that one generates."""
+    (tmp_path / 'data' / task).mkdir(parents=True)
+    if task == 'recall':
+        meta = {'kind': 'recall', 'dataset': 'recall', 'vocab_size': 21, 'example_length': 24,
+                'vocabulary': {'filler': 0, 'keys': [1, 11], 'values': [11, 21]}}
+    else:
+        chars = list('_|abcdefgh')
+        meta = {'kind': 'char', 'dataset': 'copy', 'chars': chars, 'vocab_size': len(chars), 'example_length': 33}
+    (tmp_path / 'data' / task / 'meta.json').write_text(json.dumps(meta))
+    torch.manual_seed(0)
+    save_model(GPT(GPTConfig(block_size=32, vocab_size=meta['vocab_size'], n_layer=1, n_head=2, n_embd=16)), tmp_path,
+               task)
+    code, err = sample(expect_exit=True)
+    example = {'recall': 'k1 v2 k1', 'copy': 'abc|'}[task]
+    assert_one_line_error(code, err, f'the {task} task', f'--start="{example}"')
+    assert 'tokenizer' not in err
+    if task == 'recall':  # a prompt of spaces alone: no tokens, and the same advice
+        assert_one_line_error(*sample('--start=  ', expect_exit=True), 'no tokens', 'k1 v2 k1')
+    out, _ = sample(f'--start={example}', '--num_samples=1', '--max_new_tokens=3')
+    assert parse_samples(out)[0].startswith(example)
