@@ -90,6 +90,9 @@ if num_samples < 1:
     die(f"num_samples must be at least 1, got {num_samples}")
 if speculative and temperature != 0:
     die(f"speculative=True decodes greedily: set --temperature=0 (got {temperature})")
+if speculative and compile:  # its forwards verify several tokens at once, eagerly
+    die("compile=True compiles generate's one-token decoding step, which speculative decoding never runs (it "
+        "verifies several tokens a forward): leave --compile off with --speculative=True")
 if not 0 <= seed < 2 ** 64:
     die(f"seed must be in [0, 2**64), got {seed}")
 device = pick_device(device)
@@ -197,10 +200,12 @@ with torch.no_grad(), autocast(device, dtype):
 seconds = time.perf_counter() - t0
 tokens = num_samples * max_new_tokens
 cache = 'none (use_cache=False)'
-if use_cache:  # generate allocates none for 0 new tokens; its dtype is autocast's, else the fp32 weights'
+if use_cache or speculative:  # generate allocates none for 0 new tokens; its dtype is autocast's, else the weights'
     length = model.config.block_size if speculative else len(prompt) + max_new_tokens  # speculative: one of block_size
     n_bytes = model.kv_cache_bytes(num_samples, length, DTYPES[dtype]) if max_new_tokens else 0
-    cache = f'{n_bytes} bytes'
+    # speculative decoding takes rejected drafts back out of its cache: it keeps one whatever use_cache says
+    cache = f'{n_bytes} bytes' + ('' if use_cache else ' (speculative decoding keeps one; use_cache=False does not '
+                                                       'apply to it)')
 print(f"generated {tokens} tokens in {seconds:.2f} s, {tokens / max(seconds, 1e-9):.1f} tokens/s, KV cache {cache}",
       file=sys.stderr)
 if drafts:

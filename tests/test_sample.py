@@ -475,3 +475,21 @@ def test_a_task_checkpoint_asks_for_its_symbols_not_another_tokenizer(tmp_path, 
         assert_one_line_error(*sample('--start=  ', expect_exit=True), 'no tokens', 'k1 v2 k1')
     out, _ = sample(f'--start={example}', '--num_samples=1', '--max_new_tokens=3')
     assert parse_samples(out)[0].startswith(example)
+
+
+def test_speculative_decoding_reports_the_cache_it_keeps_and_refuses_a_compile_it_would_not_use(tmp_path, sample):
+    """--speculative=True --use_cache=False: speculative decoding keeps a cache all the same (it takes rejected
+    drafts back out of it), so the line gives its bytes, not 'none (use_cache=False)' (issue 44.14); and
+    --compile=True, which compiles a one-token step it never runs, is one line."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, vocab_size=len(CHARS), n_layer=2, n_head=4, n_embd=32, pos='rope',
+                          mtp_depth=1))
+    save_model(model, tmp_path, 'chars')
+    write_meta(tmp_path, 'chars')
+    args = ('--start=Hello', '--num_samples=2', '--max_new_tokens=10', '--temperature=0', '--speculative=True')
+    _, err = sample(*args, '--use_cache=False')
+    cache = parse_report(err)[4]
+    assert cache == (f"{model.kv_cache_bytes(2, 32)} bytes (speculative decoding keeps one; use_cache=False does not "
+                     f"apply to it)")
+    assert parse_report(sample(*args)[1])[4] == f"{model.kv_cache_bytes(2, 32)} bytes"
+    assert_one_line_error(*sample(*args, '--compile=True', expect_exit=True), 'compile', 'speculative')
