@@ -8,7 +8,8 @@ import re
 import shlex
 
 from ablation.files import TRAIN_PY, read_json
-from ablation.groups import group_members
+from ablation.groups import base_vocab, group_members, model_args
+from chapters import GPTConfig
 from common.errors import die
 from configurator import configure, script_defaults
 
@@ -47,7 +48,19 @@ def build_grid(base, settings):
             if both:  # train_args come last and would win, under the variant's name
                 die(f"train_args set {', '.join(both)}, which variant {name!r} sets itself; leave it to the variants")
             variants[name], names_by_key[key] = flags, name
+    check_variants(base, variants, settings)
     return variants
+
+
+def check_variants(base, variants, settings):
+    """Each variant's model config, built once before any run trains (as train.py will build it): the first that
+    fails is one line naming the variant, not a failure per run after launch."""
+    for name, flags in variants.items():
+        recipe = {**base, **flags}
+        try:
+            GPTConfig(**model_args(recipe), vocab_size=base_vocab(recipe, settings))
+        except ValueError as e:
+            die(f"variant {name!r}: {e}")
 
 
 def flag_args(flags):

@@ -9,6 +9,7 @@ from dataclasses import fields
 from ablation.files import REPO, data_meta
 from common.errors import die
 from chapters import GPT, SWAPS, GPTConfig, swap_flags
+from model import LAYER_KINDS
 
 
 def parse_custom(text, known):
@@ -77,14 +78,25 @@ def mla_flags(base, modern, gqa_cache):
             'kv_lora_rank': 2 * heads * cfg.head_size - rope}
 
 
+def kind_needs(pattern, recipe, size=None):
+    """What the layer kinds of a pattern need set, as the registry says (LayerKind.needs: a window's or a chunk's
+    size, a quarter of block_size), each size `size` where given."""
+    needs = {}
+    for letter in dict.fromkeys(pattern):
+        kind = LAYER_KINDS[letter]
+        if kind.needs:
+            needs.update({flag: size or value for flag, value in kind.needs(recipe).items()})
+    return needs
+
+
 def pattern_flags(base, modern, pattern, settings, window=None):
     """modern with these layers at about its parameters: Gated DeltaNet by its widths, Kimi Delta Attention, Mamba-2
-    and the short convolution by their MLP's width; local layers a window (default a quarter of block_size)."""
+    and the short convolution by their MLP's width; what a kind needs besides (a local layer's window, a chunked
+    one's chunk: the registry's quarter of block_size, or `window`)."""
     flags = {**modern, 'layers': pattern}
     if 'D' in pattern:
         flags.update(deltanet_widths(base, modern))
-    if 'L' in pattern:
-        flags['sliding_window'] = window or max(1, base['block_size'] // 4)
+    flags.update(kind_needs(pattern, {**base, **flags}, window))
     if set(pattern) & set('KSV'):
         args = {**model_args(base), 'vocab_size': base_vocab(base, settings)}
         params = GPT(GPTConfig(**{**args, **modern})).get_num_params()
@@ -97,11 +109,15 @@ def recall_members(base, settings):
     own dataset. A variant is named '<arch>_d=<width>_L=<L>', with '_P=<pairs>' where pairs is not L / 8."""
     recall_archs, recall_pairs = settings['recall_archs'], settings['recall_pairs']
     archs = [a.strip() for a in recall_archs.split(',') if a.strip()]
-    letters = 'GLNDCVS-K'
+    letters = ''.join(LAYER_KINDS)
     bad = [a for a in archs if a not in ('global', 'mla') and not (set(a) <= set(letters))]
     if bad or not archs:
         die(f"recall_archs must be a comma-separated list of global, mla or layers patterns of {letters!r} "
             f"(e.g. global,DDDG,KKKG); got {recall_archs!r}")
+    for width in int_list(settings['recall_widths'], 'recall_widths'):
+        if width < 1 or width % max(1, width // 32):
+            die(f"recall_widths: n_embd {width} does not split into heads 32 wide (n_head = n_embd // 32 = "
+                f"{width // 32} must divide it): give widths of at least 1 that it divides, e.g. 32,64,128")
     members = []
     for length in int_list(settings['recall_lengths'], 'recall_lengths'):
         for pairs in int_list(recall_pairs, 'recall_pairs') if recall_pairs.strip() else [default_pairs(length)]:
@@ -149,8 +165,8 @@ def copy_inputs(settings):
 # it returns [(name, flags)].
 
 def quarter_window(base):
-    """A window of a quarter of the context, as Gemma 3's ratio."""
-    return {'sliding_window': max(1, base['block_size'] // 4)}
+    """A window of a quarter of the context, as Gemma 3's ratio (what a local layer needs, by the registry)."""
+    return kind_needs('L', base)
 
 
 def default_members(base, modern, settings):

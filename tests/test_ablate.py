@@ -208,9 +208,10 @@ def test_failed_run_is_reported_and_the_others_finish(tmp_path):
     out = tmp_path / 'out'
     (out / 'runs' / 'ok' / 'seed1337').mkdir(parents=True)  # an unfinished run: cleared and run again
     (out / 'runs' / 'ok' / 'seed1337' / 'stale').write_text('x')
-    result = ablate(workdir, out, '--grid=custom', "--custom={'bad': {'n_kv_head': 3}, 'ok': {}}", '--seeds=1')
+    # a model that builds (a bad one is refused before any run) on data that is not there: train.py fails
+    result = ablate(workdir, out, '--grid=custom', "--custom={'bad': {'dataset': 'missing'}, 'ok': {}}", '--seeds=1')
     assert result.returncode != 0
-    assert 'FAILED' in result.stdout and 'bad' in result.stdout and 'n_kv_head' in result.stdout
+    assert 'FAILED' in result.stdout and 'bad' in result.stdout and 'data/missing/train.bin' in result.stdout
     assert str(out / 'runs' / 'bad' / 'seed1337' / 'train.log') in result.stdout
     assert 'bad seed 1337' in result.stderr and 'Traceback' not in result.stderr
     assert (out / 'runs' / 'ok' / 'seed1337' / 'done.json').exists()

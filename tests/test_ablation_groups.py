@@ -224,3 +224,27 @@ def test_the_recall_group_takes_pair_counts_each_its_own_dataset(tmp_path, monke
     assert recall_points(variants) == {
         'global_d=64_L=32': ('global', (32, 4), 64), 'D_d=64_L=32': ('D', (32, 4), 64),
         'global_d=64_L=32_P=8': ('global', (32, 8), 64), 'D_d=64_L=32_P=8': ('D', (32, 8), 64)}
+
+
+def test_what_a_recall_run_would_fail_on_is_refused_at_the_start(tmp_path, monkeypatch, capsys):
+    """recall_archs=C gets its chunk from the layer-kind registry (LayerKind.needs), as 'L' its window; widths that do
+    not split into heads 32 wide (0, 100) and a variant whose model cannot be built are one line before any run
+    starts, not a failure per run after launch (issue 44.13)."""
+    workdir = make_workdir(tmp_path)
+    (workdir / 'data' / 'recall_32').mkdir(parents=True)
+    (workdir / 'data' / 'recall_32' / 'meta.json').write_text(json.dumps({'example_length': 32, 'vocab_size': 64}))
+    _, base, variants = ablate_grid(monkeypatch, f'--run_dir={workdir}', '--grid=recall', '--recall_widths=64',
+                                    '--recall_lengths=32', '--recall_archs=C,CCCG,L')
+    chunked = variants['C_d=64_L=32']
+    assert chunked['layers'] == 'C' and chunked['attention_chunk_size'] == 8 and 'sliding_window' not in chunked
+    assert variants['CCCG_d=64_L=32']['attention_chunk_size'] == 8 and variants['L_d=64_L=32']['sliding_window'] == 8
+    for widths in ('0', '100', '32,100'):
+        code, err = ablate_here(workdir, tmp_path / 'out', '--grid=recall', '--recall_lengths=32',
+                                f'--recall_widths={widths}', monkeypatch=monkeypatch, capsys=capsys)
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and lines[0].startswith('error: recall_widths: n_embd'), err
+    code, err = ablate_here(workdir, tmp_path / 'out', '--grid=custom', "--custom={'ok': {}, 'bad': {'n_kv_head': 3}}",
+                            monkeypatch=monkeypatch, capsys=capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: variant 'bad': ") and 'n_kv_head' in lines[0]
+    assert not (tmp_path / 'out').exists()
