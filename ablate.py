@@ -91,7 +91,7 @@ from ablation.files import REPO  # noqa: E402
 from ablation.grid import base_recipe, build_grid, run_path  # noqa: E402
 from ablation.jobs import Runner  # noqa: E402
 from ablation.report import check_report_files, write_report  # noqa: E402
-from common.errors import die  # noqa: E402
+from common.errors import Interrupted, die  # noqa: E402
 
 
 def main():
@@ -114,9 +114,21 @@ def main():
             code=1)
 
 
+def interrupted(signum, frame):
+    """Ctrl-C or `kill`: stop the runs (the runner's cleanup) and say so in one line, exit 128 + the signal. Only
+    the first signal stops: a second would land in that cleanup."""
+    for other in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(other, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
 if __name__ == '__main__':
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `kill`: stop the runs as Ctrl-C does
+    handlers = {s: signal.signal(s, interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         main()
-    except KeyboardInterrupt:
-        die("interrupted: finished runs are kept; the same command resumes", code=130)
+    except KeyboardInterrupt as e:
+        die(f"interrupted ({e if isinstance(e, Interrupted) else 'SIGINT'}): finished runs are kept; the same command "
+            f"resumes", code=getattr(e, 'code', 130))
+    finally:  # run in a process that goes on (a test's): its own handlers back
+        for s, handler in handlers.items():
+            signal.signal(s, handler)

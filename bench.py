@@ -78,8 +78,13 @@ vs_hf_dtype = 'float32'  # both sides' weights and KV caches; a list (float32,bf
 threads = 0  # intra-op threads; 0: torch's default
 # a bare --json means the default file
 argv = ['--json=bench.json' if arg == '--json' else arg for arg in sys.argv[1:]]
-settings = configure(settings_of(globals()), argv, prog='bench.py', doc=__doc__)
+defaults = settings_of(globals())
+settings = configure(defaults, argv, prog='bench.py', doc=__doc__)
 globals().update(settings)
+# settings one kind of run reads and the other does not: given to the other, a note says so, not silence
+TABLE_ONLY = ('compare_dtype', 'nanogpt_dir', 'train_iters', 'warmup_iters', 'batch_size', 'decode_batch',
+              'decode_uncached', 'compile', 'peak_flops')
+VS_HF_ONLY = ('vs_hf_batches', 'vs_hf_repeats', 'vs_hf_profile', 'vs_hf_dtype')
 
 # the heavy imports only now: --help and a mistyped setting answer before torch loads
 import torch  # noqa: E402
@@ -125,6 +130,14 @@ if warmup_iters < 0 or train_iters < 0:
 if decode_prompt + decode_tokens > block_size:
     die(f"decode_prompt + decode_tokens ({decode_prompt} + {decode_tokens}) must fit in block_size ({block_size}): "
         f"past it the context shifts and re-prefills, which is not decoding speed")
+unread = [k for k in (TABLE_ONLY if vs_hf else VS_HF_ONLY) if settings[k] != defaults[k]]
+if unread:
+    print(f"note: {', '.join(f'--{k}' for k in unread)} " + (
+        "apply to the training and decoding table, which --vs_hf=True does not make: ignored" if vs_hf else
+        "apply to --vs_hf=True only: ignored"), file=sys.stderr, flush=True)
+elif compare_dtype and not train_iters:
+    print(f"note: compare_dtype={compare_dtype} times training steps in that dtype, and train_iters=0 takes none: no "
+          f"{compare_dtype} rows", file=sys.stderr, flush=True)
 names = [v.strip() for v in variants.split(',') if v.strip()]
 unknown = [v for v in names if v not in VARIANTS]
 if unknown:

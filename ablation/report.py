@@ -349,19 +349,21 @@ def notes(variants, reference, n_layer):
 
 
 def extrapolation_table(variants, no_data, extrapolation_iters):
-    """Each variant's val loss at multiples of its trained block_size, a row per method; the runs left out."""
-    lines = ['', f"Val loss at multiples of the trained block_size (each run's ckpt.pt, {extrapolation_iters} "
+    """Each variant's val loss at multiples of its trained block_size, a row per method; the runs left out. No rows
+    (a task's runs, scored by the lengths table instead; no ckpt.pt): a line saying so, not an empty table."""
+    rows = [f"| {name} | {method} | " + ' | '.join(fmt(v) for v in losses.values()) + ' |'
+            for name, agg in variants.items() for method, losses in agg['extrapolation'].items()
+            if any(v is not None for v in losses.values())]
+    lines = ['', "Val loss at multiples of the trained block_size: none to show (runs on a task dataset are scored at "
+                 "each evaluation length instead, below; a run without ckpt.pt has none)."] if not rows else [
+             '', f"Val loss at multiples of the trained block_size (each run's ckpt.pt, {extrapolation_iters} "
                  f"batches per length; n/a: learned positions cannot go past 1x). 1× is not the final val loss "
                  f"above: it is the loss of ckpt.pt (the best val loss's checkpoint unless "
                  f"always_save_checkpoint=True) on {extrapolation_iters} batches of the length table's own seed, "
                  f"the same for every variant, where the val loss columns are train.py's eval_iters batches; "
                  f"the two differ by that sampling (and by which checkpoint).", '',
              '| variant | method | ' + ' | '.join(f'{k}×' for k in MULTIPLES) + ' |',
-             '|' + ' --- |' * (2 + len(MULTIPLES))]
-    for name, agg in variants.items():
-        for method, losses in agg['extrapolation'].items():
-            if any(v is not None for v in losses.values()):
-                lines.append(f"| {name} | {method} | " + ' | '.join(fmt(v) for v in losses.values()) + ' |')
+             '|' + ' --- |' * (2 + len(MULTIPLES))] + rows
     if no_data:
         lines += ['', f"Not in the length table (rerun once the data is back): "
                       f"{', '.join(f'{run} ({why})' for run, why in no_data.items())}"]

@@ -14,6 +14,7 @@ import ablation.jobs
 from conftest import TWO_VARIANTS, ablate_here, import_ablate, make_workdir, report_here, table_rows, tables
 
 REPO = Path(__file__).resolve().parents[1]
+HANG_S = 1800  # a limit only a hang reaches, however busy the machine
 
 
 def ablate(workdir, out, *args):
@@ -361,3 +362,31 @@ def test_the_probes_of_each_variant_are_reported_beside_equal_attention(ablated)
         assert cells[3] == f'{equal:.3f}' and 0 < float(cells[1]) <= float(cells[2]) <= 1 and float(cells[4]) >= 1
     done = json.loads((ablated[1] / 'runs' / 'rope' / 'seed1337' / 'done.json').read_text())
     assert len(done['probe']['layers']['sink_share']) == 1  # the per-layer, per-head figures stay in done.json
+
+
+@pytest.mark.parametrize('signame, code', [('SIGTERM', 143), ('SIGINT', 130)])
+def test_kill_or_ctrl_c_stops_the_runs_with_one_line(tmp_path, signame, code):
+    """`kill` (SIGTERM) says what Ctrl-C says, in one line, exit 128 + the signal (issues 44.15, 49.7); its train.py
+    child stops with it."""
+    import signal
+    import time
+    workdir = make_workdir(tmp_path)
+    out = workdir / 'out'
+    cmd = [sys.executable, str(REPO / 'ablate.py'), f'--run_dir={workdir}', f'--train_config={workdir / "tiny.py"}',
+           f'--out_dir={out}', "--grid=custom", "--custom={'slow': {}}", '--train_args=--max_iters=100000']
+    proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        log = out / 'runs' / 'slow' / 'seed1337' / 'log.jsonl'
+        while not log.exists():  # the run is training
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        child = int((out / 'runs' / 'slow' / 'seed1337' / '.lock').read_text())
+        proc.send_signal(getattr(signal, signame))
+        _, err = proc.communicate(timeout=HANG_S)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, err
+    assert err.strip().splitlines() == [f'error: interrupted ({signame}): finished runs are kept; the same command '
+                                        f'resumes'], err
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)

@@ -100,3 +100,19 @@ def test_the_recall_group_is_a_table_of_accuracy_by_length_and_width_tested_agai
     assert rows['D'][2].endswith('≈)')  # 0.987 against 0.997: noise could explain it
     png = (out / 'accuracy_vs_width.png').read_bytes()
     assert png.startswith(b'\x89PNG') and len(png) > 10_000
+
+
+def test_a_length_table_without_rows_is_one_line_not_an_empty_table(tmp_path, monkeypatch, capsys):
+    """The copy group's runs (a task: no windows of text to score at 2x..8x) asked for --extrapolation=plain: the
+    report says there is nothing to show and where the lengths are, instead of an empty table (issue 44.15)."""
+    workdir = make_workdir(tmp_path)
+    out = tmp_path / 'out'
+    flags = {'vanilla': {}, 'rope': {'pos': 'rope'}}
+    for name in flags:
+        for seed in (1337, 1338):
+            fabricated_run(workdir, out, name, flags[name], seed, 2.0, 0.5)
+    code, _, err = report_here(workdir, out, '--extrapolation=plain', monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, err
+    md = (out / 'results.md').read_text(encoding='utf-8')
+    assert '| variant | method |' not in md
+    assert 'Val loss at multiples of the trained block_size: none to show (runs on a task dataset' in md

@@ -389,3 +389,21 @@ def test_train_iters_0_times_decoding_only(tmp_path):
     assert [cells[HEADER.index(c)] for c in ('train ms/iter', 'train tok/s', 'MFU %')] == ['-', '-', '-']
     assert 'no training steps' in result.stdout.splitlines()[0]
     expect_one_error(bench('--train_iters=-1', cwd=tmp_path), 'train_iters', '-1')
+
+
+def test_a_setting_the_run_does_not_read_gets_a_note(tmp_path, monkeypatch, capsys):
+    """--train_iters=0 --compare_dtype=bfloat16: no training steps, so no bf16 rows, and a note says why (issue
+    44.15), where it dropped the comparison without a word; a vs_hf setting without --vs_hf=True, the same."""
+    import runpy
+    import common.errors
+    monkeypatch.setattr(common.errors, 'catch_interrupts', lambda: None)
+    for extra, note in ((['--compare_dtype=bfloat16', '--train_iters=0'],
+                         'note: compare_dtype=bfloat16 times training steps in that dtype, and train_iters=0 takes '
+                         'none: no bfloat16 rows'),
+                        (['--vs_hf_batches=2', '--vs_hf_repeats=2'],
+                         'note: --vs_hf_batches, --vs_hf_repeats apply to --vs_hf=True only: ignored')):
+        monkeypatch.setattr(sys, 'argv', ['bench.py', *ARGS, '--variants=vanilla', '--decode_tokens=2', *extra])
+        runpy.run_path(str(REPO_ROOT / 'bench.py'), run_name='__main__')
+        out, err = capsys.readouterr()
+        assert note in err.splitlines(), err
+        assert list(table(out)) == ['vanilla']
