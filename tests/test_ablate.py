@@ -20,7 +20,7 @@ HANG_S = 1800  # a limit only a hang reaches, however busy the machine
 def ablate(workdir, out, *args):
     cmd = [sys.executable, str(REPO / 'ablate.py'), f'--run_dir={workdir}', f'--train_config={workdir / "tiny.py"}',
            f'--out_dir={out}', '--extrapolation_iters=2', *args]
-    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=HANG_S)
 
 
 @pytest.fixture(scope='module')
@@ -281,14 +281,14 @@ def test_killing_ablate_stops_its_run_and_a_claimed_run_is_left_alone(tmp_path):
            f'--out_dir={out}', "--grid=custom", "--custom={'slow': {}}", '--train_args=--max_iters=100000']
     proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log = out / 'runs' / 'slow' / 'seed1337' / 'log.jsonl'
-    deadline = time.time() + 120
+    deadline = time.time() + HANG_S
     while not log.exists():
         assert time.time() < deadline
         time.sleep(0.2)
     child = int((out / 'runs' / 'slow' / 'seed1337' / '.lock').read_text())
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    deadline = time.time() + 30
+    deadline = time.time() + HANG_S
     while True:
         try:
             os.kill(child, 0)

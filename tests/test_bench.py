@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+HANG_S = 1800  # a limit only a hang reaches, however busy the machine
 sys.path.insert(0, str(REPO_ROOT))
 
 from chapters import GPT, GPTConfig  # noqa: E402
@@ -21,7 +22,7 @@ HEADER = ['variant', 'params (M)', 'active (M)', 'train ms/iter', 'train tok/s',
 
 def bench(*args, cwd):
     return subprocess.run([sys.executable, str(REPO_ROOT / 'bench.py'), *ARGS, *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=HANG_S)
 
 
 def table(stdout):
@@ -245,7 +246,7 @@ def test_compare_dtype_times_both_in_turn(tmp_path):
 
 def test_compiled_training_is_timed(tmp_path):
     result = subprocess.run([sys.executable, str(REPO_ROOT / 'bench.py'), *ARGS, '--variants=modern', '--compile=True'],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=900)
+                            cwd=tmp_path, capture_output=True, text=True, timeout=HANG_S)
     assert result.returncode == 0, result.stderr
     assert 'compile True' in result.stdout and float(table(result.stdout)['modern'][3]) > 0
 
@@ -310,25 +311,40 @@ def test_kill_is_one_line_and_exit_143(tmp_path):
     try:
         assert proc.stderr.readline().startswith('benchmarking')  # the timing has started
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=HANG_S)
     finally:
         proc.kill()
     assert proc.returncode == 143 and err.strip() == 'error: interrupted (SIGTERM)', err
 
 
-def test_decoding_against_hugging_face_on_the_same_weights(tmp_path):
+def test_decoding_against_hugging_face_on_the_same_weights(tmp_path, monkeypatch, capsys):
     """--vs_hf=True: a row per variant and batch (the Hugging Face class it was exported to), tokens/s of ours eager,
-    ours compiled and HF generate with their ratios, and the tokens of all three identical."""
-    result = bench('--vs_hf=True', '--variants=modern', '--vs_hf_batches=2', '--vs_hf_repeats=1',
-                   '--decode_tokens=4', '--json', cwd=tmp_path)  # one variant: each compiles (tens of seconds)
-    assert result.returncode == 0, result.stderr
+    ours compiled and HF generate with their ratios, and the tokens of all three identical. In this process: a
+    subprocess would add only a torch import, and a time limit a busy machine can reach (issue 49.6)."""
+    import runpy
+    import torch._dynamo
+    import common.errors
+    monkeypatch.setattr(common.errors, 'catch_interrupts', lambda: None)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, 'argv', ['bench.py', *ARGS, '--vs_hf=True', '--variants=modern', '--vs_hf_batches=2',
+                                      '--vs_hf_repeats=1', '--decode_tokens=4', '--json'])  # one variant: it compiles
+    try:
+        with pytest.raises(SystemExit) as e:
+            runpy.run_path(str(REPO_ROOT / 'bench.py'), run_name='__main__')
+    finally:
+        torch._dynamo.reset()  # the compiled step's graphs stay with this test
+    out, err = capsys.readouterr()
+    assert e.value.code == 0, err
+    # the table's settings are not read by this run: said once, not ignored in silence
+    assert ('note: --train_iters, --warmup_iters, --batch_size, --peak_flops apply to the training and decoding '
+            'table, which --vs_hf=True does not make: ignored') in err.splitlines()
     rows = json.loads((tmp_path / 'bench.json').read_text())['rows']
     assert [(r['variant'], r['hf_class'], r['batch']) for r in rows] == [('modern', 'LlamaForCausalLM', 2)]
     for r in rows:
         assert r['tokens_identical'] and min(r['ours eager'], r['ours compiled'], r['HF generate']) > 0
         assert r['compiled_vs_hf'] == pytest.approx(r['ours compiled'] / r['HF generate'])
-        assert f"| {r['variant']} | {r['hf_class']} | float32 | 2 | " in result.stdout
-    assert '| yes |' in result.stdout and '| NO' not in result.stdout
+        assert f"| {r['variant']} | {r['hf_class']} | float32 | 2 | " in out
+    assert '| yes |' in out and '| NO' not in out
 
 
 def test_vs_hf_batches_that_are_not_ints_are_one_error_line():
