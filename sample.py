@@ -155,7 +155,7 @@ vocab_limit = min(tokenizer_vocab, model.config.vocab_size)
 model.eval()
 model.to(device)
 if speculative:
-    from chapters.mtp import generate_speculative, speculation_problem
+    from chapters.mtp import generate_speculative, speculation_problem, speculative_cache_bytes
     if speculation_problem(model):
         die(speculation_problem(model))
 idx = torch.tensor([prompt] * num_samples, dtype=torch.long, device=device)
@@ -201,8 +201,8 @@ seconds = time.perf_counter() - t0
 tokens = num_samples * max_new_tokens
 cache = 'none (use_cache=False)'
 if use_cache or speculative:  # generate allocates none for 0 new tokens; its dtype is autocast's, else the weights'
-    length = model.config.block_size if speculative else len(prompt) + max_new_tokens  # speculative: one of block_size
-    n_bytes = model.kv_cache_bytes(num_samples, length, DTYPES[dtype]) if max_new_tokens else 0
+    n_bytes = 0 if not max_new_tokens else speculative_cache_bytes(model, num_samples, DTYPES[dtype]) if speculative \
+        else model.kv_cache_bytes(num_samples, len(prompt) + max_new_tokens, DTYPES[dtype])
     # speculative decoding takes rejected drafts back out of its cache: it keeps one whatever use_cache says
     cache = f'{n_bytes} bytes' + ('' if use_cache else ' (speculative decoding keeps one; use_cache=False does not '
                                                        'apply to it)')

@@ -159,58 +159,191 @@ def speculation_problem(model):
     return None
 
 
-def draft(model, hidden, window, n):
-    """n tokens drafted greedily by the first n MTP modules after window (B, t + 1), whose first t tokens the
-    cache holds with their final hidden states `hidden` (B, t, n_embd): depth k reads, at each position i, the
-    previous depth's state and token i + k (window's, then the drafts), so its last position predicts token t + k."""
-    drafts, h = [], hidden
+def speculative_cache_length(model):
+    """Positions of the cache speculative decoding keeps: block_size, and room for a round's drafts past a row's end
+    (a row drafting fewer than the batch's longest pads its forward; those entries are never read)."""
+    return model.config.block_size + model.config.mtp_depth
+
+
+def speculative_cache_bytes(model, batch_size, dtype=torch.float32):
+    """Bytes of the cache generate_speculative allocates for batch_size rows."""
+    return KVCache.bytes_for(model, batch_size, speculative_cache_length(model), dtype)
+
+
+def rows_apart(model):
+    """Whether one forward can take rows at positions of their own (RowCache's tensor of positions): the position
+    tables are indexed per row (learned, rotary, none) and no feature makes tables of its own from the position
+    (Llama 4's NoPE temperature does: its rows then go one forward per position)."""
+    return model.config.pos in ('learned', 'rope', 'none') and all(
+        type(feature).embed is Feature.embed for feature in model.features)
+
+
+class RowCache:
+    """A KVCache's stores (generate.py) as one forward of some of its rows sees them when each row is at a position
+    of its own (speculative decoding: each row keeps the drafts it accepted, so the rows part). Row r's T new tokens
+    go to its slots pos[r].., each at its own position; each query sees the slots up to its own position, so a
+    rejected draft's entry past it is masked, and written over before any query could see it. rows: the stores'
+    rows this forward continues (a LongTensor), or None for all of them."""
+
+    def __init__(self, model, stores, rows, pos, T):
+        self.stores, self.rows = stores, rows
+        self.positions = pos[:, None] + torch.arange(T, device=pos.device)  # (b, T): each new token's slot and position
+        self.keys = int(pos.max()) + T  # the slots any query here may see
+        if bool((pos == pos[0]).all()):  # one position for all: the model's own tables, built as a prefill builds them
+            self.start = int(pos[0])
+        else:  # a tensor of positions, (b, 1, T) for rotary tables (as the heads' dims); a padding token past
+            # block_size reads a table's last row: its output is never read
+            at = self.positions.clamp(max=model.config.block_size - 1)
+            self.start = at if model.config.pos == 'learned' else at[:, None]
+
+    def __getitem__(self, layer):
+        return RowLayer(self, self.stores[layer])
+
+    def mask(self, layer, mixer, T, device):
+        if T == 1 and isinstance(self.start, int):
+            return None  # one query a row, all at one position: every slot written so far
+        return (torch.arange(self.keys, device=device) <= self.positions[:, :, None])[:, None]  # (b, 1, T, keys)
+
+    def advance(self, T):
+        pass  # the caller moves each row by what it kept
+
+
+class RowLayer:
+    """A layer's part of a RowCache: what its mixer writes to and reads from."""
+    fresh = False  # (a recurrent state's question: speculation refuses those layers)
+
+    def __init__(self, cache, stores):
+        self.cache, self.stores = cache, stores
+
+    def update(self, **new):
+        c, out = self.cache, []
+        for name, value in new.items():
+            store = self.stores[name]
+            if c.rows is None and isinstance(c.start, int):  # all rows, one position: slices
+                store[:, :, c.start:c.start + value.size(2)] = value
+                out.append(store[:, :, :c.keys])
+                continue
+            rows = torch.arange(store.size(0), device=store.device) if c.rows is None else c.rows
+            store[rows[:, None], :, c.positions] = value.transpose(1, 2).to(store.dtype)  # (b, T, heads, dim)
+            out.append(store[:, :, :c.keys] if c.rows is None else store[rows, :, :c.keys])
+        return out
+
+
+def forward_rows(model, stores, rows, tokens, pos, together):
+    """The final hidden states (b, T, n_embd) of tokens (b, T) continuing the stores' rows (None: all) each at its
+    own position pos (b,): one forward, or where the model cannot take rows apart in one (together False), one per
+    position."""
+    if together or bool((pos == pos[0]).all()):
+        return model.hidden_states(tokens, RowCache(model, stores, rows, pos, tokens.size(1)))
+    rows = torch.arange(len(pos), device=pos.device) if rows is None else rows
+    h = None
+    for p in pos.unique():
+        at = (pos == p).nonzero().squeeze(1)
+        part = model.hidden_states(tokens[at], RowCache(model, stores, rows[at], pos[at], tokens.size(1)))
+        h = part.new_empty(len(pos), *part.shape[1:]) if h is None else h
+        h[at] = part
+    return h
+
+
+def draft(model, hidden, window, cached, n):
+    """n tokens drafted greedily for each row by the first n MTP modules (b, n). Row r's window (right-padded)
+    holds its cached[r] tokens and the pending one, hidden (b, max(cached), n_embd) the final hidden states of the
+    cached ones (right-padded): depth k reads, at each position i, the previous depth's state and token i + k (the
+    window's, then the drafts), so row r's last cached position predicts its token cached[r] + k. The padding comes
+    after a row's positions, which causal attention keeps from seeing it."""
+    b, L = hidden.shape[:2]
+    rows = torch.arange(b, device=window.device)
+    last = (cached - 1).clamp(min=0)  # a row with nothing cached drafts nothing (its n is 0): any position will do
+    seq = torch.cat((window, window.new_zeros(b, L + 1 + n - window.size(1))), dim=1)
+    h, drafts = hidden, []
     for k, module in enumerate(model.mtp[:n], start=1):
-        h = mtp_states(model, module, h, torch.cat([window[:, k:]] + drafts, dim=1))
-        drafts.append(model.logits(module.norm(h[:, -1:])).argmax(dim=-1))
-    return drafts
+        h = mtp_states(model, module, h, seq[:, k:k + L])
+        token = model.logits(module.norm(h[rows, last][:, None]))[:, 0].argmax(dim=-1)
+        seq[rows, cached + k] = token  # row r's token cached[r] + k, read by the next depth
+        drafts.append(token)
+    return torch.stack(drafts, dim=1)
 
 
 @torch.no_grad()
 def generate_speculative(model, idx, max_new_tokens, vocab_limit=None):
     """Greedy decoding (temperature 0) with the MTP modules as drafters: each round they draft up to mtp_depth
-    tokens, the model verifies the pending token and the drafts in one forward, and keeps the drafts it would
-    have chosen itself plus its own next token; the cache takes the rest back. The tokens are plain greedy
-    decoding's (each the model's argmax after the ones before; the context shifts as generate's); fewer forwards.
-    Returns (idx and the new tokens, {'drafted', 'accepted', 'rounds'}). A batch's rows keep the drafts all
-    accepted."""
+    tokens a row, the model verifies each row's pending token and drafts in one forward of the batch, and each row
+    keeps the drafts it would have chosen itself plus its own next token; its cache slots past them are taken back.
+    Each row goes at its own pace (a position of its own in the cache, its own context shift), so one row's rejected
+    draft costs the others nothing. The tokens are plain greedy decoding's (each the model's argmax after the ones
+    before; the context shifts as generate's); fewer forwards. Returns (idx and the new tokens, {'drafted',
+    'accepted', 'rounds': forwards of the batch, 'row_rounds': the rounds each row took part in, summed})."""
     problem = speculation_problem(model)
     if problem:
         raise ValueError(problem)
-    block_size = model.config.block_size
+    B, device = idx.size(0), idx.device
+    block_size, depth = model.config.block_size, model.config.mtp_depth
     keep = max(1, block_size // 2)
+    length = speculative_cache_length(model)
+    stores = KVCache(model, B, length, cache_dtype(model), device).stores
+    together = rows_apart(model)
+    # each row's window (its tokens in the cache, then the pending one; right-padded) and its cached tokens' final
+    # hidden states; what each row holds and has made so far
     window = idx if idx.size(1) <= block_size else idx[:, -keep:]
-    cache = KVCache(model, idx.size(0), block_size, cache_dtype(model), idx.device)
-    new, stats, hidden = [], {'drafted': 0, 'accepted': 0, 'rounds': 0}, None
-    made = 0
-    while made < max_new_tokens:
-        if cache.pos == 0:  # the cache holds every token but the pending last one
-            hidden = model.hidden_states(window[:, :-1], cache) if window.size(1) > 1 else window.new_zeros(0)
-        t = cache.pos
-        # drafts that fit: the window may pass block_size only with the round's last token, as generate's does
-        n = min(model.config.mtp_depth, t, block_size - window.size(1), max_new_tokens - made - 1)
-        drafts = draft(model, hidden, window, n) if n > 0 else []
-        h = model.hidden_states(torch.cat([window[:, -1:]] + drafts, dim=1), cache)
-        chosen = model.logits(h)[..., :vocab_limit].argmax(dim=-1)  # (B, n + 1): the model's own choices
-        agreed = (chosen[:, :n] == torch.cat(drafts, dim=1)).all(dim=0) if n else chosen.new_zeros(0, dtype=torch.bool)
-        accepted = int(agreed.int().cumprod(0).sum())
-        cache.advance(accepted - n)  # the drafts not taken are taken back out of the cache
-        hidden = torch.cat((hidden, h[:, :accepted + 1]), dim=1) if hidden.numel() else h[:, :accepted + 1]
-        tokens = chosen[:, :accepted + 1]
-        new.append(tokens)
-        made += tokens.size(1)
-        stats['drafted'] += n
-        stats['accepted'] += accepted
+    windows = torch.cat((window, window.new_zeros(B, length + 1 - window.size(1))), dim=1)
+    hidden = None  # (B, length, n_embd) once a forward gives the dtype
+    lengths = torch.full((B,), window.size(1), device=device)  # tokens in each row's window
+    made = torch.zeros(B, dtype=torch.long, device=device)
+    fresh = torch.ones(B, dtype=torch.bool, device=device)  # nothing of the row's window in the cache yet
+    out = idx.new_zeros(B, max_new_tokens)
+    stats = {'drafted': 0, 'accepted': 0, 'rounds': 0, 'row_rounds': 0}
+    steps = torch.arange(depth + 1, device=device)
+    while True:
+        active = (made < max_new_tokens).nonzero().squeeze(1)
+        if not len(active):
+            break
+        rows = None if len(active) == B else active
+        # rows whose cache is empty (the start, a context shift) and whose window has tokens for it: a prefill,
+        # the rows of one length together
+        empty = active[fresh[active] & (lengths[active] > 1)] if bool(fresh.any()) else active[:0]
+        for size in lengths[empty].unique().tolist():
+            these = empty[lengths[empty] == size]
+            h = forward_rows(model, stores, None if len(these) == B else these, windows[these, :size - 1],
+                             torch.zeros(len(these), dtype=torch.long, device=device), together)
+            if hidden is None:
+                hidden = h.new_zeros(B, length, h.size(-1))
+            hidden[these, :size - 1] = h
+        sizes = lengths if rows is None else lengths[active]
+        pos = sizes - 1  # tokens each row's cache holds: its window but the pending last one
+        # drafts that fit: a window may pass block_size only with the round's last token, as generate's does
+        n = torch.minimum(torch.minimum(pos, block_size - sizes), max_new_tokens - 1 - (made if rows is None else
+                                                                                         made[active]))
+        n = n.clamp(min=0, max=depth)
+        width = int(n.max())
+        pending = windows[active, pos][:, None]  # (b, 1)
+        drafts = pending.new_zeros(len(active), 0)
+        if width:
+            L = int(pos.max())
+            drafts = draft(model, hidden[:, :L] if rows is None else hidden[active, :L],
+                           windows[:, :L + 1] if rows is None else windows[active, :L + 1], pos, width)
+        h = forward_rows(model, stores, rows, torch.cat((pending, drafts), dim=1), pos, together)
+        chosen = model.logits(h)[..., :vocab_limit].argmax(dim=-1)  # (b, width + 1): the model's own choices
+        counted = steps[:width] < n[:, None]  # each row's own drafts
+        accepted = ((chosen[:, :width] == drafts) & counted).int().cumprod(dim=1).sum(dim=1)
+        kept = steps[:width + 1] <= accepted[:, None]  # (b, width + 1): the pending token's successor and the drafts
+        at = active[:, None].expand_as(kept)[kept]
+        into = (pos[:, None] + steps[:width + 1])[kept]  # the positions of the inputs kept: pos[r], pos[r] + 1, ..
+        if hidden is None:
+            hidden = h.new_zeros(B, length, h.size(-1))
+        hidden[at, into] = h[kept]  # the pending token's and the kept drafts' states, at their positions
+        windows[at, into + 1] = chosen[kept]
+        out[at, (made[active][:, None] + steps[:width + 1])[kept]] = chosen[kept]
+        made[active] += accepted + 1
+        lengths[active] += accepted + 1  # the slots past them in the cache are taken back (rewritten before read)
+        fresh[active] = False
         stats['rounds'] += 1
-        window = torch.cat((window, tokens), dim=1)
-        if window.size(1) > block_size:
-            window = window[:, -keep:]
-            cache.reset()
-    return torch.cat([idx] + new, dim=1), stats
+        stats['row_rounds'] += len(active)
+        stats['drafted'] += int(n.sum())
+        stats['accepted'] += int(accepted.sum())
+        for r in active[lengths[active] > block_size].tolist():  # its context shifts: the newest half, its cache
+            windows[r, :keep] = windows[r, lengths[r] - keep:lengths[r]].clone()  # rebuilt from it
+            lengths[r], fresh[r] = keep, True
+    return torch.cat((idx, out), dim=1), stats
 
 
 FEATURES.append(MultiTokenPrediction)

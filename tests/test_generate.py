@@ -447,7 +447,7 @@ def test_compiled_decoding_of_chunked_and_tempered_layers_is_one_graph():
 def mtp_model(seed=0, steps=0, **flags):
     """A tiny MTP model, trained `steps` AdamW steps on a cycle of 7 tokens (so its drafts come true)."""
     torch.manual_seed(seed)
-    model = build(seed, pos='rope', mtp_depth=2, **flags)
+    model = build(seed, **{'pos': 'rope', 'mtp_depth': 2, **flags})
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     cycle = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(seed))[:7]
@@ -468,7 +468,9 @@ def test_speculative_greedy_is_plain_greedy_token_for_token(flags):
         for prompt in (cycle[None, :5].repeat(2, 1), torch.randint(0, VOCAB, (2, 1), generator=torch.Generator())):
             out, stats = mtp.generate_speculative(model, prompt, 3 * BLOCK)
             assert torch.equal(out, model.generate(prompt, 3 * BLOCK, temperature=0))
-            assert stats['rounds'] + stats['accepted'] == 3 * BLOCK and stats['accepted'] <= stats['drafted']
+            # each row: a round for its first token and one for each more, a token per accepted draft
+            assert stats['row_rounds'] + stats['accepted'] == 2 * 3 * BLOCK and stats['accepted'] <= stats['drafted']
+            assert stats['rounds'] <= stats['row_rounds']
         limited, _ = mtp.generate_speculative(model, prompt, 20, vocab_limit=VOCAB // 2)
         assert torch.equal(limited, model.generate(prompt, 20, temperature=0, vocab_limit=VOCAB // 2))
         if steps:  # a trained model's drafts come true: fewer rounds than tokens
@@ -481,14 +483,47 @@ def test_speculative_decoding_keeps_a_partly_right_draft(monkeypatch):
     prompt = cycle[None, :5]
     expected = model.generate(prompt, 30, temperature=0)
 
-    def half_right(model_, hidden, window, n):
-        right = model.generate(window, n, temperature=0)[:, -n:]
-        return [right[:, :1]] + [(right[:, k:k + 1] + 1) % VOCAB for k in range(1, n)]
+    def half_right(model_, hidden, window, cached, n):
+        right = right_drafts(model, window, cached, n)
+        return torch.cat((right[:, :1], (right[:, 1:] + 1) % VOCAB), dim=1)
     monkeypatch.setattr(mtp, 'draft', half_right)
     out, stats = mtp.generate_speculative(model, prompt, 30)
     assert torch.equal(out, expected)
     assert 0 < stats['accepted'] < stats['drafted']  # each round with drafts keeps one; the second goes back
     assert stats['rounds'] + stats['accepted'] == 30
+
+
+def right_drafts(model, window, cached, n):
+    """The n tokens plain greedy decoding gives after each row's window (right-padded: its cached tokens and the
+    pending one): the drafts a perfect drafter would make (b, n)."""
+    return torch.cat([model.generate(window[r:r + 1, :int(cached[r]) + 1], n, temperature=0)[:, -n:]
+                      for r in range(window.size(0))])
+
+
+@pytest.mark.parametrize('flags', [dict(), dict(pos='learned'), dict(nope_temperature=0.1, layers='GN')],
+                         ids=['rope', 'learned', 'per-position'])
+def test_speculative_rows_go_at_their_own_pace(monkeypatch, flags):
+    """A batch whose first row's drafts are always right and second's always wrong (issue 49.4): the first keeps
+    every draft (3 tokens a round), the second one token a round, each at a position of its own in the cache and
+    with a context shift of its own past block_size; the batch takes the second's rounds, not one token a round for
+    both as when a batch kept only the drafts all its rows accepted; the tokens are plain greedy's. A model that
+    makes tables of its own from the position (Llama 4's NoPE temperature) takes its rows one forward per
+    position, to the same tokens."""
+    model, cycle = mtp_model(steps=0, **flags)
+    prompt = torch.stack((cycle[:5], cycle.flip(0)[:5]))
+    N = 3 * BLOCK
+
+    def first_right(model_, hidden, window, cached, n):
+        right = right_drafts(model, window, cached, n)
+        wrong = (right + 1) % VOCAB
+        # the rows still decoding: both, then the second alone (the first, 3 tokens a round, ends first)
+        return torch.cat((right[:1], wrong[1:])) if window.size(0) == 2 else wrong
+    monkeypatch.setattr(mtp, 'draft', first_right)
+    out, stats = mtp.generate_speculative(model, prompt, N)
+    assert torch.equal(out, model.generate(prompt, N, temperature=0))
+    first = N // 3 + (N % 3 > 0)  # its rounds: 3 tokens each but where a window or the end leaves room for fewer
+    assert stats['rounds'] == N and stats['row_rounds'] >= N + first
+    assert stats['accepted'] == N + N - stats['row_rounds']
 
 
 @pytest.mark.parametrize('flags, fragment', [

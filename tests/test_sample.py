@@ -19,7 +19,7 @@ import torch
 import common.errors
 from common.checkpoints import new_checkpoint, save_checkpoint
 from conftest import make_char_dataset
-from chapters import GPT, GPTConfig
+from chapters import GPT, GPTConfig, mtp
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / 'sample.py'
@@ -490,7 +490,8 @@ def test_speculative_decoding_reports_the_cache_it_keeps_and_refuses_a_compile_i
     args = ('--start=Hello', '--num_samples=2', '--max_new_tokens=10', '--temperature=0', '--speculative=True')
     _, err = sample(*args, '--use_cache=False')
     cache = parse_report(err)[4]
-    assert cache == (f"{model.kv_cache_bytes(2, 32)} bytes (speculative decoding keeps one; use_cache=False does not "
-                     f"apply to it)")
-    assert parse_report(sample(*args)[1])[4] == f"{model.kv_cache_bytes(2, 32)} bytes"
+    kept = mtp.speculative_cache_bytes(model, 2)  # block_size and room for a round's drafts, a row
+    assert kept == 2 * 2 * (32 + 1) * 2 * 32 * 4  # 2 rows, 2 layers, 33 positions, K and V of 32, fp32
+    assert cache == f"{kept} bytes (speculative decoding keeps one; use_cache=False does not apply to it)"
+    assert parse_report(sample(*args)[1])[4] == f"{kept} bytes"
     assert_one_line_error(*sample(*args, '--compile=True', expect_exit=True), 'compile', 'speculative')
