@@ -37,6 +37,7 @@ dtype = 'auto'  # 'auto' (bf16, else fp16 on CUDA; fp32 elsewhere), 'float32', '
 compile = False
 use_cache = True  # False: recompute the whole context every step (the reference path)
 speculative = False  # greedy only (temperature 0): a model with MTP modules drafts with them, verifies in one forward
+threads = 0  # intra-op threads on a CPU; 0: the usable CPUs less the busy ones (1-minute load average), at least 1
 # the model flags a trained model can run with other values of (the ones given replace the model's)
 globals().update({k: v for k, v in model_flags(runtime_only=True).items() if k != 'dropout'})
 settings = configure(settings_of(globals()), sys.argv[1:], prog='sample.py', doc=__doc__,
@@ -53,6 +54,7 @@ import torch  # noqa: E402
 from common.checkpoints import load_checkpoint, load_pretrained, model_from_checkpoint  # noqa: E402
 from common.errors import catch_interrupts, die  # noqa: E402
 from common.hardware import DTYPES, autocast, pick_device, pick_dtype  # noqa: E402
+from common.threads import pick_threads, threads_note  # noqa: E402
 from common.tokenizer import load_tokenizer  # noqa: E402
 SEPARATOR = '---------------'
 # a task dataset's prompts are its own symbols, not text: an example of one for each task, and what it asks
@@ -95,8 +97,13 @@ if speculative and compile:  # its forwards verify several tokens at once, eager
         "verifies several tokens a forward): leave --compile off with --speculative=True")
 if not 0 <= seed < 2 ** 64:
     die(f"seed must be in [0, 2**64), got {seed}")
+if threads < 0:
+    die(f"threads must be >= 0 (0: the CPUs other work leaves free), got {threads}")
 device = pick_device(device)
 dtype = pick_dtype(device, dtype)
+on_cpu = device == 'cpu'
+if on_cpu or threads:  # torch's default, every core, waits on work that is not ours on a busy machine
+    torch.set_num_threads(pick_threads(threads))
 if start.startswith('FILE:'):
     prompt_path = start[len('FILE:'):]
     try:
@@ -204,10 +211,10 @@ if use_cache or speculative:  # generate allocates none for 0 new tokens; its dt
     n_bytes = 0 if not max_new_tokens else speculative_cache_bytes(model, num_samples, DTYPES[dtype]) if speculative \
         else model.kv_cache_bytes(num_samples, len(prompt) + max_new_tokens, DTYPES[dtype])
     # speculative decoding takes rejected drafts back out of its cache: it keeps one whatever use_cache says
-    cache = f'{n_bytes} bytes' + ('' if use_cache else ' (speculative decoding keeps one; use_cache=False does not '
+    cache = f'{n_bytes} bytes' + ('' if use_cache else ' (speculative decoding keeps one: use_cache=False does not '
                                                        'apply to it)')
-print(f"generated {tokens} tokens in {seconds:.2f} s, {tokens / max(seconds, 1e-9):.1f} tokens/s, KV cache {cache}",
-      file=sys.stderr)
+print(f"generated {tokens} tokens in {seconds:.2f} s, {tokens / max(seconds, 1e-9):.1f} tokens/s, KV cache {cache}"
+      + (f"; {threads_note(threads, torch.get_num_threads())}" if on_cpu else ''), file=sys.stderr)
 if drafts:
     print(f"speculative: {drafts['accepted']} of {drafts['drafted']} drafted tokens accepted "
           f"({drafts['accepted'] / max(drafts['drafted'], 1):.0%}), {drafts['rounds']} forwards for {tokens // num_samples} "

@@ -15,6 +15,7 @@ from ablation.files import TRAIN_PY
 from ablation.grid import run_args
 from ablation.runs import SUMMARY_VERSION, fmt_duration, summarize_run
 from common.files import write_json
+from common.threads import pick_threads, threads_note
 
 CLAIM_STALE_S = 600  # a claim whose owner stopped refreshing it this long ago is free
 
@@ -124,14 +125,11 @@ def _die_with_parent():
         pass
 
 
-def start(flags, seed, path, cwd, device, settings):
-    """Start train.py for one run in a fresh directory; (process, log file)."""
+def start(flags, seed, path, cwd, device, settings, threads):
+    """Start train.py for one run in a fresh directory, with `threads` intra-op threads; (process, log file)."""
     shutil.rmtree(path, ignore_errors=True)  # a half-finished run restarts from scratch (we hold its claim)
     os.makedirs(path)
-    env = {**os.environ, 'PYTHONUNBUFFERED': '1'}
-    parallel = settings['parallel']
-    if parallel > 1 and not (device or '').startswith('cuda'):  # runs share the CPU's cores
-        env['OMP_NUM_THREADS'] = str(max(1, (os.cpu_count() or 1) // parallel))
+    env = {**os.environ, 'PYTHONUNBUFFERED': '1', 'OMP_NUM_THREADS': str(threads)}
     log = open(os.path.join(path, 'train.log'), 'w')
     cmd = [settings['python'] or sys.executable, TRAIN_PY, *run_args(flags, seed, settings), f'--out_dir={path}']
     cmd += [f'--device={device}'] if device else []
@@ -177,6 +175,9 @@ class Runner:
         self.slots = [d.strip() for d in settings['devices'].split(',') if d.strip()] or [None]
         self.total, self.counter, self.running = len(jobs), 0, {}
         self.durations, self.failed, self.busy = [], [], []
+        # each run's threads, decided once: later, the load counts our own runs
+        self.threads = pick_threads(settings['threads'], share=self.parallel)
+        self.threads_said = False
 
     def run(self):
         """(failed, busy): the runs that failed ('<variant> seed <seed>'), and (that name, path) of the runs another
@@ -215,7 +216,10 @@ class Runner:
                 continue
             in_use = [r[3] for r in self.running.values()]
             device = min(self.slots, key=in_use.count)  # the least busy (None: the recipe's own)
-            proc, log = start(flags, seed, path, self.cwd, device, self.settings)
+            if not self.threads_said:
+                print(f"each run: {threads_note(self.settings['threads'], self.threads, self.parallel)}", flush=True)
+                self.threads_said = True
+            proc, log = start(flags, seed, path, self.cwd, device, self.settings, self.threads)
             self.running[proc] = (job, log, time.time(), device, label)
             print(f"{label} started{f' on {device}' if device else ''}", flush=True)
 

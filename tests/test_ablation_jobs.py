@@ -55,3 +55,33 @@ def test_a_run_finished_between_the_look_and_the_claim_is_not_retrained(tmp_path
     monkeypatch.setattr(ablation.jobs, 'claim', real_claim)
     (path / 'done.json').unlink()
     assert ablation.jobs.take(str(path)) is None  # free: ours to train
+
+
+@pytest.mark.parametrize('args, load, expected', [([], 0.0, 2), (['--parallel=2'], 0.0, 1), ([], 3.5, 1),
+                                                  (['--threads=3', '--parallel=2'], 3.5, 3)],
+                         ids=['quiet', 'parallel', 'busy', 'given'])
+def test_each_run_gets_its_threads_said_once(tmp_path, monkeypatch, capsys, args, load, expected):
+    """Each run's OMP_NUM_THREADS (issue 49.1): --threads, or the usable CPUs less the busy ones when ablate starts,
+    shared out among the parallel runs, at least 1 each, one run at a time included (it was torch's default, every
+    core, whatever else ran); one line says it."""
+    from collections import deque
+    import common.threads
+    monkeypatch.setattr(common.threads, 'usable_cpus', lambda: 2)
+    monkeypatch.setattr(common.threads, 'busy_cpus', lambda: load)
+    ablate_module = import_ablate(monkeypatch, *args)
+    started = []
+
+    class Started:
+        def __init__(self, cmd, env, **kwargs):
+            started.append(env['OMP_NUM_THREADS'])
+            self.returncode = 0
+
+        def poll(self):
+            return 0
+    monkeypatch.setattr(ablation.jobs.subprocess, 'Popen', Started)
+    monkeypatch.setattr(ablation.jobs, 'finish', lambda *a: '')
+    jobs = deque((f'v{i}', {}, 1337, str(tmp_path / 'runs' / f'v{i}' / 'seed1337')) for i in range(2))
+    ablation.jobs.Runner(jobs, str(tmp_path), ablate_module.settings).run()
+    assert started == [str(expected)] * 2
+    out = capsys.readouterr().out
+    assert out.count('each run: ') == 1 and f'each run: {expected} thread' in out

@@ -20,6 +20,15 @@ HEADER = ['variant', 'params (M)', 'active (M)', 'train ms/iter', 'train tok/s',
           'decode tok/s uncached', 'cached/uncached decode', 'KV bytes/token', 'cache MB/sequence']
 
 
+@pytest.fixture(autouse=True)
+def own_threads():
+    """bench.py run in this process sets its intra-op threads: each test gets this process's back."""
+    import torch
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
 def bench(*args, cwd):
     return subprocess.run([sys.executable, str(REPO_ROOT / 'bench.py'), *ARGS, *args], cwd=cwd,
                           capture_output=True, text=True, timeout=HANG_S)
@@ -56,7 +65,7 @@ def run(tmp_path_factory):
 def test_table_has_the_columns_and_one_row_per_variant(run):
     result, _ = run
     first = result.stdout.splitlines()[0]
-    assert 'cpu' in first and 'float32' in first and 'threads' in first
+    assert 'cpu' in first and 'float32' in first and 'thread' in first
     assert 'peak 0.001 TFLOP/s (from --peak_flops)' in result.stdout
     rows = table(result.stdout)
     assert list(rows) == ['vanilla', 'gqa', 'modern']
@@ -423,3 +432,22 @@ def test_a_setting_the_run_does_not_read_gets_a_note(tmp_path, monkeypatch, caps
         out, err = capsys.readouterr()
         assert note in err.splitlines(), err
         assert list(table(out)) == ['vanilla']
+
+
+def test_threads_default_to_the_cpus_other_work_leaves_free(tmp_path, monkeypatch, capsys):
+    """On a CPU threads=0 takes the usable CPUs less the busy ones (issue 49.1: torch's default, every core, made a
+    busy machine's figures 6-17x slower), and the header says how many and why."""
+    import runpy
+    import torch
+    import common.errors
+    import common.threads
+    monkeypatch.setattr(common.errors, 'catch_interrupts', lambda: None)
+    monkeypatch.setattr(common.threads, 'usable_cpus', lambda: 2)
+    for load, expected in ((3.4, 1), (0.2, 2)):
+        monkeypatch.setattr(common.threads, 'busy_cpus', lambda: load)
+        monkeypatch.setattr(sys, 'argv', ['bench.py', *ARGS, '--variants=vanilla', '--decode_tokens=2'])
+        runpy.run_path(str(REPO_ROOT / 'bench.py'), run_name='__main__')
+        first = capsys.readouterr().out.splitlines()[0]
+        assert torch.get_num_threads() == expected
+        assert (f", {expected} thread{'s' if expected > 1 else ''} (2 usable CPUs, load {load}; --threads to choose); "
+                in first), first

@@ -27,7 +27,7 @@ TIKTOKEN_CACHE = ROOT.parent / 'shared' / 'data' / 'tiktoken_cache'
 SEP = '---------------'
 CHARS = sorted(set("\n !',.:;?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"))
 VARIANTS = {'vanilla': {}, 'modern': dict(norm='rms', mlp='swiglu', n_kv_head=2, pos='rope', bias=False)}
-REPORT = re.compile(r'generated (\d+) tokens in (\S+) s, (\S+) tokens/s, KV cache (.*)')
+REPORT = re.compile(r'generated (\d+) tokens in (\S+) s, (\S+) tokens/s, KV cache ([^;]*)(?:; (.*))?')
 HANG_S = 1800  # a limit only a hang reaches, however busy the machine
 
 
@@ -73,6 +73,10 @@ def sample(tmp_path, monkeypatch, capsys):
     """Run sample.py in this process with cwd tmp_path; return (stdout, stderr), or (code, stderr) on exit."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(common.errors, 'catch_interrupts', lambda: None)  # pytest keeps its own Ctrl-C
+
+    threads = torch.get_num_threads()  # sample.py sets this process's threads: each test gets them back
+    monkeypatch.setattr(torch, 'set_num_threads', lambda n: setattr(run, 'threads', n))
+    monkeypatch.setattr(torch, 'get_num_threads', lambda: getattr(run, 'threads', threads))
 
     def run(*args, expect_exit=False):
         monkeypatch.setattr(sys, 'argv', ['sample.py', '--device=cpu', *args])
@@ -492,6 +496,25 @@ def test_speculative_decoding_reports_the_cache_it_keeps_and_refuses_a_compile_i
     cache = parse_report(err)[4]
     kept = mtp.speculative_cache_bytes(model, 2)  # block_size and room for a round's drafts, a row
     assert kept == 2 * 2 * (32 + 1) * 2 * 32 * 4  # 2 rows, 2 layers, 33 positions, K and V of 32, fp32
-    assert cache == f"{kept} bytes (speculative decoding keeps one; use_cache=False does not apply to it)"
+    assert cache == f"{kept} bytes (speculative decoding keeps one: use_cache=False does not apply to it)"
     assert parse_report(sample(*args)[1])[4] == f"{kept} bytes"
     assert_one_line_error(*sample(*args, '--compile=True', expect_exit=True), 'compile', 'speculative')
+
+
+def test_threads_default_to_the_cpus_other_work_leaves_free(tmp_path, sample, monkeypatch):
+    """--threads=N sets torch's intra-op threads; the default takes the usable CPUs less the busy ones (the 1-minute
+    load average), at least 1: on a busy 2-core machine one thread, not torch's two that wait on each other (issue
+    49.1); the report line says how many and why."""
+    import common.threads
+    char_checkpoint(tmp_path)
+    monkeypatch.setattr(common.threads, 'usable_cpus', lambda: 2)
+    args = ('--start=Hi', '--num_samples=2', '--max_new_tokens=4')
+    for load, expected in ((3.6, 1), (0.4, 2), (1.2, 1)):
+        monkeypatch.setattr(common.threads, 'busy_cpus', lambda: load)
+        _, err = sample(*args)
+        assert torch.get_num_threads() == expected
+        assert parse_report(err)[5] == (f"{expected} thread{'s' if expected > 1 else ''} (2 usable CPUs, load {load}; "
+                                        f"--threads to choose)")
+    _, err = sample(*args, '--threads=3')
+    assert torch.get_num_threads() == 3 and parse_report(err)[5] == '3 threads (--threads)'
+    assert_one_line_error(*sample('--threads=-1', expect_exit=True), 'threads must be >= 0')
