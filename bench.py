@@ -92,6 +92,7 @@ import torch  # noqa: E402
 from common.errors import catch_interrupts, die  # noqa: E402
 from common.files import output_refusal, write_output  # noqa: E402
 from common.hardware import DTYPES, autocast, peak_flops as measure_peak_flops, pick_device, pick_dtype  # noqa: E402
+from common.progress import progress  # noqa: E402
 from common.threads import pick_threads, threads_note  # noqa: E402
 from chapters import BEYOND_MODERN, GPT, SWAPS, GPTConfig, swap_flags  # noqa: E402
 from model import LAYER_KINDS  # noqa: E402
@@ -273,16 +274,10 @@ def decode_tokens_per_second(model, ours=True, **use_cache):
         next(steps)  # the prefill and its token
         sync()
         t0 = time.perf_counter()
-        for _ in progress(steps, decode_tokens, 'decoding'):
+        for _ in progress(steps, decode_tokens, 'decoding', ' tokens'):
             pass
         sync()
     return decode_batch * decode_tokens / (time.perf_counter() - t0)
-
-
-def progress(iterable, total, what):
-    """tqdm on stderr when it is a terminal (a long measurement shows it moves), the iterable otherwise."""
-    from tqdm import tqdm
-    return tqdm(iterable, total=total, desc=what, leave=False, file=sys.stderr, disable=None, mininterval=1)
 
 
 def bench(name, model, accounting, ours=True):

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from common.files import write_output
+from common.progress import Progress, warnings_after
 from export import hf_family, to_hf
 from chapters import GPT
 
@@ -93,17 +94,24 @@ def step_profile(model, idx, steps=50, rows=10):
 
 
 def _time_decoders(decoders, repeats, device):
-    """The tokens of each decoder (a warm-up call: compiles, allocates) and the best of `repeats` interleaved calls."""
-    with torch.no_grad():
-        tokens = {k: run() for k, run in decoders.items()}
+    """The tokens of each decoder (a warm-up call: compiles, allocates) and the best of `repeats` interleaved calls;
+    on a terminal, a line of the calls made and the time left."""
+    line = Progress('generate calls', len(decoders) * (1 + repeats))
+    with warnings_after(), torch.no_grad():  # a compile's warnings after the progress line, not through it
+        tokens = {}
+        for k, run in decoders.items():
+            tokens[k] = run()
+            line.update(len(tokens))
         best = dict.fromkeys(decoders, math.inf)
-        for _ in range(repeats):
-            for k, run in decoders.items():
+        for repeat in range(repeats):
+            for i, (k, run) in enumerate(decoders.items()):
                 _sync(device)
                 t0 = time.perf_counter()
                 run()
                 _sync(device)
                 best[k] = min(best[k], time.perf_counter() - t0)
+                line.update(len(decoders) * (1 + repeat) + i + 1)
+        line.close()
     return tokens, best
 
 

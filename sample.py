@@ -54,6 +54,7 @@ import torch  # noqa: E402
 from common.checkpoints import load_checkpoint, load_pretrained, model_from_checkpoint  # noqa: E402
 from common.errors import catch_interrupts, die  # noqa: E402
 from common.hardware import DTYPES, autocast, pick_device, pick_dtype  # noqa: E402
+from common.progress import Progress, progress, warnings_after  # noqa: E402
 from common.threads import pick_threads, threads_note  # noqa: E402
 from common.tokenizer import load_tokenizer  # noqa: E402
 SEPARATOR = '---------------'
@@ -172,16 +173,18 @@ if compile:  # generate's decoding step, one static-shape graph (the prefill sta
         # samples are eager's): the tokens/s reported below is then the steady speed, not the compilation's minute
         print("compiling the decoding step ...", end=' ', file=sys.stderr, flush=True)
         t0 = time.perf_counter()
-        with torch.no_grad(), autocast(device, dtype):
+        with warnings_after(), torch.no_grad(), autocast(device, dtype):  # the line whole, a warning after it
             model.generate(idx, 3, temperature, top_k, top_p, use_cache, vocab_limit)
-        print(f"compiled in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+            print(f"compiled in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 torch.manual_seed(seed)
 torch.cuda.manual_seed(seed)
 t0 = time.perf_counter()
 drafts = None  # speculative decoding's counts
 with torch.no_grad(), autocast(device, dtype):
     if speculative:  # the tokens of greedy decoding, each round's at once
-        out, drafts = generate_speculative(model, idx, max_new_tokens, vocab_limit)
+        line = Progress('generating', max_new_tokens, ' tokens')  # on a terminal: the tokens every sample has
+        out, drafts = generate_speculative(model, idx, max_new_tokens, vocab_limit, report=line.update)
+        line.close()
         for row in out.tolist():
             print(decode(row))
             print(SEPARATOR)
@@ -199,8 +202,9 @@ with torch.no_grad(), autocast(device, dtype):
                 pending = []
         print(decode(pending))
         print(SEPARATOR)
-    else:
-        out = model.generate(idx, max_new_tokens, temperature, top_k, top_p, use_cache, vocab_limit)
+    else:  # a step at a time, the tokens so far and the time left on a terminal
+        steps = model.generate_stream(idx, max_new_tokens, temperature, top_k, top_p, use_cache, vocab_limit)
+        out = torch.cat([idx] + list(progress(steps, max_new_tokens, 'generating', ' tokens')), dim=1)
         for row in out.tolist():
             print(decode(row))
             print(SEPARATOR)

@@ -13,8 +13,9 @@ import time
 
 from ablation.files import TRAIN_PY
 from ablation.grid import run_args
-from ablation.runs import SUMMARY_VERSION, fmt_duration, summarize_run
+from ablation.runs import SUMMARY_VERSION, summarize_run
 from common.files import write_json
+from common.progress import fmt_duration
 from common.threads import pick_threads, threads_note
 
 CLAIM_STALE_S = 600  # a claim whose owner stopped refreshing it this long ago is free

@@ -14,6 +14,7 @@ from common.checkpoints import build_model, load_checkpoint, model_from_checkpoi
 from common.data import example_split, masked_accuracy, read_examples
 from common.files import write_json
 from common.hardware import pick_device
+from common.progress import fmt_duration
 from probes import probe, summarize as summarize_probe
 
 EXTRAPOLATION_SEED = 4242  # one set of batches per length, the same for every variant
@@ -273,8 +274,3 @@ def measure_lengths(runs, roots, cwd, methods, extrapolation_iters):
             print(f"length table [{len(durations)}/{len(todo)}] {run['variant']} seed {run['seed']} done in "
                   f"{fmt_duration(durations[-1])}{eta}", flush=True)
     return no_data
-
-
-def fmt_duration(seconds):
-    return f'{seconds:.0f} s' if seconds < 90 else f'{seconds / 60:.0f} min'
-

@@ -265,14 +265,15 @@ def draft(model, hidden, window, cached, n):
 
 
 @torch.no_grad()
-def generate_speculative(model, idx, max_new_tokens, vocab_limit=None):
+def generate_speculative(model, idx, max_new_tokens, vocab_limit=None, report=None):
     """Greedy decoding (temperature 0) with the MTP modules as drafters: each round they draft up to mtp_depth
     tokens a row, the model verifies each row's pending token and drafts in one forward of the batch, and each row
     keeps the drafts it would have chosen itself plus its own next token; its cache slots past them are taken back.
     Each row goes at its own pace (a position of its own in the cache, its own context shift), so one row's rejected
     draft costs the others nothing. The tokens are plain greedy decoding's (each the model's argmax after the ones
-    before; the context shifts as generate's); fewer forwards. Returns (idx and the new tokens, {'drafted',
-    'accepted', 'rounds': forwards of the batch, 'row_rounds': the rounds each row took part in, summed})."""
+    before; the context shifts as generate's); fewer forwards. report: called after each round with the new tokens
+    every row has (a progress line). Returns (idx and the new tokens, {'drafted', 'accepted', 'rounds': forwards of
+    the batch, 'row_rounds': the rounds each row took part in, summed})."""
     problem = speculation_problem(model)
     if problem:
         raise ValueError(problem)
@@ -343,6 +344,8 @@ def generate_speculative(model, idx, max_new_tokens, vocab_limit=None):
         for r in active[lengths[active] > block_size].tolist():  # its context shifts: the newest half, its cache
             windows[r, :keep] = windows[r, lengths[r] - keep:lengths[r]].clone()  # rebuilt from it
             lengths[r], fresh[r] = keep, True
+        if report is not None:
+            report(int(made.min()))
     return torch.cat((idx, out), dim=1), stats
 
 

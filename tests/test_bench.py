@@ -451,3 +451,22 @@ def test_threads_default_to_the_cpus_other_work_leaves_free(tmp_path, monkeypatc
         assert torch.get_num_threads() == expected
         assert (f", {expected} thread{'s' if expected > 1 else ''} (2 usable CPUs, load {load}; --threads to choose); "
                 in first), first
+
+
+def test_a_long_measurement_shows_its_progress_on_a_terminal(tmp_path, monkeypatch, capsys):
+    """Only 'benchmarking vanilla ...' for minutes (issue 49.5): on a terminal each phase is a line with the steps done,
+    the rate and the time left, even one that reports no width (a progress bar sized to it printed nothing)."""
+    import runpy
+    import common.errors
+    import common.progress
+    monkeypatch.setattr(common.errors, 'catch_interrupts', lambda: None)
+    monkeypatch.setattr(sys.stderr, 'isatty', lambda: True, raising=False)
+    clock = iter(range(10 ** 6))  # a second between looks at the clock: each step shows
+    monkeypatch.setattr(common.progress.time, 'monotonic', lambda: float(next(clock)))
+    monkeypatch.setattr(sys, 'argv', ['bench.py', *ARGS, '--variants=vanilla'])
+    runpy.run_path(str(REPO_ROOT / 'bench.py'), run_name='__main__')
+    shown = capsys.readouterr().err.split('\r')
+    for phase, total in (('training steps', 3), ('decoding', 10)):
+        lines = [s for s in shown if s.startswith(f'{phase} ')]
+        assert lines[0].rstrip() == f"{phase} 0/{total}" + (' tokens' if phase == 'decoding' else '')
+        assert 'left' in lines[-1], lines

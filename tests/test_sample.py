@@ -340,17 +340,29 @@ def test_compiled_sampling_equals_eager_compiles_once_and_times_only_the_steady_
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     graphs = torch._dynamo.utils.counters['stats']
-    compiled_at_start, generate = [], GPT.generate
+    compiled_at_start, generate, stream = [], GPT.generate, GPT.generate_stream
 
-    def recording(self, *a, **k):  # the graphs already compiled when each generation starts
-        compiled_at_start.append(graphs['unique_graphs'])
+    def warming_up(self, *a, **k):  # the compile's warm-up: torch's known noise and another warning during it
+        import warnings
+        warnings.warn('TypedStorage is deprecated. It will be removed in the future', UserWarning)
+        warnings.warn('something else', UserWarning)
         return generate(self, *a, **k)
-    monkeypatch.setattr(GPT, 'generate', recording)  # two samples: one batch, through generate
+
+    def recording(self, *a, **k):  # the graphs already compiled when the timed generation starts
+        compiled_at_start.append(graphs['unique_graphs'])
+        return stream(self, *a, **k)
+    monkeypatch.setattr(GPT, 'generate', warming_up)
+    monkeypatch.setattr(GPT, 'generate_stream', recording)  # two samples: one batch, a step at a time
+    import warnings
+    monkeypatch.setattr(warnings, 'showwarning', lambda message, category, filename, lineno, file=None, line=None:
+                        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno)))  # as outside pytest
     compiled, err = sample(*args, '--compile=True')
     assert compiled == eager
     assert graphs['unique_graphs'] == 1 and not torch._dynamo.utils.counters['graph_break']
-    assert compiled_at_start[-1] == 1  # the timed generation compiles nothing
+    assert compiled_at_start == [1]  # the timed generation compiles nothing
+    # the line whole (issue 49.8), the other warning after it, the known noise not at all
     assert re.search(r'^compiling the decoding step \.\.\. compiled in \d+\.\d s$', err, re.M), err
+    assert 'TypedStorage' not in err and err.index('compiled in') < err.index('UserWarning: something else')
     assert 'AUTOTUNE' not in err  # inductor's timing tables, at a shape its cache has not seen
     assert parse_report(err).group(1) == '120'  # the samples' tokens, not the warm-up's
 
@@ -518,3 +530,25 @@ def test_threads_default_to_the_cpus_other_work_leaves_free(tmp_path, sample, mo
     _, err = sample(*args, '--threads=3')
     assert torch.get_num_threads() == 3 and parse_report(err)[5] == '3 threads (--threads)'
     assert_one_line_error(*sample('--threads=-1', expect_exit=True), 'threads must be >= 0')
+
+
+@pytest.mark.parametrize('extra', [(), ('--speculative=True',)], ids=['batch', 'speculative'])
+def test_a_batch_shows_its_progress_on_a_terminal_only(tmp_path, sample, monkeypatch, extra):
+    """10 x 500 tokens printed nothing for minutes (issue 49.5): on a terminal a line on stderr says the tokens every
+    sample has, the rate and the time left, and is cleared before the samples; elsewhere (a log, a test) nothing."""
+    import common.progress
+    torch.manual_seed(0)
+    save_model(GPT(GPTConfig(block_size=32, vocab_size=len(CHARS), n_layer=1, n_head=2, n_embd=16, pos='rope',
+                             mtp_depth=1)), tmp_path, 'chars')
+    write_meta(tmp_path, 'chars')
+    args = ('--start=Hi', '--num_samples=2', '--max_new_tokens=40', '--temperature=0', *extra)
+    quiet, err = sample(*args)
+    assert 'generating' not in err
+    monkeypatch.setattr(sys.stderr, 'isatty', lambda: True, raising=False)
+    clock = iter(range(10 ** 6))  # a second between looks at the clock: each step shows
+    monkeypatch.setattr(common.progress.time, 'monotonic', lambda: float(next(clock)))
+    out, err = sample(*args)
+    assert out == quiet  # the samples as before, on stdout
+    shown = [part for part in err.split('\r') if part.startswith('generating ')]
+    assert shown[0].rstrip() == 'generating 0/40 tokens' and 'left' in shown[-1]
+    assert parse_report(err)  # the report line after the cleared one
