@@ -65,7 +65,6 @@ catch_interrupts()  # Ctrl-C or kill: one line, exit 130 or 143
 # -----------------------------------------------------------------------------
 
 
-
 def task_of(meta_path):
     """The synthetic task (recall, copy) whose examples a dataset's meta.json describes, else None."""
     if meta_path is None:
