@@ -10,7 +10,7 @@ import generate as G
 import model as M
 from chapters import sparse_attention  # noqa: E402
 from chapters import GPT, GPTConfig
-from test_model import BLOCK, VOCAB, assert_close, build, check_causal, counted_training_flops, tiny_config
+from tiny_models import BLOCK, VOCAB, assert_close, build, check_causal, counted_training_flops, tiny_config
 from test_train import MODERN, iter_losses, log_records, run, workdir  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures('single_thread')

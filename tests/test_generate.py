@@ -5,7 +5,7 @@ import torch
 
 import generate as G
 from chapters import mtp
-from test_model import BLOCK, N_EMBD, N_HEAD, VOCAB, assert_steps_equal_full_forwards, build, reference_greedy
+from tiny_models import BLOCK, N_EMBD, N_HEAD, VOCAB, assert_steps_equal_full_forwards, build, reference_greedy
 
 pytestmark = pytest.mark.usefixtures('single_thread')
 
