@@ -1,13 +1,14 @@
-"""Tests for multi-token prediction (model.py's chapter 'multi-token prediction', mtp_depth): DeepSeek-V3's MTP
-modules against the formula written out, their loss in training only, zero weight leaving training unchanged bit
-for bit, the loss logged apart in log.jsonl and resumed exactly, bad settings and export (tiny random models)."""
+"""Tests for chapters/mtp.py, multi-token prediction (mtp_depth): DeepSeek-V3's MTP modules against the formula
+written out, their loss in training only, zero weight leaving training unchanged bit for bit, the loss logged apart
+in log.jsonl and resumed exactly, bad settings and export (tiny random models). Self-speculative decoding with them:
+test_generate.py."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from chapters import GPT, mtp
 from common.checkpoints import load_checkpoint
-from test_dsa import straight_and_resumed
+from test_sparse_attention import straight_and_resumed
 from tiny_models import BLOCK, VOCAB, assert_close, tiny_config
 from test_train import run, workdir  # noqa: F401 (fixtures)
 
