@@ -582,30 +582,6 @@ def test_muon_takes_the_hidden_matrices_and_each_expert_as_a_matrix():
         again.load_state_dict(model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu').state_dict())
 
 
-@pytest.mark.parametrize('tied', [True, False])
-def test_zero_init_starts_every_block_as_the_identity(tied):
-    model = build(zero_init=True, tie_embeddings=tied, norm='rms', mlp='swiglu', pos='rope', bias=False)
-    projections = [p for n, p in model.named_parameters() if n.endswith('c_proj.weight')]
-    assert len(projections) == 2 * 2 and all(torch.count_nonzero(p) == 0 for p in projections)
-    # a tied head is the embedding: it keeps its init, else the head starts at zero and every logit with it
-    assert (torch.count_nonzero(model.lm_head.weight) > 0) == tied
-    idx = torch.randint(0, VOCAB, (2, 8))
-    hidden = model.hidden_states(idx)
-    torch.testing.assert_close(hidden, model.transformer.ln_f(model.transformer.wte(idx)))
-    if not tied:
-        assert torch.count_nonzero(model(idx)[0]) == 0
-    # and it learns: a zero head gets the first step's gradient, the zero projections the next (or at once, tied)
-    model.train()
-    opt = model.configure_optimizers(0.0, 1e-2, (0.9, 0.95), 'cpu')
-    for step in range(2):
-        _, loss = model(idx, idx)
-        loss.backward()
-        assert model.lm_head.weight.grad.abs().sum() > 0
-        assert all(p.grad.abs().sum() > 0 for p in projections) == (tied or step == 1)
-        opt.step()
-        opt.zero_grad()
-
-
 # ----------------------------------------------------------------------------- 8: accounting
 
 def test_gpt2_124m_param_count():
@@ -807,26 +783,6 @@ def test_the_output_gate_scales_each_heads_output_by_a_sigmoid_of_the_input():
     assert_close(attn(x), plain.transformer.h[0].attn(x) / 2, atol=1e-6)
     attn.c_gate.weight.normal_(0, 1.0)
     assert (attn(x) - plain.transformer.h[0].attn(x) / 2).abs().max() > 1e-3
-
-
-@torch.no_grad()
-def test_embedding_scale_softcap_and_query_scale():
-    """embed_scale multiplies the embeddings by sqrt(n_embd); logit_softcap=c gives c*tanh(logits/c); attn_scale
-    set to head_dim**-0.5 changes nothing and another value does."""
-    plain = build(pos='rope', norm='rms')
-    idx = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(58))
-    capped = build(pos='rope', norm='rms', logit_softcap=0.5)
-    assert_close(capped(idx)[0], 0.5 * torch.tanh(plain(idx)[0] / 0.5), atol=1e-6)
-    # scaling the embeddings = an embedding table times sqrt(d) (untied, so the head keeps its weights)
-    unscaled = build(pos='rope', norm='rms', tie_embeddings=False)
-    unscaled.load_state_dict({**plain.state_dict(), 'transformer.wte.weight': plain.transformer.wte.weight * N_EMBD ** 0.5})
-    scaled = build(pos='rope', norm='rms', tie_embeddings=False, embed_scale=True)
-    scaled.load_state_dict(plain.state_dict())
-    assert_close(scaled(idx)[0], unscaled(idx)[0], atol=1e-5)
-    assert (scaled(idx)[0] - plain(idx)[0]).abs().max() > 1e-3
-    same = build(pos='rope', norm='rms', attn_scale=(N_EMBD // N_HEAD) ** -0.5)
-    assert_close(same(idx)[0], plain(idx)[0], atol=1e-6)
-    assert (build(pos='rope', norm='rms', attn_scale=1.0)(idx)[0] - plain(idx)[0]).abs().max() > 1e-4
 
 
 # ----------------------------------------------------------------------------- multi-head latent attention
@@ -1179,11 +1135,9 @@ def test_only_balancing_sigmoid_routers_need_the_load_summed_across_ranks(flags,
     (dict(attn='mla', attn_sinks=True), 'attn_sinks'),
     (dict(attn='mla', pos='rope', attn_gate=True), 'attn_gate'),
     (dict(attn_scale=0.0), 'attn_scale'),
-    (dict(logit_softcap=-1.0), 'logit_softcap'),
     (dict(norm_position='middle'), 'norm_position'),
     (dict(swiglu_limit=7.0), 'swiglu_limit'),  # experts only
     (dict(mlp='moe', moe_bias='yes'), 'moe_bias'),
-    (dict(embed_scale=1), 'embed_scale'),
     (dict(mlp='moe', shared_expert_gate=True), 'n_shared_expert'),
     (dict(layers='DG', linear_n_value_head=6), 'linear_n_value_head'),  # 6 value heads over 4 key heads (n_head)
     (dict(layers='DG', linear_n_key_head=2, linear_n_value_head=3), 'linear_n_value_head'),
