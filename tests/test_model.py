@@ -18,8 +18,8 @@ from chapters import (GPT, GPTConfig, attention, deltanet, gemma4, llama4, long_
                       short_conv)
 from tiny_models import (BLOCK, N_EMBD, N_HEAD, VOCAB, assert_close, assert_steps_equal_full_forwards, build,
                          check_backward, check_cache_logits, check_causal, check_generate_cache, config_id,
-                         counted_training_flops, explicit_attend, generate_recording_logits, losses_fall,
-                         reference_greedy, rope_tables, tiny_config, train_a_few_steps, train_steps)
+                         counted_training_flops, generate_recording_logits, losses_fall, reference_greedy, rope_tables,
+                         tiny_config, train_a_few_steps, train_steps)
 
 pytestmark = pytest.mark.usefixtures('single_thread')
 
@@ -609,31 +609,6 @@ def test_gated_mlp_hidden_sizes_and_param_counts():
     assert count(small) == 3 * 128 * 384
 
 
-@pytest.mark.parametrize('mask', [True, False, 'window'])
-@pytest.mark.parametrize('n_kv', [4, 2])
-@pytest.mark.parametrize('scale', [0.3, None])
-def test_attention_sinks_are_a_logit_column_in_each_softmax(mask, n_kv, scale):
-    """attend's sinks (an extra key for SDPA) against the written-out softmax with a sink column, values and
-    gradients; a very negative sink is no sink, and a large one takes weight from every key. scale None: the
-    head width's, not the width of SDPA's padded queries."""
-    g = torch.Generator().manual_seed(41)
-    q = torch.randn(2, 4, 7, 8, generator=g, requires_grad=True)
-    k, v = torch.randn(2, n_kv, 7, 8, generator=g), torch.randn(2, n_kv, 7, 8, generator=g)
-    sinks = torch.randn(4, generator=g).requires_grad_()
-    if mask == 'window':
-        mask = M.causal_mask(7, 3, "cpu")
-    out = attention.attend_with_sinks(q, k, v, mask, scale=scale, sinks=sinks)
-    expected = explicit_attend(q, k, v, mask, scale=scale, sinks=sinks)
-    assert_close(out, expected, atol=1e-5)
-    grads = torch.autograd.grad(out.square().sum(), (q, sinks))
-    for got, want in zip(grads, torch.autograd.grad(expected.square().sum(), (q, sinks))):
-        assert_close(got, want, atol=1e-5)
-    with torch.no_grad():
-        assert_close(attention.attend_with_sinks(q, k, v, mask, scale=scale, sinks=torch.full((4,), -1e4)),
-                     M.attend(q, k, v, mask, scale=scale), atol=1e-6)
-        assert attention.attend_with_sinks(q, k, v, mask, scale=scale, sinks=torch.full((4,), 50.0)).abs().max() < 1e-6
-
-
 @pytest.mark.parametrize('flags', COMBOS, ids=[combo_id(c) for c in COMBOS])
 def test_flops_per_token_equals_the_counted_flops(flags, monkeypatch):
     """6 per weight a token multiplies (fwd 2, bwd 4) plus attention's matmuls: what torch counts."""
@@ -749,40 +724,6 @@ def test_local_layers_rotate_with_their_own_unscaled_base():
     assert_close(sin_local, torch.cat((local_angles, local_angles), -1).sin(), atol=1e-6)
     global_angles = positions / 2.0 * 1e4 ** (-torch.arange(0, hs, 2).float() / hs)  # linear: positions / factor
     assert_close(cos_global, torch.cat((global_angles, global_angles), -1).cos(), atol=1e-6)
-
-
-def test_partial_rope_rotates_the_first_dims_and_passes_the_rest():
-    model = build(pos='rope', rope_fraction=0.5)
-    hs = N_EMBD // N_HEAD
-    assert model.transformer.wpe.dim == hs // 2
-    cos, sin = model.transformer.wpe(torch.zeros(1, 5, N_EMBD), 0)[1]
-    x = torch.randn(2, N_HEAD, 5, hs, generator=torch.Generator().manual_seed(55))
-    out = M.apply_rope(x, cos, sin)
-    assert torch.equal(out[..., hs // 2:], x[..., hs // 2:])
-    assert_close(out[..., :hs // 2], M.apply_rope(x[..., :hs // 2].contiguous(), cos, sin), atol=0)
-
-
-@torch.no_grad()
-def test_qk_norm_over_all_heads_normalizes_each_tokens_whole_query():
-    model = build(qk_norm=True, qk_norm_all_heads=True, n_kv_head=2)
-    attn = model.transformer.h[0].attn
-    assert attn.q_norm.weight.shape == (N_EMBD,) and attn.k_norm.weight.shape == (2 * N_EMBD // N_HEAD,)
-    x = torch.randn(1, 3, N_EMBD, generator=torch.Generator().manual_seed(56))
-    q = attn.c_attn(x)[..., :N_EMBD]
-    assert_close(attn.q_norm(q), q / q.pow(2).mean(-1, keepdim=True).add(attn.q_norm.eps).sqrt() * attn.q_norm.weight,
-                 atol=1e-5)
-
-
-@torch.no_grad()
-def test_the_output_gate_scales_each_heads_output_by_a_sigmoid_of_the_input():
-    gated, plain = build(attn_gate=True, bias=False), build(bias=False)
-    gated.load_state_dict(plain.state_dict(), strict=False)  # the same weights but the gate's
-    attn = gated.transformer.h[0].attn
-    x = torch.randn(1, 5, N_EMBD, generator=torch.Generator().manual_seed(57))
-    attn.c_gate.weight.zero_()  # sigmoid(0) = 1/2 on every dim: half of the ungated output
-    assert_close(attn(x), plain.transformer.h[0].attn(x) / 2, atol=1e-6)
-    attn.c_gate.weight.normal_(0, 1.0)
-    assert (attn(x) - plain.transformer.h[0].attn(x) / 2).abs().max() > 1e-3
 
 
 # ----------------------------------------------------------------------------- multi-head latent attention
@@ -1102,8 +1043,6 @@ def test_only_balancing_sigmoid_routers_need_the_load_summed_across_ranks(flags,
     (dict(pos='rope', yarn_mscale=-1.0), 'yarn_mscale'),
     (dict(pos='rope', head_dim=7), 'head_dim'),  # odd with rope
     (dict(head_dim=0), 'head_dim'),
-    (dict(qk_norm='yes'), 'qk_norm'),
-    (dict(qkv_bias=1), 'qkv_bias'),
     (dict(mlp='moe', n_expert=0), 'n_expert'),
     (dict(mlp='moe', n_expert=4, n_expert_active=5), 'n_expert_active'),
     (dict(mlp='moe', n_expert=6, n_expert_group=4), 'n_expert_group'),
@@ -1128,13 +1067,8 @@ def test_only_balancing_sigmoid_routers_need_the_load_summed_across_ranks(flags,
     (dict(layers='GN'), 'pos'),  # NoPE layers in a model without RoPE
     (dict(pos='rope', rope_local_theta=100.0), 'rope_local_theta'),  # no local layers
     (dict(pos='rope', layers='LG', sliding_window=4, rope_local_theta=0.0), 'rope_local_theta'),
-    (dict(pos='rope', rope_fraction=0.0), 'rope_fraction'),
-    (dict(pos='rope', rope_fraction=1.5), 'rope_fraction'),
-    (dict(pos='rope', rope_fraction=0.1), 'rope'),  # under two of the 8 dims rotate
-    (dict(qk_norm_all_heads=True), 'qk_norm'),
     (dict(attn='mla', attn_sinks=True), 'attn_sinks'),
     (dict(attn='mla', pos='rope', attn_gate=True), 'attn_gate'),
-    (dict(attn_scale=0.0), 'attn_scale'),
     (dict(norm_position='middle'), 'norm_position'),
     (dict(swiglu_limit=7.0), 'swiglu_limit'),  # experts only
     (dict(mlp='moe', moe_bias='yes'), 'moe_bias'),
@@ -1466,19 +1400,6 @@ def test_nope_temperature_scales_the_queries_of_layers_without_rope_only():
     idx = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(6))
     moved = (tuned(idx)[0] - plain(idx)[0]).abs().amax(-1)[0] > 1e-6
     assert moved.tolist() == [p >= 2 for p in range(10)]  # scale 1 until position F - 1 = 2
-
-
-@torch.no_grad()
-@pytest.mark.parametrize('rope_qk_norm', [True, False])
-def test_rope_qk_norm_makes_rope_layers_blind_to_the_scale_of_q_and_k(rope_qk_norm):
-    """Queries and keys scaled to unit RMS per head: scaling their projections changes nothing on RoPE layers;
-    a layer without RoPE is left alone."""
-    model = build(pos='rope', layers='GN', rope_qk_norm=rope_qk_norm, norm_eps=1e-10)  # eps: no say in the RMS
-    assert [b.attn.rope_qk_norm for b in model.transformer.h] == [rope_qk_norm, False]
-    idx = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(7))
-    base = model(idx)[0]
-    model.transformer.h[0].attn.c_attn.weight[:2 * N_EMBD] *= 7.0  # q and k (MHA: n_embd rows each)
-    assert torch.allclose(model(idx)[0], base, atol=1e-5) == rope_qk_norm
 
 
 def test_moe_every_kth_layer_with_dense_layers_between():
@@ -2129,23 +2050,6 @@ def test_bad_per_layer_embeddings_settings_are_one_line_naming_them(overrides, m
 
 
 # ----------------------------------------------------------------------------- Gemma 4: value norm, layer scalar
-
-@torch.no_grad()
-def test_v_norm_makes_attention_blind_to_the_scale_of_each_value_head():
-    """v_norm: each value head at unit RMS, no gain (no parameter added): scaling the V projection changes
-    nothing with it and changes the output without it."""
-    outputs = {}
-    for v_norm in (False, True):
-        model = build(pos='rope', v_norm=v_norm, norm_eps=1e-12)  # eps would weigh on the small values
-        idx = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(102))
-        before = model(idx)[0]
-        for block in model.transformer.h:
-            block.attn.c_attn.weight[2 * N_EMBD:] *= 3.0  # the V rows
-        outputs[v_norm] = (before, model(idx)[0])
-    assert_close(*outputs[True], atol=1e-5)
-    assert (outputs[False][0] - outputs[False][1]).abs().max() > 1e-3
-    assert build(pos='rope', v_norm=True).get_num_params() == build(pos='rope').get_num_params()
-
 
 @torch.no_grad()
 def test_the_layer_scalar_multiplies_each_layers_output_and_is_saved_not_trained():
