@@ -19,15 +19,15 @@ N_EMBD = 32
 N_HEAD = 4
 
 
-def tiny_config(**overrides):
+def tiny_config(config_class=GPTConfig, **overrides):
     args = dict(block_size=BLOCK, vocab_size=VOCAB, n_layer=2, n_head=N_HEAD, n_embd=N_EMBD, dropout=0.0)
     args.update(overrides)
-    return GPTConfig(**args)
+    return config_class(**args)
 
 
-def build(seed=0, **overrides):
+def build(seed=0, config_class=GPTConfig, **overrides):
     torch.manual_seed(seed)
-    model = GPT(tiny_config(**overrides))
+    model = GPT(tiny_config(config_class, **overrides))
     model.eval()
     return model
 
