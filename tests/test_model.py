@@ -14,8 +14,7 @@ import torch.nn.functional as F
 
 import generate as G
 import model as M
-from chapters import (GPT, GPTConfig, attention, deltanet, gemma4, llama4, long_context, mamba2, moe, nanochat,
-                      short_conv)
+from chapters import GPT, GPTConfig, attention, deltanet, gemma4, llama4, long_context, mamba2, moe, short_conv
 from tiny_models import (BLOCK, N_EMBD, N_HEAD, VOCAB, assert_close, assert_steps_equal_full_forwards, build,
                          check_backward, check_cache_logits, check_causal, check_generate_cache, config_id,
                          counted_training_flops, generate_recording_logits, losses_fall, reference_greedy, rope_tables,
@@ -856,48 +855,6 @@ def test_rope_tables_stay_fp32_when_the_model_is_cast():
     assert cos.dtype == torch.float32 and sin.dtype == torch.float32
     torch.testing.assert_close(cos, fresh_cos, atol=1e-6, rtol=0)
     torch.testing.assert_close(sin, fresh_sin, atol=1e-6, rtol=0)
-
-
-# ----------------------------------------------------------------------------- nanochat: weightless norms, embed_norm
-
-@pytest.mark.parametrize('overrides', [nanochat.NANOCHAT_BLOCK, dict(norm_gain=False, embed_norm=True, layers='LG',
-                                                              sliding_window=5, pos='rope', norm_position='sandwich')],
-                         ids=['nanochat', 'layernorm-local-sandwich'])
-def test_the_nanochat_block_trains_and_decodes_past_block_size(overrides):
-    model = build(**overrides)
-    norms = [m for m in model.modules() if isinstance(m, (M.RMSNorm, M.LayerNorm))]
-    assert len(norms) >= 2 * 2 + 2 and all(m.weight is None and getattr(m, 'bias', None) is None for m in norms)
-    assert losses_fall(train_a_few_steps(model))
-    check_backward(model)
-    check_causal(model)
-    check_cache_logits(model)
-    check_generate_cache(model)  # past block_size, through the context shift
-
-
-@torch.no_grad()
-@pytest.mark.parametrize('norm', ['rms', 'layernorm'])
-def test_weightless_norms_are_the_plain_formula(norm):
-    x = torch.randn(3, 5, 8) * 4 + 1
-    layer = M.NORMS[norm](8, tiny_config(norm=norm, norm_gain=False, norm_eps=1e-5))
-    assert list(layer.parameters()) == []
-    centered = x - x.mean(-1, keepdim=True) if norm == 'layernorm' else x
-    assert_close(layer(x), centered / (centered.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt(), atol=1e-5)
-
-
-@torch.no_grad()
-def test_embed_norm_gives_the_first_block_unit_rms_tokens():
-    model = build(norm='rms', pos='rope', embed_norm=True)
-    model.transformer.wte.weight.mul_(50.0)  # far from unit RMS, and eps negligible
-    x, _ = model.embed(torch.randint(0, VOCAB, (2, 6)))
-    assert_close(x.pow(2).mean(-1), torch.ones(2, 6), atol=1e-4)
-    assert 'transformer.ln_emb.weight' in model.state_dict()  # with gains, its own (norm_gain=True)
-    assert 'transformer.ln_emb.weight' not in build(**nanochat.NANOCHAT_BLOCK).state_dict()
-
-
-@pytest.mark.parametrize('field', ['norm_gain', 'embed_norm'])
-def test_nanochat_flags_must_be_bools(field):
-    with pytest.raises(ValueError, match=f"^{field} must be True or False, got 'no'$"):
-        tiny_config(**{field: 'no'})
 
 
 # ----------------------------------------------------------------------------- Llama 4: chunked attention, NoPE temperature, its MoE
