@@ -197,17 +197,9 @@ def train_steps(model, seed, steps=8):
 
 
 def train_a_few_steps(model, steps=8):
-    """Losses of a few AdamW steps on a fixed random batch (a tiny model memorizes it)."""
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    data = torch.randint(0, VOCAB, (4, BLOCK + 1), generator=torch.Generator().manual_seed(3))
-    losses = []
-    for _ in range(steps):
-        _, loss = model(data[:, :-1], data[:, 1:])
-        losses.append(loss.item())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    """Losses of a few AdamW steps on a fixed random batch (a tiny model memorizes it): train_steps' on seed 3, the
+    model left in evaluation mode."""
+    losses = train_steps(model, seed=3, steps=steps)
     model.eval()
     return losses
 
