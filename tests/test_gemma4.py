@@ -195,7 +195,7 @@ def test_bad_per_layer_embeddings_settings_are_one_line_naming_them(overrides, m
     assert message in str(e.value) and '\n' not in str(e.value)
 
 
-# ----------------------------------------------------------------------------- the layer scalar (and attention.py's value norm)
+# ----------------------------------------------------------------------------- the layer scalar
 
 @torch.no_grad()
 def test_the_layer_scalar_multiplies_each_layers_output_and_is_saved_not_trained():

@@ -129,7 +129,7 @@ def docs_layer_kind():
     the test skips while that page, section or block is not written (a block of comments alone: a placeholder)."""
     path = os.path.join(os.path.dirname(__file__), '..', 'docs', 'chapters.md')
     if not os.path.exists(path):
-        pytest.skip('docs/chapters.md is not written yet (its section "## A new layer kind" holds the chapter run here)')
+        pytest.skip('docs/chapters.md is not written yet (its "## A new layer kind" holds the chapter run here)')
     lines = open(path).read().split('\n')
     starts = [i for i, line in enumerate(lines) if line.strip() == '## A new layer kind']
     if not starts:
@@ -137,10 +137,10 @@ def docs_layer_kind():
     section = lines[starts[0] + 1:]
     section = '\n'.join(section[:next((i for i, line in enumerate(section) if line.startswith('## ')), len(section))])
     if '```python\n' not in section:
-        pytest.skip('docs/chapters.md\'s section "## A new layer kind" has no ```python block (the chapter run here)')
+        pytest.skip('docs/chapters.md\'s "## A new layer kind" has no ```python block (the chapter run here)')
     code = section.split('```python\n', 1)[1].split('```', 1)[0]
     if not ast.parse(code).body:
-        pytest.skip('docs/chapters.md\'s section "## A new layer kind" holds a placeholder, not the chapter run here yet')
+        pytest.skip('docs/chapters.md\'s "## A new layer kind" holds a placeholder, not yet the chapter run here')
     return code
 
 
