@@ -1,7 +1,7 @@
-"""Tests for DeepSeek Sparse Attention (model.py's chapter 'sparse attention', index_topk): the lightning
-indexer's scores and its causal top-k, k >= the length being dense attention, decoding through the cache that
-reads k entries a step, the indexer's KL loss (the indexer alone learns from it), its log in log.jsonl, resume,
-accounting, bad settings and export (tiny random models)."""
+"""Tests for chapters/sparse_attention.py, DeepSeek Sparse Attention (index_topk): the lightning indexer's scores
+and its causal top-k, k >= the length being dense attention, decoding through the cache that reads k entries a
+step, the indexer's KL loss (the indexer alone learns from it), its log in log.jsonl, resume, accounting, bad
+settings and export (tiny random models); GLM-5's IndexCache (index_share)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,7 +10,7 @@ import generate as G
 import model as M
 from chapters import sparse_attention  # noqa: E402
 from chapters import GPT, GPTConfig
-from test_model import BLOCK, VOCAB, assert_close, build, check_causal, counted_training_flops, tiny_config
+from tiny_models import BLOCK, VOCAB, assert_close, build, check_causal, counted_training_flops, tiny_config
 from test_train import MODERN, iter_losses, log_records, run, workdir  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures('single_thread')
