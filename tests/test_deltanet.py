@@ -192,6 +192,27 @@ def test_bad_kda_settings_are_one_line_naming_the_field(overrides, field):
     tiny_config(layers='KG', linear_chunk_size=8, kda_rank=4)  # linear_* settings apply to 'K' layers too
 
 
+
+@torch.no_grad()
+def test_the_safe_gate_bounds_each_decay_and_is_its_formula():
+    """kda_lower_bound=L (BailingHybrid, GLM-5.3-Flash): g = L sigmoid(A (f(x) + dt_bias)) per key channel, so no
+    step forgets more than e^L, however large f; the model still decodes through the cache as without it."""
+    model = build(layers='KG', pos='none', norm='rms', mlp='swiglu', kda_lower_bound=-5.0, linear_chunk_size=8)
+    layer = model.transformer.h[0].attn
+    with torch.no_grad():
+        layer.decay_b.weight.mul_(400.0)  # f far from zero both ways: the bound must hold
+    x = torch.randn(2, 9, N_EMBD, generator=torch.Generator().manual_seed(31))
+    f = (layer.decay_b(layer.decay_a(x)) + layer.dt_bias).view(2, 9, layer.v_heads, layer.k_dim)
+    expected = -5.0 * torch.sigmoid(layer.A_log.exp()[:, None] * f)
+    assert_close(layer.decay(x), expected.transpose(1, 2), atol=1e-6)
+    assert layer.decay(x).min() >= -5.0 and layer.decay(x).min() < -4.0 and layer.decay(x).max() <= 0
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(32))
+    assert torch.equal(model.generate(prompt, 2 * BLOCK, temperature=0), reference_greedy(model, prompt, 2 * BLOCK))
+    with pytest.raises(ValueError, match="kda_lower_bound=-5.0 is the safe gate"):
+        tiny_config(layers='DG', kda_lower_bound=-5.0)
+    with pytest.raises(ValueError, match='kda_lower_bound must be None or a negative number'):
+        tiny_config(layers='KG', pos='none', kda_lower_bound=2.0)
+
 def test_kimi_delta_chunked_stays_finite_where_decays_are_strong():
     """Decays summing to -1000 inside a chunk: no factor e^-G overflows (NaN), and the forms still agree."""
     q, k, v, g, beta, state = kda_inputs(1, 2, 40, 4, 4, 11)
