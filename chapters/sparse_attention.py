@@ -157,14 +157,14 @@ class LightningIndexer(nn.Module):
         """Its query heads (B, H, T, D), rotated, and their weights per token (B, T, H)."""
         B, T, _ = x.shape
         q = self.wq(q_in.detach()).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        if rope is not None:  # the tables' width: the first rope_dim dims turn, the rest pass
+        if rotates(rope):  # the tables' width: the first rope_dim dims turn, the rest pass
             q = apply_rope(q, *rope)
         return q, self.weights(x.detach()).float() * self.n_head ** -0.5
 
     def keys(self, x, rope, cache):
         """Its one key per token (B, 1, S, D), rotated, a cache's keys before the new ones."""
         k = self.k_norm(self.wk(x.detach())).unsqueeze(1)  # (B, 1, T, D): one key for all heads
-        if rope is not None:
+        if rotates(rope):
             k = apply_rope(k, *rope)
         if cache is not None:
             k, = cache.update(index_k=k)
@@ -218,6 +218,12 @@ class LightningIndexer(nn.Module):
         kl = (torch.xlogy(target, target) - target * log_index.masked_fill(~reads, 0.0)).sum(-1).mean()
         self.losses += torch.stack((kl.detach(), torch.ones_like(kl.detach())))
         self.loss = kl
+
+
+def rotates(rope):
+    """Whether a layer's tables turn its indexer's queries and keys: rotary (cos, sin), not None or Llama 4's query
+    scales (its NoPE layers')."""
+    return isinstance(rope, tuple)
 
 
 def read_selected(selection, keys):

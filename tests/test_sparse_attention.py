@@ -142,6 +142,20 @@ def test_a_decoding_step_reads_k_entries_and_gives_the_full_forwards_logits(kind
         assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
 
 
+@torch.no_grad()
+def test_an_indexer_on_nope_layers_with_llama4s_temperature_rotates_nothing():
+    """'N' layers with nope_temperature read query scales, not rotary tables: their indexer turns nothing (it once
+    took the scales for tables and failed)."""
+    model = sparse('mha', layers='NG', nope_temperature=0.1, nope_temperature_floor=4)
+    x = torch.randn(1, 6, 32)
+    indexer = model.transformer.h[0].attn.indexer
+    assert torch.equal(indexer.scores(x, x, torch.full((6,), 2.0), None), indexer.scores(x, x, None, None))
+    check_causal(model)
+    prompt = tokens(2, 5, 2)
+    assert torch.equal(model.generate(prompt, 2 * BLOCK, temperature=0),
+                       model.generate(prompt, 2 * BLOCK, temperature=0, use_cache=False))
+
+
 def test_the_cache_keeps_the_indexers_keys():
     model = sparse('gqa')
     dense = dense_twin(model)
