@@ -13,7 +13,7 @@ The chapters after the lesson (model.py), one file each, in reading order:
     deltanet          linear attention: Gated DeltaNet ('D') and Kimi Delta Attention ('K')
     mamba2            the selective state-space layer ('S': Mamba-2)
     sparse_attention  DeepSeek's lightning indexer (index_topk)
-    block_sparse      the indexer picking blocks of keys (index_block_size: MiniMax-M3, Qwen4-Exp's QSA, GLM-5.3-Flash's KPool)
+    block_sparse      the indexer picking blocks of keys (index_block_size: MiniMax-M3, QSA, KPool)
     mtp               multi-token prediction (mtp_depth)
     gemma4            Gemma 4's K = V, K/V sharing, global layers' shapes, MoE block, per-layer embeddings
     hyper_connections the residual stream widened to parallel copies, collapsed and spread around each branch (mHC)
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import model
 # in reading order, so the registries list their entries in it (each chapter imports only earlier ones)
 from chapters import small_swaps, attention, long_context, layer_kinds, moe, mla, nanochat, llama4  # noqa: I001
-from chapters import short_conv, deltanet, mamba2, sparse_attention, block_sparse, mtp, gemma4  # noqa: I001
-from chapters import hyper_connections  # noqa: I001
+from chapters import short_conv, deltanet, mamba2, sparse_attention, mtp, gemma4, hyper_connections  # noqa: I001
+from chapters import block_sparse  # noqa: I001  (it registers only an indexer, SELECTIONS['block']; CHAPTERS orders it)
 from model import GPT, SWAPS, swap_flags  # noqa: F401  (what the scripts take from here)
 
 CHAPTERS = (small_swaps, attention, long_context, layer_kinds, moe, mla, nanochat, llama4, short_conv, deltanet,

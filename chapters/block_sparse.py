@@ -61,6 +61,9 @@ class Config:
         return 'block' if self.index_block_size is not None else super().index_selection
 
 
+RUNTIME_FLAGS = ('index_local_blocks', 'index_tail')  # which blocks are read, not what is learned or kept
+
+
 class BlockIndexer(LightningIndexer):
     """The lightning indexer picking blocks: blocks of `block` consecutive positions from position 0; each query
     reads the index_topk / block of them its block scores rank highest (of equal scores the earliest), the

@@ -24,8 +24,8 @@ FAMILIES = {
     'max-keep': dict(index_block_pool='max', index_tail='keep', index_local_blocks=1),
 }
 SPARSE = dict(index_topk=4, index_block_size=2, index_n_heads=2, index_head_dim=16)  # two blocks of 2 per query
-KINDS = {'gqa': dict(norm='rms', mlp='swiglu', pos='rope', n_kv_head=2), 'mla': dict(pos='rope', attn='mla', q_lora_rank=8),
-         'learned': dict()}
+KINDS = {'gqa': dict(norm='rms', mlp='swiglu', pos='rope', n_kv_head=2),
+         'mla': dict(pos='rope', attn='mla', q_lora_rank=8), 'learned': dict()}
 
 
 def blocky(family, kind='gqa', seed=0, **overrides):
