@@ -118,7 +118,7 @@ class Config:
     sigmoid_softcap: bool = False  # the logits become 23*sigmoid((z+5)/7.5) (the speedrun's soft cap; logit_softcap is the tanh one)
     mtp_shared: int = 0  # training: the head's logits at each position also predict the tokens 2..mtp_shared+1 ahead, the k-th further weighted mtp_shared_decay**k (the speedrun's multi-token prediction, no extra modules); 0: none
     mtp_shared_decay: float = 0.5  # the weight of mtp_shared's k-th further token is this to the k (the speedrun: 1, 0.5, 0.25)
-    sliding_window_start: int | None = None  # training: local ('L') layers' window at the start, growing to sliding_window (train.py calls speedrun.set_window); None: fixed
+    sliding_window_start: int | None = None  # training: local ('L') layers' window at the start, growing to sliding_window (the model side: speedrun.set_window; train.py does not call it yet); None: fixed
 
     FIELD_TYPES = {
         **dict.fromkeys(('value_embed_layers', 'xsa_layers'), LAYER_LIST),
