@@ -181,7 +181,8 @@ class Engram(Feature):
     def build(self, model):
         self.layers = layers_of(self.config.engram_layers, self.config)
         t = model.transformer
-        t.engram_tables = nn.ModuleDict({str(i): EngramTable(self.config, index) for index, i in enumerate(self.layers)})
+        t.engram_tables = nn.ModuleDict({str(i): EngramTable(self.config, index)
+                                         for index, i in enumerate(self.layers)})
         for i in self.layers:
             t.h[i].engram = EngramBranch(self.config)
 

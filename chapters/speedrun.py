@@ -281,9 +281,10 @@ def continues(start):
 def refuse_cached_continuation(config, fields, start):
     """One line when a forward continues a cached sequence and the named flags need the tokens before it."""
     if changed(config, fields) and continues(start):
-        raise ValueError(f"decoding through a cache with {flag_list(config, changed(config, fields))} needs the previous tokens, "
-                         f"which a cache cannot keep for a feature yet (model.py's Feature declares no cache states): decode "
-                         f"without it (generate(..., use_cache=False), sample.py --use_cache=False)")
+        raise ValueError(f"decoding through a cache with {flag_list(config, changed(config, fields))} needs the "
+                         f"previous tokens, which a cache cannot keep for a feature yet (model.py's Feature declares "
+                         f"no cache states): decode without it (generate(..., use_cache=False), sample.py "
+                         f"--use_cache=False)")
 
 
 def bigram_hash(idx, rows):
