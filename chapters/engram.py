@@ -16,8 +16,8 @@ head's prime, the k-th prime from engram_rows for the k-th head of all layers. B
 stands the id vocab_size (no token); Qwen4-Exp stands its eos there and restarts the n-grams after each eos, and
 it adds the memory to each copy of a hyper-connected stream: its parity needs both (not here yet).
 
-Decoding needs the last engram_ngram - 1 tokens and the convolution's last inputs in the cache, which a feature
-cannot declare yet: a model with the memory decodes without a cache and refuses a cached continuation in one line.
+Decoding keeps the last engram_ngram - 1 tokens and each memory layer's convolution's last inputs in the cache
+(Feature.cache_states), so a cached continuation computes what a full forward does.
 """
 
 import math
@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from chapters.speedrun import LAYER_LIST, layers_of, refuse_cached_continuation
+from chapters.speedrun import LAYER_LIST, continues, layers_of
 from model import FEATURES, OPTIONAL_POSITIVE_INT, Feature, RMSNorm, changed, flag_list, is_int
 
 SEED, LAYER_STRIDE = 1234, 10007  # Qwen4-Exp's: the hash multipliers' seed, and its stride per memory layer
@@ -116,11 +116,17 @@ class EngramTable(nn.Embedding):
         self.register_buffer('sizes', torch.tensor(sizes), persistent=False)
         self.register_buffer('offsets', torch.tensor(offsets), persistent=False)
 
-    def ids(self, idx):
+    def history(self, idx, before=None):
+        """The tokens the n-grams read (B, ngram - 1 + T): before (B, ngram - 1), a cache's last tokens, else the id
+        vocab_size (before the sequence), then idx."""
+        before = idx.new_full((idx.size(0), self.ngram - 1), self.pad) if before is None else before
+        return torch.cat((before.to(idx.dtype), idx), dim=1).long()
+
+    def ids(self, idx, before=None):
         """Each head's row for each position (B, T, heads): the n-gram ending at the token, for n = 2..ngram, its
-        ids times the multipliers xor-ed (the id vocab_size before the sequence), modulo the head's prime."""
+        ids times the multipliers xor-ed (the history's), modulo the head's prime."""
         T = idx.size(1)
-        history = torch.cat((idx.new_full((idx.size(0), self.ngram - 1), self.pad), idx), dim=1).long()
+        history = self.history(idx, before)
         mixed = history[:, self.ngram - 1:] * self.multipliers[0]
         rows = []
         for n in range(2, self.ngram + 1):
@@ -131,8 +137,8 @@ class EngramTable(nn.Embedding):
             rows.append(mixed.unsqueeze(-1) % self.sizes[heads] + self.offsets[heads])
         return torch.cat(rows, dim=-1)
 
-    def forward(self, idx):
-        return super().forward(self.ids(idx)).flatten(-2)
+    def forward(self, idx, before=None):
+        return super().forward(self.ids(idx, before)).flatten(-2)
 
 
 class EngramBranch(nn.Module):
@@ -149,11 +155,17 @@ class EngramBranch(nn.Module):
         self.dilation = config.engram_ngram
         self.reach = (config.engram_conv - 1) * self.dilation  # the positions before a token it reads
 
-    def forward(self, x, rows):
+    def forward(self, x, rows, past=None, keep=None):
+        """past (B, reach, d): the convolution's inputs before x's first token (a cache's), else zeros; keep: where
+        to write its last reach inputs, for the next call."""
         key, value = self.norm_key(self.key_proj(rows)), self.value_proj(rows)
         gate = (key * self.norm_query(x)).sum(-1, keepdim=True) / x.size(-1) ** 0.5
         gated = torch.sigmoid(gate.abs().clamp_min(1e-6).sqrt() * gate.sign()) * value
-        conv = dilated_products(F.pad(self.norm_conv(gated), (0, 0, self.reach, 0)), self.conv.weight, self.dilation)
+        normed = self.norm_conv(gated)
+        inputs = F.pad(normed, (0, 0, self.reach, 0)) if past is None else torch.cat((past.to(normed.dtype), normed), 1)
+        if keep is not None:
+            keep.copy_(inputs[:, inputs.size(1) - self.reach:])
+        conv = dilated_products(inputs, self.conv.weight, self.dilation)
         return x + gated + F.silu(conv)
 
 
@@ -186,15 +198,33 @@ class Engram(Feature):
         for i in self.layers:
             t.h[i].engram = EngramBranch(self.config)
 
+    def cache_states(self):
+        """The last engram_ngram - 1 tokens, and each memory layer's convolution's last inputs."""
+        c = self.config
+        reach = (c.engram_conv - 1) * c.engram_ngram
+        return {'engram_tokens': ((c.engram_ngram - 1,), torch.long),
+                **{f'engram_conv{i}': ((reach, c.n_embd), None) for i in layers_of(c.engram_layers, c)}}
+
     def embed(self, model, idx, x, start, tables):
-        refuse_cached_continuation(self.config, ('engram_layers',), start)
-        t = model.transformer
-        tables['engram'] = {i: t.engram_tables[str(i)](idx) for i in self.layers}
-        return t.h[0].engram(x, tables['engram'][0]) if 0 in self.layers else x
+        t, cache = model.transformer, tables['cache']
+        held = tables['engram_held'] = continues(start, cache)
+        before = None if held is None else held['engram_tokens']
+        tables['engram'] = {i: t.engram_tables[str(i)](idx, before) for i in self.layers}
+        if cache is not None:  # after the lookups read them
+            history = t.engram_tables[str(self.layers[0])].history(idx, before)
+            cache['engram_tokens'].copy_(history[:, history.size(1) - (self.config.engram_ngram - 1):])
+        return self.branch(model, 0, x, tables, held) if 0 in self.layers else x
+
+    def branch(self, model, layer, x, tables, held):
+        """x through the memory layer's branch, its convolution continuing the cache's inputs (held: the features'
+        part of a cache when this forward continues it)."""
+        cache, name = tables['cache'], f'engram_conv{layer}'
+        return model.transformer.h[layer].engram(x, tables['engram'][layer], None if held is None else held[name],
+                                                 None if cache is None else cache[name])
 
     def after_block(self, model, layer, x, tables):
         if layer + 1 in self.layers:
-            return model.transformer.h[layer + 1].engram(x, tables['engram'][layer + 1])
+            return self.branch(model, layer + 1, x, tables, tables['engram_held'])
         return x
 
 

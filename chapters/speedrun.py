@@ -34,8 +34,9 @@ Around the blocks (Speedrun, a Feature; each block's input is made after the blo
 The tables (value embeddings, the bigram table) are looked up, not multiplied: get_num_params counts them as
 parameters and flops_per_token counts no FLOPs for them, as Gemma 4's per-layer embeddings; they sit on
 model.transformer, outside the blocks, so Muon leaves them to AdamW. The smear and the bigram hash read the
-previous token: a cache cannot keep it for a feature yet (model.py's Feature declares no cache states), so a
-model with them decodes without a cache and refuses a cached continuation in one line.
+previous token: a cache keeps the last token's embedding (the smear's) and its id (the bigram's) for the next
+call (Feature.cache_states), so decoding continues them; speculative decoding, which takes drafts back out of a
+cache, then refuses the model.
 """
 
 from dataclasses import dataclass
@@ -85,7 +86,6 @@ LAYER_LIST = (names_layers, lambda c: f"None or layer numbers in [-{c.n_layer}, 
 ATTENTION_FIELDS = ('value_embed_layers', 'xsa_layers', 'key_offset')
 STREAM_FIELDS = ('x0_lambdas', 'unet_skips', 'layer_skip_from', 'smear', 'backout_layer', 'bigram_vocab')
 FEATURE_FIELDS = ('value_embed_layers',) + STREAM_FIELDS + ('sigmoid_softcap', 'mtp_shared')
-PREVIOUS_TOKEN_FIELDS = ('smear', 'bigram_vocab')
 
 
 def mixer_kinds(config, text):
@@ -273,33 +273,30 @@ class SpeedrunAttention(attention_chapter.Attention):
 
 # ----------------------------------------------------------------------------- around the blocks
 
-def continues(start):
-    """Whether a forward continues a sequence a cache holds (a decoding step's position is a tensor)."""
-    return isinstance(start, torch.Tensor) or start > 0
+def continues(start, cache):
+    """The features' part of a cache when a forward continues the sequence it holds (a decoding step's position is a
+    tensor, a later prefill's a positive int), else None: the sequence starts here."""
+    return cache if cache is not None and (isinstance(start, torch.Tensor) or start > 0) else None
 
 
-def refuse_cached_continuation(config, fields, start):
-    """One line when a forward continues a cached sequence and the named flags need the tokens before it."""
-    if changed(config, fields) and continues(start):
-        raise ValueError(f"decoding through a cache with {flag_list(config, changed(config, fields))} needs the "
-                         f"previous tokens, which a cache cannot keep for a feature yet (model.py's Feature declares "
-                         f"no cache states): decode without it (generate(..., use_cache=False), sample.py "
-                         f"--use_cache=False)")
-
-
-def bigram_hash(idx, rows):
+def bigram_hash(idx, rows, previous=None):
     """Each position's row of the bigram table (B, T): (a * token) xor (b * previous token) mod (rows - 1); the
-    first token of a sequence, which has no previous one, the last row."""
+    first token of a sequence, which has no previous one, the last row; previous (B,): the token before idx (a
+    cache's), which the first then pairs with."""
     a, b = BIGRAM_HASH
     idx = idx.long()
-    pairs = torch.bitwise_xor(a * idx[:, 1:], b * idx[:, :-1]) % (rows - 1)
-    return torch.cat((idx.new_full((idx.size(0), 1), rows - 1), pairs), dim=1)
+    before = idx[:, :-1] if previous is None else torch.cat((previous[:, None].long(), idx[:, :-1]), dim=1)
+    pairs = torch.bitwise_xor(a * idx[:, idx.size(1) - before.size(1):], b * before) % (rows - 1)
+    return pairs if previous is not None else torch.cat((idx.new_full((idx.size(0), 1), rows - 1), pairs), dim=1)
 
 
-def smear(x, gate, share):
-    """Each token but the first gains share * sigmoid(gate . x[:dims]) times the previous token's vector."""
-    weight = share * torch.sigmoid(F.linear(x[:, 1:, :gate.size(1)], gate))
-    return torch.cat((x[:, :1], x[:, 1:] + weight * x[:, :-1]), dim=1)
+def smear(x, gate, share, previous=None):
+    """Each token but the first gains share * sigmoid(gate . x[:dims]) times the previous token's vector; previous
+    (B, d): the vector before x's first (a cache's), which the first then gains too."""
+    before = x[:, :-1] if previous is None else torch.cat((previous[:, None].to(x.dtype), x[:, :-1]), dim=1)
+    kept, gained = x[:, :x.size(1) - before.size(1)], x[:, x.size(1) - before.size(1):]
+    weight = share * torch.sigmoid(F.linear(gained[..., :gate.size(1)], gate))
+    return torch.cat((kept, gained + weight * before), dim=1)
 
 
 def unet_pairs(n_layer):
@@ -348,17 +345,29 @@ class Speedrun(Feature):
         if self.config.bigram_vocab:  # the speedrun's: rows from zero, so the gates learn once the rows have
             model.transformer.bigram_embed.weight.zero_()
 
+    def cache_states(self):
+        """The last token's embedding (the smear's) and id (the bigram's), for the next call."""
+        c = self.config
+        return {**({'smear_last': ((c.n_embd,), None)} if c.smear else {}),
+                **({'bigram_last': ((), torch.long)} if c.bigram_vocab else {})}
+
     def embed(self, model, idx, x, start, tables):
         c, t = self.config, model.transformer
-        refuse_cached_continuation(c, PREVIOUS_TOKEN_FIELDS, start)
+        cache, held = tables['cache'], continues(start, tables['cache'])
         if c.smear:
-            x = smear(x, t.smear_gate, t.smear_lambda)
+            last = x[:, -1]
+            x = smear(x, t.smear_gate, t.smear_lambda, None if held is None else held['smear_last'])
+            if cache is not None:
+                cache['smear_last'].copy_(last)
         if self.value_layers:
             rows = {i: t.value_embeds[str(i)](idx) for i in self.value_layers}
             for key in self.value_keys:
                 tables[key] = (tables[key[0]], rows)
         if c.bigram_vocab:
-            tables['bigram'] = t.bigram_embed(bigram_hash(idx, c.bigram_vocab))
+            tables['bigram'] = t.bigram_embed(bigram_hash(idx, c.bigram_vocab,
+                                                          None if held is None else held['bigram_last']))
+            if cache is not None:
+                cache['bigram_last'].copy_(idx[:, -1])
         tables['x0'], tables['outputs'] = x, {}
         return self.block_input(model, 0, x, tables)
 

@@ -1,6 +1,6 @@
 """Tests for chapters/engram.py: the hashed n-gram tables and one memory layer against transformers' Qwen4-Exp
 modules on the same weights, the prime table sizes, a model with the memory (causal, decoding without the cache past
-block_size, a cached continuation refused in one line), FLOPs as torch counts them, parameters written out,
+block_size through the cache, which keeps the last tokens and the convolution's inputs), FLOPs as torch counts them, parameters written out,
 training moves every part, export and bad settings refused in one line."""
 from types import SimpleNamespace
 
@@ -72,15 +72,21 @@ def test_a_memory_layer_is_qwen4_exps_on_the_same_weights():
 
 
 @torch.no_grad()
-def test_a_model_with_the_memory_decodes_without_the_cache_and_refuses_it_in_one_line():
+def test_a_model_with_the_memory_decodes_through_the_cache_as_full_forwards():
+    """The cache keeps the last engram_ngram - 1 tokens and each memory layer's convolution's last inputs: cached
+    decoding and the compiled step are full forwards' past block_size, and the states are in the cache's bytes."""
     model = randomized(build(**MODERN, **MEMORY), 7)
     check_causal(model)
     prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(8))
-    assert torch.equal(model.generate(prompt, 2 * BLOCK, temperature=0, use_cache=False),
-                       reference_greedy(model, prompt, 2 * BLOCK))
-    with pytest.raises(ValueError) as e:
-        model.generate(prompt, 2, temperature=0)
-    assert "engram_layers='0,-1'" in str(e.value) and 'use_cache=False' in str(e.value) and '\n' not in str(e.value)
+    cached = model.generate(prompt, 2 * BLOCK, temperature=0)
+    assert torch.equal(cached, model.generate(prompt, 2 * BLOCK, temperature=0, use_cache=False))
+    assert torch.equal(cached, reference_greedy(model, prompt, 2 * BLOCK))
+    c = model.config
+    reach = (c.engram_conv - 1) * c.engram_ngram
+    states = 2 * ((c.engram_ngram - 1) * 8 + 2 * reach * c.n_embd * 4)  # two sequences: ids, two layers' inputs
+    assert model.kv_cache_bytes(2, 10) == build(**MODERN).kv_cache_bytes(2, 10) + states
+    model.compile_decoding(backend='aot_eager')
+    assert torch.equal(model.generate(prompt, 2 * BLOCK, temperature=0), cached)
 
 
 def test_flops_parameters_and_training(monkeypatch):

@@ -1,7 +1,7 @@
 """Tests for chapters/speedrun.py: every default the attention chapter's model, bit for bit; the attention steps
 (value embeddings, key offset, XSA) and the stream's (x0 mix, U-net and layer skips, backout, bigram rows, smear)
 against the formulas written out; the sigmoid cap and the shared-head MTP loss; decoding through the cache as without
-it past block_size (the smear and the bigram table refuse a cached continuation in one line); FLOPs as torch counts
+it past block_size (the smear and the bigram table through the last token the cache keeps); FLOPs as torch counts
 them, parameters and cache bytes written out; training moves every new part; the window schedule; export and bad
 settings refused in one line."""
 import math
@@ -183,16 +183,23 @@ def test_compiled_decoding_with_the_attention_steps_is_eager_decoding():
 
 @pytest.mark.parametrize('name', ['smear', 'bigram'])
 @torch.no_grad()
-def test_the_previous_token_switches_decode_without_the_cache_and_refuse_it_in_one_line(name):
+def test_the_previous_token_switches_decode_through_the_last_token_the_cache_keeps(name):
+    """The cache keeps the last token's embedding (smear) or id (bigram) for the next call: cached decoding, and
+    the compiled step, are full forwards' past block_size; the state is in the cache's bytes; speculative decoding,
+    which takes drafts back, refuses it."""
+    from chapters.mtp import speculation_problem
     model = randomized(build(**MODERN, **SWITCHES[name]), 13)
     check_causal(model)
     prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(14))
-    plain = model.generate(prompt, 2 * BLOCK, temperature=0, use_cache=False)
-    assert torch.equal(plain, reference_greedy(model, prompt, 2 * BLOCK))
-    with pytest.raises(ValueError) as e:
-        model.generate(prompt, 2, temperature=0)
-    assert 'decoding through a cache with' in str(e.value) and 'use_cache=False' in str(e.value)
-    assert '\n' not in str(e.value)
+    cached = model.generate(prompt, 2 * BLOCK, temperature=0)
+    assert torch.equal(cached, model.generate(prompt, 2 * BLOCK, temperature=0, use_cache=False))
+    assert torch.equal(cached, reference_greedy(model, prompt, 2 * BLOCK))
+    state = 2 * (N_EMBD * 4 if name == 'smear' else 8)  # two sequences' last embedding (fp32) or id (int64)
+    assert model.kv_cache_bytes(2, 10) == build(**MODERN).kv_cache_bytes(2, 10) + state
+    model.compile_decoding(backend='aot_eager')
+    assert torch.equal(model.generate(prompt, 2 * BLOCK, temperature=0), cached)
+    model.config.mtp_depth = 1  # a model with drafters would still be refused
+    assert 'takes drafted tokens back out of the cache' in speculation_problem(model)
 
 
 def test_the_cache_keeps_the_last_tokens_key_half_per_global_layer():
