@@ -81,7 +81,7 @@ def test_each_query_reads_the_blocks_written_out(pool, tail, local):
     for full in (False, True):
         cache = G.KVCache(model, 1, 8, torch.float32, torch.device('cpu'))
         for t in range(8):
-            step = G.DecodingStep(cache.stores, cache.position) if full else cache
+            step = G.DecodingStep(cache.stores, cache.position, cache.features) if full else cache
             S = 8 if full else t + 1
             seen, slots = attn.indexer.narrow(x[:, t:t + 1], x[:, t:t + 1], None, step.mask(0, attn, 1, x.device),
                                               step[0], torch.arange(float(S)).view(1, 1, S, 1))
@@ -161,7 +161,7 @@ def test_a_decoding_step_reads_the_chosen_blocks_and_gives_the_full_forwards_log
     read, attend = [], M.attend
     monkeypatch.setattr(M, 'attend', lambda q, k, *a, **kw: read.append(k.size(2)) or attend(q, k, *a, **kw))
     for i in range(5, BLOCK):
-        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
+        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores, cache.features)
         cache.advance(1)
         assert read[-2:] == [read_width(family)] * 2  # each layer reads the blocks' slots, of the BLOCK cached
         assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)

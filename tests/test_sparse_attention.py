@@ -136,7 +136,7 @@ def test_a_decoding_step_reads_k_entries_and_gives_the_full_forwards_logits(kind
     attend = M.attend
     monkeypatch.setattr(M, 'attend', lambda q, k, *a, **kw: read.append(k.size(2)) or attend(q, k, *a, **kw))
     for i in range(3, BLOCK):
-        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
+        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores, cache.features)
         cache.advance(1)
         assert read[-2:] == [SPARSE['index_topk']] * 2  # each layer reads k of the BLOCK slots
         assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)

@@ -42,7 +42,7 @@ def assert_steps_equal_full_forwards(model, seq, cache, prefill, atol=2e-5):
     cache in place): every step's logits are those of a full forward over the tokens so far."""
     model(seq[:, :prefill], cache=cache)
     for i in range(prefill, seq.size(1)):
-        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
+        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores, cache.features)
         cache.advance(1)
         assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=atol)
 
