@@ -35,9 +35,8 @@ from dataclasses import dataclass
 import model
 # in reading order, so the registries list their entries in it (each chapter imports only earlier ones)
 from chapters import small_swaps, attention, long_context, layer_kinds, moe, mla, nanochat, llama4  # noqa: I001
-from chapters import short_conv, deltanet, mamba2, sparse_attention, mtp, gemma4, speedrun, engram  # noqa: I001
-from chapters import hyper_connections  # noqa: I001
-from chapters import block_sparse  # noqa: I001  (it registers only an indexer, SELECTIONS['block']; CHAPTERS orders it)
+from chapters import short_conv, deltanet, mamba2, sparse_attention, block_sparse, mtp, gemma4  # noqa: I001
+from chapters import speedrun, engram, hyper_connections  # noqa: I001
 from model import GPT, SWAPS, swap_flags  # noqa: F401  (what the scripts take from here)
 
 CHAPTERS = (small_swaps, attention, long_context, layer_kinds, moe, mla, nanochat, llama4, short_conv, deltanet,
