@@ -29,6 +29,9 @@ class KVCache:
                                   self.layer_slots(block.attn, length))
                        for block in model.transformer.h]
         self.stores = [layer.stores for layer in self.layers]  # what decode_step reads and writes
+        # what the model's features keep whatever the length (a last token, its embedding): Feature.cache_states
+        self.features = {name: torch.zeros(batch_size, *shape, dtype=dt or dtype, device=device)
+                         for name, (shape, dt) in feature_states(model)}
         self.pos = 0  # positions seen
         # the next single token's position as a tensor: a compiled step would specialise on an int (one graph per
         # position)
@@ -54,9 +57,10 @@ class KVCache:
     @staticmethod
     def bytes_for(model, batch_size, length, dtype):
         """Bytes a cache of these dimensions takes, without allocating it."""
+        states = [store for block in model.transformer.h for store in KVCache.layer_stores(block.attn, length, dtype)]
+        states += [(name, (shape, own or dtype)) for name, (shape, own) in feature_states(model)]
         return batch_size * sum(math.prod(shape) * torch.empty((), dtype=dtype_).element_size()
-                                for block in model.transformer.h
-                                for _, (shape, dtype_) in KVCache.layer_stores(block.attn, length, dtype))
+                                for _, (shape, dtype_) in states)
 
     def key_positions(self, T, slots, device):
         """Positions of the keys update() returns for T new tokens in a layer keeping `slots`, in its order."""
@@ -120,7 +124,7 @@ class KVCache:
         starts from zeros again and a replayed graph keeps its addresses."""
         self.pos = 0
         self.position.zero_()
-        for stores in self.stores:
+        for stores in self.stores + [self.features]:
             for store in stores.values():
                 store.zero_()
 
@@ -139,6 +143,14 @@ class LayerCache:
     def fresh(self):
         """Nothing stored yet (the stores hold zeros): a Gated DeltaNet then takes training's path."""
         return self.cache.pos == 0
+
+
+def feature_states(model):
+    """[(name, (shape without the batch, dtype or None))] the model's features keep in a cache."""
+    states = [state for feature in model.features for state in feature.cache_states().items()]
+    names = [name for name, _ in states]
+    assert len(names) == len(set(names)), f"features' cache states share a name: {names}"
+    return states
 
 
 class StepCache:
@@ -165,8 +177,8 @@ class DecodingStep:
     (1,) tensor, and a mask per layer over its slots (slot s holds a position <= pos once written; a ring holds the
     last `window` positions). The caller advances the cache."""
 
-    def __init__(self, stores, pos):
-        self.stores, self.start = stores, pos
+    def __init__(self, stores, pos, features):
+        self.stores, self.start, self.features = stores, pos, features
 
     def __getitem__(self, layer):
         return StepCache(self.stores[layer], self.start)
@@ -183,12 +195,13 @@ class DecodingStep:
         pass
 
 
-def decode_step(model, idx, pos, stores):
+def decode_step(model, idx, pos, stores, features):
     """One decoding step: the logits (B, vocab), in fp32, after the tokens idx (B, 1) at position pos (a (1,)
     tensor), whose entries go into stores (a KVCache's, filled by a prefill) in place. Every shape is the
     cache's and every position a tensor, so the step is one static graph whatever the position: what
-    compile_decoding compiles. The caller advances the cache (the step reads no Python int that changes)."""
-    return model.logits(model.hidden_states(idx, DecodingStep(stores, pos)))[:, -1].float()
+    compile_decoding compiles. The caller advances the cache (the step reads no Python int that changes). features:
+    the cache's stores of the model's features."""
+    return model.logits(model.hidden_states(idx, DecodingStep(stores, pos, features)))[:, -1].float()
 
 
 def compile_decoding(model, backend='inductor', mode=None, keep_cache=None):
@@ -276,7 +289,7 @@ def decoding_cache(model, batch_size, seq_len, device):
     key = (batch_size, dtype, str(device))
     if key not in kept:
         kept[key] = KVCache(model, batch_size, model.config.block_size, dtype, device)
-        for stores in kept[key].stores:  # written in place at the same addresses by every replay
+        for stores in kept[key].stores + [kept[key].features]:  # written in place at the same addresses by every replay
             for store in stores.values():
                 torch._dynamo.mark_static_address(store)
     kept[key].reset()
@@ -307,7 +320,7 @@ def generate_stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
     nxt = None  # the last token sampled: a step's input (a prefill always comes first)
     for _ in range(max_new_tokens):
         if cache is not None and cache.pos > 0 and static:
-            logits = step(nxt, cache.position, cache.stores)  # nxt: the last token, a fresh (B, 1) tensor
+            logits = step(nxt, cache.position, cache.stores, cache.features)  # nxt: the last token, a fresh (B, 1) tensor
             cache.advance(1)
         else:  # no cache, a prefill, or a step of the general path
             h = model.hidden_states(window if cache is None or cache.pos == 0 else window[:, -1:], cache)

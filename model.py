@@ -572,6 +572,12 @@ class Feature:
         tables by kind, inputs per layer), to add to."""
         return x
 
+    def cache_states(self):
+        """What a cache keeps for it whatever the length, {name: (shape without the batch, dtype or None for the
+        cache's)}, zeros at a sequence's start (the last token's id, its embedding): its embed and after_block read
+        and write them in tables['cache'] (None without a cache). Names unique across features."""
+        return {}
+
     def caches(self, model, caches):
         """Each layer's part of a cache as its mixer gets it (None without a cache): what one layer hands another."""
         return caches
@@ -657,12 +663,12 @@ class GPT(nn.Module):
                     loss = loss + extra
         return logits, loss
 
-    def embed(self, idx, start=0):
+    def embed(self, idx, start=0, cache=None):
         """The first block's input: the tokens' embeddings (plus GPT-2's learned positions), and the tables every
-        layer may read, {'rope': rotary (cos, sin) or None, None: None, ...}. start: the first token's position,
-        an int, or in a decoding step a (1,) tensor."""
+        layer may read, {'rope': rotary (cos, sin) or None, None: None, 'cache': the features' part of a cache or
+        None, ...}. start: the first token's position, an int, or in a decoding step a (1,) tensor."""
         x, rope = self.transformer.wpe(self.transformer.wte(idx), start)
-        tables = {'rope': rope, None: None}
+        tables = {'rope': rope, None: None, 'cache': cache}
         for feature in self.features:
             x = feature.embed(self, idx, x, start, tables)
         return self.transformer.drop(x), tables
@@ -671,7 +677,7 @@ class GPT(nn.Module):
         """The final normalized hidden states (B, T, n_embd). cache: a KVCache (generate.py) that idx continues, or
         a decoding step's view of one; the layer loop is this one for training, prefill and decoding."""
         T = idx.size(1)
-        x, tables = self.embed(idx, 0 if cache is None else cache.start)
+        x, tables = self.embed(idx, 0 if cache is None else cache.start, None if cache is None else cache.features)
         layer_caches = [None if cache is None else cache[i] for i in range(len(self.transformer.h))]
         for feature in self.features:
             layer_caches = feature.caches(self, layer_caches)

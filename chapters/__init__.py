@@ -13,8 +13,12 @@ The chapters after the lesson (model.py), one file each, in reading order:
     deltanet          linear attention: Gated DeltaNet ('D') and Kimi Delta Attention ('K')
     mamba2            the selective state-space layer ('S': Mamba-2)
     sparse_attention  DeepSeek's lightning indexer (index_topk)
+    block_sparse      the indexer picking blocks of keys (index_block_size: MiniMax-M3, QSA, KPool)
     mtp               multi-token prediction (mtp_depth)
     gemma4            Gemma 4's K = V, K/V sharing, global layers' shapes, MoE block, per-layer embeddings
+    speedrun          the speedrun's: value embeddings, skips, smear, backout, a bigram hash table, XSA, key offset, ...
+    engram            hashed n-gram memories gated by the hidden state (DeepSeek's Engram)
+    hyper_connections the residual stream widened to parallel copies, collapsed and spread around each branch (mHC)
 
 A chapter file holds what it is and where it comes from, its config fields with their checks (its Config), its
 classes, and its registration: entries in model.py's registries and Features. Importing this package loads
@@ -31,11 +35,12 @@ from dataclasses import dataclass
 import model
 # in reading order, so the registries list their entries in it (each chapter imports only earlier ones)
 from chapters import small_swaps, attention, long_context, layer_kinds, moe, mla, nanochat, llama4  # noqa: I001
-from chapters import short_conv, deltanet, mamba2, sparse_attention, mtp, gemma4  # noqa: I001
+from chapters import short_conv, deltanet, mamba2, sparse_attention, block_sparse, mtp, gemma4  # noqa: I001
+from chapters import speedrun, engram, hyper_connections  # noqa: I001
 from model import GPT, SWAPS, swap_flags  # noqa: F401  (what the scripts take from here)
 
 CHAPTERS = (small_swaps, attention, long_context, layer_kinds, moe, mla, nanochat, llama4, short_conv, deltanet,
-            mamba2, sparse_attention, mtp, gemma4)
+            mamba2, sparse_attention, block_sparse, mtp, gemma4, speedrun, engram, hyper_connections)
 
 
 # The lesson's flags, then every chapter's in reading order: a dataclass whose bases are the chapters' Configs, the

@@ -21,7 +21,7 @@ from torch.nn import functional as F
 
 from chapters.short_conv import causal_depthwise_conv
 from model import BOOL, LAYER_KINDS, NORM_POSITIONS, OPTIONAL_POSITIVE_INT, POSITIVE_NUMBER, LayerKind, TokenMixer, \
-    changed, is_int, kinds
+    changed, is_int, is_number, kinds
 
 LINEAR_FIELDS = ('linear_n_key_head', 'linear_n_value_head', 'linear_key_dim', 'linear_value_dim',
                  'linear_conv_kernel', 'linear_chunk_size', 'linear_neg_eigval', 'linear_norm_eps',
@@ -38,6 +38,7 @@ class Config:
     linear_conv_kernel: int = 4  # the causal depthwise convolution over q, k and v, in tokens
     linear_chunk_size: int = 64  # training and prefill work in chunks of this many tokens, parallel inside one
     kda_rank: int | None = None  # width of the low-rank projections making a 'K' layer's decay and output gate; None: linear_key_dim's value
+    kda_lower_bound: float | None = None  # 'K' layers' safe gate: log-decay L * sigmoid(A (f(x) + dt_bias)), never below L (BailingHybrid, GLM-5.3-Flash: -5); None: KDA's -A softplus(...)
     linear_neg_eigval: bool = False  # beta = 2 sigmoid(b(x)), in [0, 2]: a write may flip what the state holds for a key (negative eigenvalues of I - beta k k^T)
     linear_norm_eps: float | None = None  # epsilon of the RMSNorm on a 'D'/'K' layer's output; None: norm_eps (OLMo hybrid: 1e-5)
     linear_norm_position: str | None = None  # the norm placement (norm_position's values) of blocks with a 'D'/'K' layer; None: norm_position (OLMo hybrid: 'pre', its attention blocks 'after')
@@ -46,6 +47,7 @@ class Config:
         **kinds('linear_n_key_head linear_n_value_head linear_key_dim linear_value_dim kda_rank', OPTIONAL_POSITIVE_INT),
         **kinds('linear_conv_kernel linear_chunk_size', (lambda v, c: is_int(v), 'an int >= 1')),
         'linear_neg_eigval': BOOL,
+        'kda_lower_bound': (lambda v, c: v is None or (is_number(v) and v < 0), 'None or a negative number'),
         'linear_norm_eps': POSITIVE_NUMBER,
         'linear_norm_position': (lambda v, c: v is None or v in NORM_POSITIONS,
                                  f"None or one of {', '.join(map(repr, NORM_POSITIONS))}"),
@@ -65,6 +67,9 @@ class Config:
         (lambda c: c.kda_rank is not None and 'K' not in c.layer_kinds,
          lambda c: f"kda_rank={c.kda_rank} applies to Kimi Delta Attention ('K') layers and layers={c.layers!r} has "
                    f"none: add 'K' to layers or set --kda_rank=None"),
+        (lambda c: c.kda_lower_bound is not None and 'K' not in c.layer_kinds,
+         lambda c: f"kda_lower_bound={c.kda_lower_bound} is the safe gate of Kimi Delta Attention ('K') layers and "
+                   f"layers={c.layers!r} has none: add 'K' to layers or set --kda_lower_bound=None"),
     ]
 
     @property
@@ -313,6 +318,7 @@ class KimiDeltaAttention(GatedDeltaNet):
         super().__init__(config, layer)
         del self.in_proj_z, self.in_proj_a  # the 'D' layer's gate and decay, per head: replaced by low-rank ones
         d, rank = config.n_embd, config.kda_rank or self.k_dim
+        self.lower_bound = config.kda_lower_bound
         self.A_log, self.dt_bias = decay_parameters(self.v_heads, self.v_heads * self.k_dim)
         self.decay_a = nn.Linear(d, rank, bias=False)
         self.decay_b = nn.Linear(rank, self.v_heads * self.k_dim, bias=False)
@@ -323,7 +329,10 @@ class KimiDeltaAttention(GatedDeltaNet):
         """Each token's log-decay per value head and key channel (B, Hv, T, dk)."""
         B, T, _ = x.size()
         f = (self.decay_b(self.decay_a(x)).float() + self.dt_bias.float()).view(B, T, self.v_heads, self.k_dim)
-        return (-self.A_log.float().exp()[:, None] * F.softplus(f)).transpose(1, 2)
+        rate = self.A_log.float().exp()[:, None]
+        if self.lower_bound is not None:  # the safe gate: a decay per step of at least e^L, whatever f says
+            return (self.lower_bound * torch.sigmoid(rate * f)).transpose(1, 2)
+        return (-rate * F.softplus(f)).transpose(1, 2)
 
     def output_gate(self, x):
         return torch.sigmoid(self.gate_b(self.gate_a(x)).float())

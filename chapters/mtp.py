@@ -156,6 +156,10 @@ def speculation_problem(model):
                 f"cannot (a sliding window's ring or a recurrent state): every layer must be global attention")
     if model.config.positions_follow_length:
         return "speculative decoding with rope_scaling='dynamic' is not supported (its angles follow the length)"
+    kept = [name for feature in model.features for name in feature.cache_states()]
+    if kept:
+        return (f"speculative decoding takes drafted tokens back out of the cache, which the states of this model's "
+                f"features ({', '.join(kept)}: a last token) cannot be: decode without --speculative")
     return None
 
 

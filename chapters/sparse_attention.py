@@ -76,6 +76,11 @@ class Config:
         pattern = self.index_share or 'F'
         return [pattern[i % len(pattern)] == 'S' for i in range(self.n_layer)]
 
+    @property
+    def index_selection(self):
+        """What an indexer picks: a key of SELECTIONS ('token': single tokens; block_sparse picks blocks)."""
+        return 'token'
+
 
 RUNTIME_FLAGS = ('index_stage', 'index_loss_coef')
 
@@ -117,7 +122,7 @@ class LightningIndexer(nn.Module):
     index_stage='dense' is the warm-up: the attention reads every past token while the indexer learns to score
     them; 'sparse' reads the top-k."""
 
-    def __init__(self, config, query_width):
+    def __init__(self, config, query_width, positions='rope'):
         super().__init__()
         self.n_head, self.head_dim, self.topk = config.index_n_heads, config.index_head_dim, config.index_topk
         self.dense, self.loss_coef = config.index_stage == 'dense', config.index_loss_coef
@@ -145,18 +150,32 @@ class LightningIndexer(nn.Module):
 
     def scores(self, x, q_in, rope, cache):
         """(B, T, S): every new query's score of every key it may see (a cache's too)."""
+        q, w = self.queries(x, q_in, rope)
+        return self.weigh(q, w, self.keys(x, rope, cache))
+
+    def queries(self, x, q_in, rope):
+        """Its query heads (B, H, T, D), rotated, and their weights per token (B, T, H)."""
         B, T, _ = x.shape
-        x, q_in = x.detach(), q_in.detach()
-        q = self.wq(q_in).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-        k = self.k_norm(self.wk(x)).unsqueeze(1)  # (B, 1, T, D): one key for all heads
-        if rope is not None:  # the tables' width: the first rope_dim dims turn, the rest pass
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q = self.wq(q_in.detach()).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        if rotates(rope):  # the tables' width: the first rope_dim dims turn, the rest pass
+            q = apply_rope(q, *rope)
+        return q, self.weights(x.detach()).float() * self.n_head ** -0.5
+
+    def keys(self, x, rope, cache):
+        """Its one key per token (B, 1, S, D), rotated, a cache's keys before the new ones."""
+        k = self.k_norm(self.wk(x.detach())).unsqueeze(1)  # (B, 1, T, D): one key for all heads
+        if rotates(rope):
+            k = apply_rope(k, *rope)
         if cache is not None:
             k, = cache.update(index_k=k)
+        return k
+
+    def weigh(self, q, w, k):
+        """(B, T, S): sum over heads h of w_h(t) * ReLU(q_h(t).k(s)) / sqrt(D), for keys k (B, 1, S, D)."""
+        B, H, T, D = q.shape
         # the heads' queries as rows of one matrix per sequence (a broadcast over heads would copy the keys)
-        dots = q.float().reshape(B, -1, self.head_dim) @ k.float().squeeze(1).transpose(-1, -2)
-        dots = F.relu(dots.view(B, self.n_head, T, -1)) * self.head_dim ** -0.5  # (B, H, T, S)
-        w = self.weights(x).float() * self.n_head ** -0.5  # (B, T, H)
+        dots = q.float().reshape(B, -1, D) @ k.float().squeeze(1).transpose(-1, -2)
+        dots = F.relu(dots.view(B, H, T, -1)) * D ** -0.5  # (B, H, T, S)
         return (w.transpose(1, 2).unsqueeze(-1) * dots).sum(1)
 
     def narrow(self, x, q_in, rope, mask, cache, *keys):
@@ -201,6 +220,12 @@ class LightningIndexer(nn.Module):
         self.loss = kl
 
 
+def rotates(rope):
+    """Whether a layer's tables turn its indexer's queries and keys: rotary (cos, sin), not None or Llama 4's query
+    scales (its NoPE layers')."""
+    return isinstance(rope, tuple)
+
+
 def read_selected(selection, keys):
     """An indexer's selection applied: (its mask, the keys as they are or, in a decoding step, the picked slots)."""
     mask, slots = selection
@@ -231,6 +256,9 @@ class SharedIndex(nn.Module):
 
     def learn(self, q, k, scale):
         pass
+
+
+SELECTIONS = {'token': LightningIndexer}  # what an indexer picks (config.index_selection): the indexer's class
 
 
 def indexers(model):
@@ -264,7 +292,7 @@ class Indexers(Feature):
                 block.attn.indexer = SharedIndex()
                 block.attn.indexer.source[:] = [last]
             else:
-                block.attn.indexer = last = LightningIndexer(config, q_width)
+                block.attn.indexer = last = SELECTIONS[config.index_selection](config, q_width, block.attn.positions)
 
     def loss(self, model, idx, h, targets):
         losses = [m.loss for m in indexers(model) if m.loss is not None]

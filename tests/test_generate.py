@@ -5,7 +5,7 @@ import torch
 
 import generate as G
 from chapters import mtp
-from test_model import BLOCK, N_EMBD, N_HEAD, VOCAB, assert_steps_equal_full_forwards, build, reference_greedy
+from tiny_models import BLOCK, N_EMBD, N_HEAD, VOCAB, assert_steps_equal_full_forwards, build, reference_greedy
 
 pytestmark = pytest.mark.usefixtures('single_thread')
 
@@ -543,7 +543,7 @@ def test_speculative_decoding_refuses_what_it_cannot_take_back(flags, fragment):
 @torch.no_grad()
 def test_a_decoding_step_through_kv_sharing_layers_gives_a_full_forwards_logits():
     """'LG' with the last two layers sharing: each reads its source's ring or full store, and its mask, in the step."""
-    from test_model import KV_SHARING
+    from test_gemma4 import KV_SHARING
     model = build(**KV_SHARING)
     seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(93))
     cache = G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
@@ -553,7 +553,7 @@ def test_a_decoding_step_through_kv_sharing_layers_gives_a_full_forwards_logits(
 
 def test_compiled_decoding_of_kv_sharing_layers_is_one_graph():
     import torch._dynamo
-    from test_model import KV_SHARING
+    from test_gemma4 import KV_SHARING
     model = build(**KV_SHARING)
     idx = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(94))
     eager = model.generate(idx, 3 * BLOCK, temperature=0)

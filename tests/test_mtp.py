@@ -1,14 +1,15 @@
-"""Tests for multi-token prediction (model.py's chapter 'multi-token prediction', mtp_depth): DeepSeek-V3's MTP
-modules against the formula written out, their loss in training only, zero weight leaving training unchanged bit
-for bit, the loss logged apart in log.jsonl and resumed exactly, bad settings and export (tiny random models)."""
+"""Tests for chapters/mtp.py, multi-token prediction (mtp_depth): DeepSeek-V3's MTP modules against the formula
+written out, their loss in training only, zero weight leaving training unchanged bit for bit, the loss logged apart
+in log.jsonl and resumed exactly, bad settings and export (tiny random models). Self-speculative decoding with them:
+test_generate.py."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from chapters import GPT, mtp
 from common.checkpoints import load_checkpoint
-from test_dsa import straight_and_resumed
-from test_model import BLOCK, VOCAB, assert_close, tiny_config
+from test_sparse_attention import straight_and_resumed
+from tiny_models import BLOCK, VOCAB, assert_close, tiny_config
 from test_train import run, workdir  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures('single_thread')
@@ -115,7 +116,7 @@ def test_export_says_no_family_carries_the_mtp_modules():
 
 @pytest.mark.parametrize('coef', [0.3, 0.0])
 def test_flops_per_token_counts_each_depth_over_its_shorter_sequence(coef, monkeypatch):
-    from test_model import counted_training_flops
+    from tiny_models import counted_training_flops
     torch.manual_seed(0)
     model = GPT(tiny_config(**FLAGS, mtp_depth=2, mtp_loss_coef=coef))
     idx = tokens(2, 12, 5)

@@ -1,7 +1,7 @@
-"""Tests for DeepSeek Sparse Attention (model.py's chapter 'sparse attention', index_topk): the lightning
-indexer's scores and its causal top-k, k >= the length being dense attention, decoding through the cache that
-reads k entries a step, the indexer's KL loss (the indexer alone learns from it), its log in log.jsonl, resume,
-accounting, bad settings and export (tiny random models)."""
+"""Tests for chapters/sparse_attention.py, DeepSeek Sparse Attention (index_topk): the lightning indexer's scores
+and its causal top-k, k >= the length being dense attention, decoding through the cache that reads k entries a
+step, the indexer's KL loss (the indexer alone learns from it), its log in log.jsonl, resume, accounting, bad
+settings and export (tiny random models); GLM-5's IndexCache (index_share)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,7 +10,7 @@ import generate as G
 import model as M
 from chapters import sparse_attention  # noqa: E402
 from chapters import GPT, GPTConfig
-from test_model import BLOCK, VOCAB, assert_close, build, check_causal, counted_training_flops, tiny_config
+from tiny_models import BLOCK, VOCAB, assert_close, build, check_causal, counted_training_flops, tiny_config
 from test_train import MODERN, iter_losses, log_records, run, workdir  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures('single_thread')
@@ -136,10 +136,24 @@ def test_a_decoding_step_reads_k_entries_and_gives_the_full_forwards_logits(kind
     attend = M.attend
     monkeypatch.setattr(M, 'attend', lambda q, k, *a, **kw: read.append(k.size(2)) or attend(q, k, *a, **kw))
     for i in range(3, BLOCK):
-        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores)
+        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores, cache.features)
         cache.advance(1)
         assert read[-2:] == [SPARSE['index_topk']] * 2  # each layer reads k of the BLOCK slots
         assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
+
+
+@torch.no_grad()
+def test_an_indexer_on_nope_layers_with_llama4s_temperature_rotates_nothing():
+    """'N' layers with nope_temperature read query scales, not rotary tables: their indexer turns nothing (it once
+    took the scales for tables and failed)."""
+    model = sparse('mha', layers='NG', nope_temperature=0.1, nope_temperature_floor=4)
+    x = torch.randn(1, 6, 32)
+    indexer = model.transformer.h[0].attn.indexer
+    assert torch.equal(indexer.scores(x, x, torch.full((6,), 2.0), None), indexer.scores(x, x, None, None))
+    check_causal(model)
+    prompt = tokens(2, 5, 2)
+    assert torch.equal(model.generate(prompt, 2 * BLOCK, temperature=0),
+                       model.generate(prompt, 2 * BLOCK, temperature=0, use_cache=False))
 
 
 def test_the_cache_keeps_the_indexers_keys():

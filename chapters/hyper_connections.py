@@ -1,0 +1,173 @@
+"""
+Hyper-connections: the residual stream widened to hc_mult parallel copies (Zhu et al. 2024, "Hyper-Connections").
+Before each token mixer and each MLP the copies are collapsed into one input by weights computed from the copies
+themselves; after it, the branch's output is spread back over the copies, and the copies are carried on, mixed or
+not. The stream is (B, T, hc_mult, n_embd) between the blocks; each branch still sees (B, T, n_embd).
+
+- 'mhc', manifold-constrained (Xie et al. 2025, arXiv 2512.24880; DeepSeek-V4, GLM-5.3-Flash): from the unweighted
+  RMS norm of the flattened copies one projection gives the collapse weights (sigmoid, plus an epsilon that is
+  added, never renormalised), the spread weights (hc_post_scale * sigmoid) and a mixing matrix made doubly
+  stochastic by Sinkhorn iterations (a softmax, then alternating column and row normalisations, an epsilon in each
+  denominator); the copies become post * F(u) + comb^T x. A doubly stochastic mix cannot grow the stream, which is
+  what the paper claims stabilises deep stacks.
+- 'ihc', independent (HY-V4): the same collapse and spread, the copies carried on unmixed: post * F(u) + x.
+The final collapse, before the last norm, is a learned weighting of the copies (hc_final='learned': DeepSeek-V4,
+HY-V4) or their mean ('mean': GLM-5.3-Flash). The projections run in fp32. Nothing of it is cached: the copies
+are per token. Qwen4-Exp's gated residual (per-copy grouped norms, low-rank collapse weights) is not here yet.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from model import FEATURES, NON_NEGATIVE_NUMBER, POSITIVE_NUMBER, RESIDUALS, Add, Feature, changed, is_int, one_of
+
+HC_KINDS = ('mhc', 'ihc')
+HC_FINALS = ('learned', 'mean')
+HC_FIELDS = ('hc_kind', 'hc_sinkhorn_iters', 'hc_eps', 'hc_post_scale', 'hc_final')
+
+
+@dataclass
+class Config:
+    hc_mult: int = 1  # copies of the residual stream (hyper-connections; DeepSeek-V4: 4); 0 or 1: the plain stream
+    hc_kind: str = 'mhc'  # 'mhc': copies mixed by a doubly stochastic matrix (DeepSeek-V4, GLM-5.3-Flash); 'ihc': not mixed (HY-V4)
+    hc_sinkhorn_iters: int = 20  # mhc: Sinkhorn iterations making the mixing matrix doubly stochastic (DeepSeek-V4: 20)
+    hc_eps: float = 1e-6  # added to the collapse weights and to each Sinkhorn denominator
+    hc_post_scale: float = 2.0  # the spread weights are this times a sigmoid (DeepSeek-V4: 2; HY-V4's hc_magnitude)
+    hc_final: str = 'learned'  # the copies' last collapse: 'learned' weights (DeepSeek-V4, HY-V4) or their 'mean' (GLM-5.3-Flash)
+
+    FIELD_TYPES = {
+        'hc_mult': (lambda v, c: is_int(v, 0), 'an int >= 0'),
+        'hc_kind': one_of(HC_KINDS),
+        'hc_sinkhorn_iters': (lambda v, c: is_int(v), 'an int >= 1'),
+        'hc_eps': NON_NEGATIVE_NUMBER,
+        'hc_post_scale': POSITIVE_NUMBER,
+        'hc_final': one_of(HC_FINALS),
+    }
+    CHECKS = [
+        (lambda c: changed(c, HC_FIELDS) and c.hc_mult <= 1,
+         lambda c: f"{', '.join(changed(c, HC_FIELDS))} apply to hyper-connections: set hc_mult >= 2 (the copies of "
+                   f"the stream) or leave them at their defaults"),
+        (lambda c: c.hc_mult > 1 and c.norm_position == 'post',
+         lambda c: "hyper-connections collapse the copies into each branch's input: norm_position='post' normalizes "
+                   "the stream itself instead; use 'pre', 'sandwich' or 'after'"),
+        (lambda c: c.hc_mult > 1 and (c.mtp_depth or c.per_layer_embd or c.layer_scalar),
+         lambda c: "hyper-connections with mtp_depth, per_layer_embd or layer_scalar are not supported yet: they "
+                   "read one stream where there are hc_mult copies"),
+    ]
+
+    @property
+    def residual(self):
+        return self.hc_kind if self.hc_mult > 1 else super().residual
+
+
+def unweighted_rms_norm(x, eps):
+    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+
+
+class HyperConnection(nn.Module):
+    """One branch's hyper-connection: the collapse weights pre, the spread weights post and (mixed) the matrix comb,
+    from the copies x (B, T, n, d); connect() collapses, runs the branch and updates the copies."""
+
+    def __init__(self, config, mixed):
+        super().__init__()
+        n = self.n = config.hc_mult
+        self.mixed, self.iters, self.eps, self.post_scale = mixed, config.hc_sinkhorn_iters, config.hc_eps, config.hc_post_scale
+        self.norm_eps = config.norm_eps
+        outputs = (2 + n) * n if mixed else 2 * n  # [pre | post | comb]
+        # HY-V4's init: weights near zero, so the copies start as one stream: the collapse a mean (sigmoid of
+        # -ln(n-1) = 1/n), the spread sigmoid(0) times its scale, the mix uniform
+        self.fn = nn.Parameter(torch.randn(outputs, n * config.n_embd) * 0.02)
+        self.base = nn.Parameter(torch.cat((torch.full((n,), -math.log(max(n - 1, 1))), torch.zeros(outputs - n))))
+        self.scale = nn.Parameter(torch.full((3 if mixed else 2,), 0.01))
+
+    def weights(self, x):
+        """pre (B, T, n), post (B, T, n) and comb (B, T, n, n) or None, in fp32."""
+        n = self.n
+        mixes = F.linear(unweighted_rms_norm(x.flatten(2).float(), self.norm_eps), self.fn.float())
+        parts = mixes.split([n, n, n * n] if self.mixed else [n, n], dim=-1)
+        bases = self.base.float().split([n, n, n * n] if self.mixed else [n, n])
+        logits = [part * scale + base for part, scale, base in zip(parts, self.scale.float().unbind(0), bases)]
+        pre = torch.sigmoid(logits[0]) + self.eps
+        post = self.post_scale * torch.sigmoid(logits[1])
+        if not self.mixed:
+            return pre, post, None
+        comb = torch.softmax(logits[2].unflatten(-1, (n, n)), dim=-1) + self.eps
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + self.eps)  # Sinkhorn: columns, then rows and columns
+        for _ in range(self.iters - 1):
+            comb = comb / (comb.sum(dim=-1, keepdim=True) + self.eps)
+            comb = comb / (comb.sum(dim=-2, keepdim=True) + self.eps)
+        return pre, post, comb
+
+    def connect(self, x, branch):
+        pre, post, comb = self.weights(x)
+        y = branch((pre.unsqueeze(-1) * x).sum(dim=2).to(x.dtype))  # the collapse: elementwise, then a sum
+        kept = x if comb is None else torch.matmul(comb.to(x.dtype).transpose(-1, -2), x)
+        return post.to(x.dtype).unsqueeze(-1) * y.unsqueeze(-2) + kept
+
+    def token_flops(self, seq_len):
+        """The projection as a Linear's; the mix, a (n, n) by (n, d) matmul per token, forward and backward."""
+        mix = 6 * self.n * self.fn.size(1) if self.mixed else 0  # 6 n n d: fn is (outputs, n d)
+        return 6 * self.fn.numel() + mix
+
+
+class HyperConnections(Add):
+    """A block's two hyper-connections, around its token mixer (attn_hc) and its MLP (ffn_hc), DeepSeek-V4's names."""
+    mixed = True
+
+    def __init__(self, config, layer=0):
+        super().__init__(config, layer)
+        self.attn_hc, self.ffn_hc = HyperConnection(config, self.mixed), HyperConnection(config, self.mixed)
+
+    def forward(self, x, branch, which):
+        return (self.attn_hc, self.ffn_hc)[which].connect(x, branch)
+
+
+class IndependentHyperConnections(HyperConnections):
+    mixed = False
+
+
+class HyperHead(nn.Module):
+    """The copies' learned last collapse (DeepSeek-V4's hc_head): sigmoid weights from their unweighted RMS norm."""
+
+    def __init__(self, config):
+        super().__init__()
+        n = config.hc_mult
+        self.eps, self.norm_eps = config.hc_eps, config.norm_eps
+        self.hc_fn = nn.Parameter(torch.randn(n, n * config.n_embd) * 0.02)
+        self.hc_base = nn.Parameter(torch.full((n,), -math.log(max(n - 1, 1))))
+        self.hc_scale = nn.Parameter(torch.full((1,), 0.01))
+
+    def forward(self, x):
+        mixes = F.linear(unweighted_rms_norm(x.flatten(2).float(), self.norm_eps), self.hc_fn.float())
+        pre = torch.sigmoid(mixes * self.hc_scale.float() + self.hc_base.float()) + self.eps
+        return (pre.unsqueeze(-1) * x).sum(dim=2).to(x.dtype)
+
+    def token_flops(self, seq_len):
+        return 6 * self.hc_fn.numel()
+
+
+class Streams(Feature):
+    """The stream widened to hc_mult copies of the first block's input, and collapsed after the last block."""
+    config_class = Config
+
+    @staticmethod
+    def applies(config):
+        return config.hc_mult > 1
+
+    def build(self, model):
+        if self.config.hc_final == 'learned':
+            model.transformer.hc_head = HyperHead(self.config)
+
+    def embed(self, model, idx, x, start, tables):
+        return x.unsqueeze(2).expand(-1, -1, self.config.hc_mult, -1)
+
+    def final(self, model, x):
+        return model.transformer.hc_head(x) if self.config.hc_final == 'learned' else x.mean(dim=2)
+
+
+RESIDUALS.update(mhc=HyperConnections, ihc=IndependentHyperConnections)
+FEATURES.append(Streams)

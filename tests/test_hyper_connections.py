@@ -1,0 +1,179 @@
+"""Tests for chapters/hyper_connections.py: one hyper-connection against the formula written out and against
+transformers' DeepSeek-V4 module on the same weights, the doubly stochastic mix, a model's decoding through the
+cache, compiled decoding, its FLOPs as torch counts them, its parameters, training, and the checks."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import model as M
+from chapters import GPT, GPTConfig, attention, hyper_connections as hc
+
+VOCAB, BLOCK, N_EMBD = 32, 16, 16
+FLAGS = dict(n_layer=2, n_head=2, n_embd=N_EMBD, block_size=BLOCK, vocab_size=VOCAB, norm='rms', mlp='swiglu',
+             pos='rope', bias=False, hc_mult=4)
+
+pytestmark = pytest.mark.usefixtures('single_thread')
+
+
+def build(seed=0, **overrides):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(**{**FLAGS, **overrides})).eval()
+
+
+def randomized(module, seed):
+    """Every parameter away from its init (a near-zero projection would hide a wrong formula)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.dim() > 1 else 1.0))
+    return module
+
+
+def connection_written_out(layer, x, branch):
+    """mHC, one token at a time in float64: the weights from the flattened copies' unweighted RMS norm, Sinkhorn
+    (columns first, then rows and columns), the collapse, the branch, the spread plus the mixed copies."""
+    n, out = layer.n, torch.empty_like(x, dtype=torch.float64)
+    fn, base, scale = (p.double() for p in (layer.fn, layer.base, layer.scale))
+    for b in range(x.size(0)):
+        for t in range(x.size(1)):
+            copies = x[b, t].double()
+            flat = copies.flatten()
+            mixes = fn @ (flat / math.sqrt(flat.square().mean() + layer.norm_eps))
+            pre = torch.sigmoid(mixes[:n] * scale[0] + base[:n]) + layer.eps
+            post = layer.post_scale * torch.sigmoid(mixes[n:2 * n] * scale[1] + base[n:2 * n])
+            comb = torch.softmax((mixes[2 * n:] * scale[2] + base[2 * n:]).view(n, n), dim=-1) + layer.eps
+            comb = comb / (comb.sum(0, keepdim=True) + layer.eps)
+            for _ in range(layer.iters - 1):
+                comb = comb / (comb.sum(1, keepdim=True) + layer.eps)
+                comb = comb / (comb.sum(0, keepdim=True) + layer.eps)
+            y = branch((pre[:, None] * copies).sum(0))
+            out[b, t] = post[:, None] * y[None, :] + comb.T @ copies
+    return out
+
+
+@torch.no_grad()
+def test_a_hyper_connection_is_the_formula_written_out():
+    layer = randomized(hc.HyperConnection(GPTConfig(**FLAGS), mixed=True).double(), 1)
+    x = torch.randn(2, 3, 4, N_EMBD, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    weight = torch.randn(N_EMBD, N_EMBD, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    branch = lambda u: torch.tanh(u @ weight)  # noqa: E731
+    # the weights are computed in fp32 whatever the stream's type (as DeepSeek-V4 keeps them): fp32's rounding
+    torch.testing.assert_close(layer.connect(x, branch), connection_written_out(layer, x, branch), rtol=0, atol=1e-5)
+    _, _, comb = layer.weights(x)  # doubly stochastic: every row and column sums to one
+    torch.testing.assert_close(comb.sum(-1), torch.ones(2, 3, 4), rtol=0, atol=1e-4)
+    torch.testing.assert_close(comb.sum(-2), torch.ones(2, 3, 4), rtol=0, atol=1e-5)
+
+
+@torch.no_grad()
+def test_a_hyper_connection_and_the_head_are_deepseek_v4s_on_the_same_weights():
+    transformers = pytest.importorskip('transformers')
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as V4
+    theirs_config = transformers.DeepseekV4Config(hidden_size=N_EMBD, hc_mult=4, rms_norm_eps=1e-5)
+    ours = randomized(hc.HyperConnection(GPTConfig(**FLAGS), mixed=True), 4)
+    theirs = V4.DeepseekV4HyperConnection(theirs_config)
+    theirs.load_state_dict({'fn': ours.fn, 'base': ours.base, 'scale': ours.scale})
+    x = torch.randn(2, 5, 4, N_EMBD, generator=torch.Generator().manual_seed(5))
+    post, comb, collapsed = theirs(x)
+    pre, our_post, our_comb = ours.weights(x)
+    torch.testing.assert_close(our_post, post, rtol=0, atol=1e-6)
+    torch.testing.assert_close(our_comb, comb, rtol=0, atol=1e-6)
+    torch.testing.assert_close((pre.unsqueeze(-1) * x).sum(2), collapsed, rtol=0, atol=1e-6)
+    head = randomized(hc.HyperHead(GPTConfig(**FLAGS)), 6)
+    their_head = V4.DeepseekV4HyperHead(theirs_config)
+    their_head.load_state_dict({k: v for k, v in head.state_dict().items()})
+    torch.testing.assert_close(head(x), their_head(x), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize('kind, final', [('mhc', 'learned'), ('mhc', 'mean'), ('ihc', 'learned')])
+@torch.no_grad()
+def test_a_model_of_copies_decodes_through_the_cache_as_without_it(kind, final):
+    model = randomized(build(hc_kind=kind, hc_final=final), 7)
+    for p in model.parameters():  # randomized weights at a scale the stream survives
+        p.mul_(0.3)
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(8))
+    cached = model.generate(prompt, 2 * BLOCK, temperature=0)  # past block_size: the cache restarts
+    assert torch.equal(cached, model.generate(prompt, 2 * BLOCK, temperature=0, use_cache=False))
+    assert model.kv_cache_bytes(2, 10) == build(hc_mult=1).kv_cache_bytes(2, 10)  # nothing of it is cached
+
+
+@torch.no_grad()
+def test_compiled_decoding_of_copies_is_eager_decoding():
+    model = randomized(build(), 9)
+    for p in model.parameters():
+        p.mul_(0.3)
+    prompt = torch.randint(0, VOCAB, (1, 4), generator=torch.Generator().manual_seed(10))
+    eager = model.generate(prompt, 6, temperature=0)
+    model.compile_decoding(backend='aot_eager')
+    assert torch.equal(model.generate(prompt, 6, temperature=0), eager)
+
+
+def explicit_attend(q, k, v, mask, dropout_p=0.0, scale=None, sinks=None):
+    """Attention as matmuls torch's FLOP counter sees (SDPA's CPU kernel it does not)."""
+    if k.size(1) != q.size(1):
+        k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))
+    T, S = q.size(2), k.size(2)
+    scores = (q @ k.transpose(-1, -2)) * (q.size(-1) ** -0.5 if scale is None else scale)
+    if mask is True or mask is None and T > 1:
+        mask = torch.ones(T, S, dtype=torch.bool).tril(S - T)
+    if isinstance(mask, torch.Tensor):
+        scores = scores.masked_fill(~mask, float('-inf'))
+    return scores.softmax(-1) @ v
+
+
+@pytest.mark.parametrize('kind, final', [('mhc', 'learned'), ('ihc', 'mean')])
+def test_flops_and_parameters_count_the_projections(kind, final, monkeypatch):
+    from torch.utils.flop_counter import FlopCounterMode
+    model = build(hc_kind=kind, hc_final=final).train()
+    monkeypatch.setattr(M, 'attend', explicit_attend)
+    monkeypatch.setattr(attention, 'attend_with_sinks', explicit_attend)
+    idx = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(11))
+    with FlopCounterMode(display=False) as counter:
+        model(idx, idx)[1].backward()
+    assert model.flops_per_token(seq_len=12) * 2 * 12 == counter.get_total_flops()
+    n, d = 4, N_EMBD
+    per_connection = ((2 + n) * n if kind == 'mhc' else 2 * n) * (n * d + 1) + (3 if kind == 'mhc' else 2)
+    head = n * n * d + n + 1 if final == 'learned' else 0
+    plain = build(hc_mult=1).get_num_params()
+    assert model.get_num_params() == plain + 2 * FLAGS['n_layer'] * per_connection + head
+
+
+def test_a_model_of_copies_trains_and_every_part_learns():
+    torch.manual_seed(0)
+    model = build().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    data = torch.randint(0, VOCAB, (8, BLOCK + 1), generator=torch.Generator().manual_seed(12))
+    losses = []
+    for _ in range(12):
+        _, loss = model(data[:, :-1], data[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        losses.append(loss.item())
+        if len(losses) == 1:
+            connection = model.transformer.h[0].residual.attn_hc
+            assert all(p.grad.abs().sum() > 0 for p in (connection.fn, connection.base, connection.scale))
+            assert model.transformer.hc_head.hc_fn.grad.abs().sum() > 0
+        opt.step()
+    assert losses[-1] < losses[0] - 0.3
+
+
+@pytest.mark.parametrize('overrides, fragment', [
+    (dict(hc_mult=1, hc_kind='ihc'), "hc_kind apply to hyper-connections: set hc_mult >= 2"),
+    (dict(hc_kind='gated'), "hc_kind must be one of 'mhc', 'ihc'"),
+    (dict(norm_position='post'), "norm_position='post' normalizes the stream itself"),
+    (dict(mtp_depth=1), 'not supported yet'),
+    (dict(hc_mult=-1), 'hc_mult must be an int >= 0'),
+])
+def test_bad_hyper_connection_settings_are_one_line(overrides, fragment):
+    with pytest.raises(ValueError) as e:
+        GPTConfig(**{**FLAGS, **overrides})
+    assert fragment in str(e.value) and '\n' not in str(e.value)
+
+
+def test_no_hugging_face_family_carries_copies_yet():
+    pytest.importorskip('transformers')
+    from export import hf_family
+    with pytest.raises(ValueError) as e:
+        hf_family(GPTConfig(**FLAGS))
+    assert 'hc_mult=4' in str(e.value)
