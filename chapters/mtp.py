@@ -189,6 +189,8 @@ class RowCache:
     rejected draft's entry past it is masked, and written over before any query could see it. rows: the stores'
     rows this forward continues (a LongTensor), or None for all of them."""
 
+    features = {}  # no feature's state (speculation refuses models whose features keep one)
+
     def __init__(self, model, stores, rows, pos, T):
         self.stores, self.rows = stores, rows
         self.positions = pos[:, None] + torch.arange(T, device=pos.device)  # (b, T): each new token's slot and position
