@@ -132,14 +132,19 @@ if warmup_iters < 0 or train_iters < 0:
 if decode_prompt + decode_tokens > block_size:
     die(f"decode_prompt + decode_tokens ({decode_prompt} + {decode_tokens}) must fit in block_size ({block_size}): "
         f"past it the context shifts and re-prefills, which is not decoding speed")
-unread = [k for k in (TABLE_ONLY if vs_hf else VS_HF_ONLY) if settings[k] != defaults[k]]
-if unread:
-    print(f"note: {', '.join(f'--{k}' for k in unread)} " + (
-        "apply to the training and decoding table, which --vs_hf=True does not make: ignored" if vs_hf else
-        "apply to --vs_hf=True only: ignored"), file=sys.stderr, flush=True)
-elif compare_dtype and not train_iters:
-    print(f"note: compare_dtype={compare_dtype} times training steps in that dtype, and train_iters=0 takes none: no "
-          f"{compare_dtype} rows", file=sys.stderr, flush=True)
+
+def note_unread():
+    """A note on the settings this run does not read (said once the settings are checked, before the timing)."""
+    unread = [k for k in (TABLE_ONLY if vs_hf else VS_HF_ONLY) if settings[k] != defaults[k]]
+    if unread:
+        print(f"note: {', '.join(f'--{k}' for k in unread)} " + (
+            "apply to the training and decoding table, which --vs_hf=True does not make: ignored" if vs_hf else
+            "apply to --vs_hf=True only: ignored"), file=sys.stderr, flush=True)
+    elif compare_dtype and not train_iters:
+        print(f"note: compare_dtype={compare_dtype} times training steps in that dtype, and train_iters=0 takes "
+              f"none: no {compare_dtype} rows", file=sys.stderr, flush=True)
+
+
 names = [v.strip() for v in variants.split(',') if v.strip()]
 unknown = [v for v in names if v not in VARIANTS]
 if unknown:
@@ -190,6 +195,7 @@ if vs_hf:
     vs_hf_dtypes = [d.strip() for d in vs_hf_dtype.split(',')]
     if not all(d in DTYPES for d in vs_hf_dtypes):
         die(f"vs_hf_dtype must be a comma-separated list of {', '.join(DTYPES)}; got {vs_hf_dtype!r}")
+    note_unread()
     compare_with_hf(configs, batches, decode_prompt, decode_tokens, vs_hf_repeats, device, seed, json, vs_hf_profile,
                     vs_hf_dtypes)
     sys.exit(0)
@@ -207,6 +213,7 @@ if peak_flops > 0:
     peak, how = peak_flops, 'from --peak_flops'
 else:
     peak, how = measure_peak_flops(device, dtype)
+note_unread()
 compare_peak = (peak_flops or measure_peak_flops(device, compare_dtype)[0]) if compare_dtype else None
 hardware = gpu or platform.processor() or platform.machine()
 threads_said = threads_note(threads, torch.get_num_threads()) if device_type == 'cpu' else \
