@@ -30,6 +30,7 @@ num_fewshot: Optional[int] = None  # None: each task's default
 batch_size = 16  # sequences per forward pass
 device = 'auto'  # 'auto' (cuda, mps, cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'  # 'auto' (bf16, else fp16 on CUDA; fp32 elsewhere), 'float32', 'bfloat16', 'float16'
+threads = 0  # torch's intra-op threads; 0: on a CPU half its cores (OMP_NUM_THREADS if set), else torch's default
 output = ''  # a .json path for the harness's results dict
 
 _INSTALL = "lm-evaluation-harness is not installed: pip install lm-eval"
@@ -321,6 +322,8 @@ if __name__ == '__main__':
         usage_error(f"num_fewshot must be >= 0 (or None for the task's default), got {num_fewshot}")
     if batch_size < 1:
         usage_error(f"batch_size must be at least 1, got {batch_size}")
+    if threads < 0:
+        usage_error(f"threads must be >= 0 (0: half the cores on a CPU, else torch's default), got {threads}")
     if output:  # said now, not after the whole evaluation
         from common.files import output_refusal
         refusal = output_refusal(output)
@@ -335,10 +338,12 @@ if __name__ == '__main__':
     from common.errors import catch_interrupts, die  # noqa: E402
     from common.files import write_output  # noqa: E402
     from common.hardware import pick_device, pick_dtype  # noqa: E402
+    from common.threads import use_threads  # noqa: E402
     from common.tokenizer import load_tokenizer  # noqa: E402
     catch_interrupts()
     device = pick_device(device)
     dtype = pick_dtype(device, dtype)
+    use_threads(threads, device)
     manager = task_manager(include_path, names)
     check_tasks(manager, names)  # before the model loads: a typo should not cost it
     meta_path = None

@@ -73,6 +73,7 @@ device = 'auto'  # 'auto' (cuda, mps, cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'  # 'auto' (bf16, else fp16 on CUDA; fp32 elsewhere), 'float32', 'bfloat16', 'float16'
 compile: Optional[bool] = None  # None: on for CUDA only
 peak_flops = 0.0  # for MFU; 0: a known GPU's peak, else a matmul measured at start
+threads = 0  # torch's intra-op threads; 0: on a CPU half its cores (OMP_NUM_THREADS if set), else torch's default
 seed = 1337
 settings = configure(settings_of(globals()), sys.argv[1:], prog='train.py', doc=__doc__)
 globals().update(settings)
@@ -101,6 +102,7 @@ check(not (fsdp and optimizer == 'muon' and 'RANK' in os.environ),
 check(min_lr <= learning_rate or not decay_lr, f"min_lr ({min_lr}) must not be above learning_rate ({learning_rate}): "
                                               f"the schedule decays from the peak to it (or set decay_lr=False)")
 check(0 <= seed < 2 ** 63, f"seed must be in [0, 2**63), got {seed}")
+check(threads >= 0, f"threads must be >= 0 (0: half the cores on a CPU, else torch's default), got {threads}")
 check(not (os.path.exists(out_dir) and not os.path.isdir(out_dir)), f"out_dir '{out_dir}' is a file, not a directory")
 check(init_from_problem(init_from) is None, init_from_problem(init_from))
 if eval_task:
@@ -130,6 +132,7 @@ from common.resume import (claim_run_dir, full_state, generator_states, last_che
                            load_optimizer_state, restore_generators, run_position, training_checkpoint)
 from common.schedule import Schedule  # noqa: E402
 from common.speed import Speed, peak_for_mfu  # noqa: E402
+from common.threads import use_threads  # noqa: E402
 from chapters import GPT, RUNTIME_FLAGS, GPTConfig, moe, mtp, sparse_attention  # noqa: E402
 
 catch_interrupts()
@@ -155,6 +158,7 @@ master = rank == 0
 device = pick_device(device)
 device_type = device.split(':')[0]
 dtype = pick_dtype(device, dtype)
+threads_used = use_threads(threads, device)
 if compile is None:
     compile = device_type == 'cuda'
 if gradient_accumulation_steps % world_size != 0:
@@ -334,7 +338,7 @@ def stop_non_finite(what, value):
 def describe_run():
     """The first lines: where it runs, the model, and a note when the run will not go as the user may think."""
     print(f"device {device}, dtype {dtype}, compile {compile}, {world_size} process(es)"
-          f"{' sharded (FSDP)' if fsdp else ''}, {tokens_per_iter:,} tokens per iteration")
+          f"{' sharded (FSDP)' if fsdp else ''}, {tokens_per_iter:,} tokens per iteration, {threads_used}")
     total, active = raw_model.get_num_params(), raw_model.get_num_params(active=True)
     print(f"model: {total / 1e6:.2f}M parameters{f' ({active / 1e6:.2f}M active)' if active != total else ''}; "
           + ' '.join(f"{k}={v}" for k, v in asdict(raw_model.config).items() if k in SIZES or v != GPT_DEFAULTS.get(k)))
