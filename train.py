@@ -346,10 +346,25 @@ def describe_run():
         print(f"note: learned positions cannot go past block_size {block_size}: "
               + ', '.join(f"{s} ({example_shape[s][1]} tokens)" for s in unreachable_splits)
               + " not evaluated (logged as None); pos='rope' can go there")
+    if objective_terms() and not eval_only:
+        print(f"note: a step prints its objective, what training minimizes: the next-token loss + "
+              f"{' + '.join(objective_terms())}; evaluations print the next-token loss alone")
     if decay_lr and not eval_only and iter_num < max_iters <= warmup_iters:
         print(f"note: warmup_iters ({warmup_iters}) outlasts max_iters ({max_iters}): the learning rate never reaches "
               f"its peak (the last step runs at {schedule.scale(max_iters - 1):.0%} of it); lower warmup_iters to "
               f"reach it")
+
+
+def objective_terms():
+    """What a training step minimizes besides the next-token loss (an evaluation's): the chapters' loss terms."""
+    config, terms = raw_model.config, []
+    if config.mtp_depth and config.mtp_loss_coef:
+        terms.append(f"mtp_loss_coef ({config.mtp_loss_coef}) times the MTP modules' loss")
+    if any(m.aux_coef or m.z_coef for m in moe.moe_layers(raw_model)):
+        terms.append("the MoE routers' balancing losses (moe_aux_loss_coef, moe_z_loss_coef)")
+    if config.index_loss_coef and sparse_attention.indexers(raw_model):
+        terms.append(f"index_loss_coef ({config.index_loss_coef}) times the indexers' KL loss")
+    return terms
 
 
 def say_if_sized_for_a_gpu(peak):
@@ -366,6 +381,7 @@ def say_if_sized_for_a_gpu(peak):
 
 
 flops_per_iter = raw_model.flops_per_token() * tokens_per_iter
+loss_label = 'objective' if objective_terms() else 'loss'  # what a step's line calls the loss it prints
 eval_seconds = 0.0  # an estimate, for the progress bar
 speed = wandb = None  # rank 0's
 if master:
@@ -498,7 +514,7 @@ def report_step(lossf, lr, dt):
         return
     if iter_num - start_iter > 3:  # this process's first steps include warm-up and compilation
         speed.update(dt)
-    print(f"iter {iter_num}/{max_iters}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
+    print(f"iter {iter_num}/{max_iters}: {loss_label} {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
           f"{tokens_per_iter / dt:,.0f} tok/s, {speed.line(max_iters - iter_num)}")
 
 

@@ -5,14 +5,23 @@ import time
 
 import common.hardware as hardware
 
+# as bench.py says it: a peak measured here is only as good as the machine was quiet
+MEASURED_PEAK_CAVEAT = ("MFU is against a matmul measured on this machine, not a datasheet: under load (another job on "
+                        "these cores) the peak reads low and MFU high, so MFU is not trustworthy then; give "
+                        "--peak_flops for a fixed one")
+
 
 def peak_for_mfu(peak_flops, device, dtype):
-    """(FLOP/s, measured?): the given peak_flops, else the datasheet's or a measured matmul, said in a line."""
+    """(FLOP/s, measured?): the given peak_flops, else the datasheet's or a measured matmul, said in a line (a
+    measured one with bench.py's caveat)."""
     if peak_flops > 0:
         return peak_flops, False
     peak, how = hardware.peak_flops(device, dtype)
     print(f"peak {peak / 1e12:.3g} TFLOP/s for MFU ({how})")
-    return peak, how.startswith('measured')
+    measured = how.startswith('measured')
+    if measured:
+        print(MEASURED_PEAK_CAVEAT)
+    return peak, measured
 
 
 class Speed:

@@ -18,3 +18,17 @@ def test_mfu_over_100_percent_remeasures_the_peak_and_says_so(workdir, monkeypat
     code, out, _ = train_here(workdir, '--max_iters=8', '--eval_interval=8', '--out_dir=out2',
                               monkeypatch=monkeypatch, capsys=capsys)
     assert code == 0 and 'over 100%' not in out and 'mfu 0.' in out
+
+
+def test_a_measured_peak_says_that_mfu_is_not_trustworthy_under_load(workdir, monkeypatch, capsys):
+    """As bench.py: MFU against a matmul measured here reads high when another job slows the measurement."""
+    code, out, err = train_here(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=measured',
+                                monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, err
+    assert 'for MFU (measured float32 matmul)' in out
+    assert ('MFU is against a matmul measured on this machine, not a datasheet: under load (another job on these '
+            'cores) the peak reads low and MFU high, so MFU is not trustworthy then; give --peak_flops for a fixed '
+            'one') in out
+    code, out, err = train_here(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=given', '--peak_flops=1e12',
+                                monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0 and 'not trustworthy' not in out, err

@@ -90,7 +90,9 @@ def log_records(out_dir):
 
 
 def iter_losses(stdout):
-    return {int(m.group(1)): m.group(2) for m in re.finditer(r'^iter (\d+)/\d+: loss (\S+),', stdout, re.M)}
+    """{iteration: the loss its line prints} (the objective, where it has terms besides the next-token loss)."""
+    return {int(m.group(1)): m.group(2) for m in re.finditer(r'^iter (\d+)/\d+: (?:loss|objective) (\S+),', stdout,
+                                                              re.M)}
 
 
 def assert_one_line_error(result, *fragments):
@@ -448,6 +450,28 @@ def train_namespace(cwd, *args, monkeypatch):
         return runpy.run_path(str(REPO / 'train.py'), run_name='__main__')
     finally:
         release_out_dirs()
+
+
+@pytest.mark.parametrize('flags, terms', [
+    (['--mtp_depth=1'], ["mtp_loss_coef (0.3) times the MTP modules' loss"]),
+    (['--mlp=moe', '--n_expert=4', '--moe_aux_loss_coef=0.01'],
+     ["the MoE routers' balancing losses (moe_aux_loss_coef, moe_z_loss_coef)"]),
+    (['--index_topk=4'], ["index_loss_coef (1.0) times the indexers' KL loss"]),
+    (['--mlp=moe', '--n_expert=4'], []),  # no balancing loss: the next-token loss alone
+    ([], []),
+], ids=['mtp', 'moe-balancing', 'indexers', 'moe-bias-only', 'plain'])
+def test_a_step_says_when_its_loss_is_the_whole_objective(workdir, run, flags, terms):
+    """With MTP, MoE balancing or the indexers' loss, what a step minimizes is more than the next-token loss an
+    evaluation prints: the line says objective and a note at the start names the terms."""
+    result = run(workdir, *MODERN, *flags, '--max_iters=2', '--eval_interval=2', '--out_dir=out')
+    label = 'objective' if terms else 'loss'
+    assert re.search(rf'^iter 2/2: {label} \d\.\d{{4}}, lr', result.stdout, re.M), result.stdout
+    notes = [line for line in result.stdout.splitlines() if 'objective' in line and line.startswith('note:')]
+    if terms:
+        assert notes == [f"note: a step prints its objective, what training minimizes: the next-token loss + "
+                         f"{' + '.join(terms)}; evaluations print the next-token loss alone"]
+    else:
+        assert not notes and 'objective' not in result.stdout
 
 
 def test_the_loss_is_read_every_log_interval_10_by_default(workdir, run, monkeypatch):
