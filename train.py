@@ -9,6 +9,7 @@ Settings are the globals below; a config file, then --key=value, override them (
 An out_dir is one run: a second process on it, or a scratch run over a trained checkpoint, is refused.
 """
 
+import inspect
 import math
 import os
 import sys
@@ -289,8 +290,12 @@ if compile:
 # evaluation: DDP's ranks share out its batches unevenly outside the wrapper; FSDP's must all run each forward
 eval_model = model
 if distributed and not fsdp:
-    # the only buffers are rope tables every rank builds alike (and MoE biases every rank moves alike)
-    model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None, broadcast_buffers=False)
+    # buffers stay each rank's, never broadcast from rank 0 at a forward: rope tables every rank builds alike, MoE's
+    # biases every rank moves alike and its load counters, each rank's own until update_expert_bias sums them.
+    # torch 2.13 says so with forward_sync_buffers=False (which still broadcasts rank 0's once, here, where every
+    # rank's are the same), deprecating the broadcast_buffers=False of earlier versions
+    keep = 'forward_sync_buffers' if 'forward_sync_buffers' in inspect.signature(DDP).parameters else 'broadcast_buffers'
+    model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None, **{keep: False})
 
 
 # ----------------------------------------------------------------------------- checkpoints

@@ -144,6 +144,7 @@ def test_ddp_two_processes_match_one(workdir, optimizer):
     double = train(workdir, *args, '--out_dir=double', launcher=launcher, env=ONE_THREAD)
     a, b = iter_losses(single.stdout), iter_losses(double.stdout)
     assert sorted(a) == sorted(b) == [1, 2, 3, 4], (single.stdout[-2000:], double.stdout[-2000:], double.stderr[-2000:])
+    assert 'broadcast_buffers' not in double.stderr, double.stderr[-2000:]  # torch 2.13's FutureWarning
     for k in a:
         assert float(a[k]) == pytest.approx(float(b[k]), rel=1e-4), (k, single.stdout[-2000:], double.stdout[-2000:])
     ra, rb = log_records(workdir / 'single')[-1], log_records(workdir / 'double')[-1]
@@ -533,6 +534,17 @@ def one_process_group(monkeypatch):
     yield
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def test_ddp_keeps_each_ranks_buffers_without_a_deprecation_warning(workdir, monkeypatch, capsys, one_process_group,
+                                                                   recwarn):
+    """torch 2.13 deprecates broadcast_buffers=False for forward_sync_buffers=False: the run says nothing of it (the
+    two-process test checks that MoE's load counters stay each rank's)."""
+    code, out, err = train_here(workdir, *MODERN, '--mlp=moe', '--n_expert=4', '--router=sigmoid', '--max_iters=2',
+                                '--eval_interval=2', '--out_dir=out', monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, err
+    assert '1 process(es)' in out and not [w for w in recwarn if 'buffers' in str(w.message)], [str(w.message)
+                                                                                                for w in recwarn]
 
 
 def test_a_failed_collective_is_one_line_naming_the_last_checkpoint(workdir, monkeypatch, capsys, one_process_group):
