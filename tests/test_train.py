@@ -475,6 +475,17 @@ def test_a_step_says_when_its_loss_is_the_whole_objective(workdir, run, flags, t
         assert not notes and 'objective' not in result.stdout
 
 
+def test_no_cpu_recipe_prints_a_line_per_iteration(monkeypatch):
+    """Every CPU recipe prints at most 100 progress lines a run (log_interval=1, nanoGPT's, printed 2,000)."""
+    from configurator import configure, script_defaults
+    monkeypatch.chdir(REPO)  # recipes build on each other with exec(open('config/...'))
+    defaults = script_defaults(REPO / 'train.py')
+    for path in sorted((REPO / 'config').glob('*_cpu.py')):
+        if not path.name.startswith('ablate'):  # ablate.py's
+            settings = configure(defaults, [f'config/{path.name}'])
+            assert settings['max_iters'] // settings['log_interval'] <= 100, (path.name, settings['log_interval'])
+
+
 def test_the_loss_is_read_every_log_interval_10_by_default(workdir, run, monkeypatch):
     monkeypatch.setitem(globals(), 'TINY', [a for a in TINY if not a.startswith('--log_interval')])
     result = run(workdir, '--max_iters=12', '--eval_interval=12', '--out_dir=out')
