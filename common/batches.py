@@ -16,6 +16,22 @@ def train_generator(seed, it, micro):
     return torch.Generator().manual_seed(hash((seed, it, micro)) & (2 ** 63 - 1))
 
 
+def task_eval_splits(meta, meta_path):
+    """A task dataset's splits to evaluate, meta.json's eval_splits (default ['val']): a list of split names that
+    holds 'val', the split every evaluation saves by; anything else is one line."""
+    splits = meta.get('eval_splits') or ['val']
+    if isinstance(splits, str):
+        die(f"'{meta_path}' has eval_splits {splits!r}, a string: it must be a list of split names, e.g. "
+            f"[{splits!r}]; rerun its prepare.py")
+    if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
+        die(f"'{meta_path}' has eval_splits {splits!r}: it must be a list of split names, e.g. ['val', 'val_2x']; "
+            f"rerun its prepare.py")
+    if 'val' not in splits:
+        die(f"'{meta_path}' has eval_splits {splits} without 'val', the split every evaluation saves by: add 'val' "
+            f"to it, or rerun its prepare.py")
+    return list(splits)
+
+
 class Batches:
     """The splits of data/<dataset> as (x, y) batches of batch_size rows on device. A task dataset (meta.json has
     example_length: data/recall, data/copy) holds whole examples, a mask of the scored targets, and eval_splits to
@@ -25,7 +41,7 @@ class Batches:
     def __init__(self, dataset, meta, meta_path, batch_size, block_size, device):
         self.data_dir = os.path.join('data', dataset)
         self.example_data = 'example_length' in meta
-        self.eval_splits = list(meta.get('eval_splits') or ['val']) if self.example_data else ['val']
+        self.eval_splits = task_eval_splits(meta, meta_path) if self.example_data else ['val']
         if self.example_data and isinstance(meta.get('shards'), dict):
             die(f"'{meta_path}' has both example_length and shards: a task dataset is one file per split; rerun its "
                 f"prepare.py")

@@ -137,3 +137,19 @@ def test_a_damaged_task_dataset_is_one_line(tmp_path, monkeypatch, capsys, damag
     code, _, err = train_here(tmp_path, '--dataset=recall', '--block_size=15', '--max_iters=0', *args,
                               monkeypatch=monkeypatch, capsys=capsys)
     one_line_error(code, err, *fragments)
+
+
+@pytest.mark.parametrize('eval_splits, fragments', [
+    (['val_2x', 'val_4x'], ["has eval_splits ['val_2x', 'val_4x'] without 'val'", "add 'val'"]),
+    ('val', ["has eval_splits 'val', a string", "a list of split names, e.g. ['val']"]),
+    ([1, 'val'], ["has eval_splits [1, 'val']", 'a list of split names']),
+], ids=['no val', 'a string', 'not names'])
+def test_eval_splits_without_val_or_not_a_list_of_names_are_one_line(tmp_path, monkeypatch, capsys, eval_splits,
+                                                                     fragments):
+    """meta.json's eval_splits: a list of split names holding val, whose loss every evaluation saves by (without it,
+    a KeyError; as the string 'val', "lists no split 'v'")."""
+    data_dir = make_task(tmp_path, 'copy', monkeypatch, capsys)
+    meta = json.loads((data_dir / 'meta.json').read_text())
+    (data_dir / 'meta.json').write_text(json.dumps({**meta, 'eval_splits': eval_splits}))
+    code, _, err = train_here(tmp_path, '--dataset=copy', '--max_iters=0', monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err, "'data/copy/meta.json'", *fragments)
