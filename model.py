@@ -601,6 +601,10 @@ class Feature:
         """Training FLOPs per token of what it runs outside the main model's Linears and token mixers."""
         return 0
 
+    def progress(self, model, fraction):
+        """In training (train.py): before each step, fraction the share of the run done, and 1.0 before each
+        evaluation, so what it schedules (windows that grow) is evaluated and saved at its end."""
+
 
 FEATURES = []  # the Feature classes, in the order their hooks run
 

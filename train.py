@@ -468,6 +468,12 @@ def log_evaluation(record):
         wandb.log({**flat_record(record), 'mfu': speed.mfu * 100})
 
 
+def schedule_features(fraction):
+    """What the model's features schedule over training (Feature.progress: windows that grow)."""
+    for feature in raw_model.features:
+        feature.progress(raw_model, fraction)
+
+
 def train_step(it):
     """One optimizer step over this process's micro batches -> their summed loss, on the device. The caller holds
     interrupts for it (a step is whole); a step that fails lets go of the hold, so the error can end the run."""
@@ -535,6 +541,7 @@ try:
         # a resumed run's first iteration was evaluated, logged and saved before it stopped (unless an interrupt
         # saved it before its evaluation)
         if ((iter_num % eval_interval == 0 or iter_num == max_iters) and iter_num != evaluated) or eval_only:
+            schedule_features(1.0)  # what a feature schedules, at its end
             losses = evaluation.estimate_loss()
             stop_non_finite('train loss', losses['train'])
             stop_non_finite('val loss', losses['val'])
@@ -565,6 +572,7 @@ try:
         # one step whole: an interrupt waits for its end, where the state is one a resume continues from exactly
         hold_interrupts()
         t0 = time.time()
+        schedule_features(iter_num / max_iters)
         loss_sum = train_step(iter_num)
         iter_num += 1
         tokens_seen += tokens_per_iter
