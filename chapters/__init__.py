@@ -15,6 +15,7 @@ The chapters after the lesson (model.py), one file each, in reading order:
     sparse_attention  DeepSeek's lightning indexer (index_topk)
     mtp               multi-token prediction (mtp_depth)
     gemma4            Gemma 4's K = V, K/V sharing, global layers' shapes, MoE block, per-layer embeddings
+    deepseek_v4       DeepSeek-V4's one shared key-value head, grouped output, sqrt-softplus router, clamped SwiGLU
     hyper_connections the residual stream widened to parallel copies, collapsed and spread around each branch (mHC)
 
 A chapter file holds what it is and where it comes from, its config fields with their checks (its Config), its
@@ -32,11 +33,12 @@ from dataclasses import dataclass
 import model
 # in reading order, so the registries list their entries in it (each chapter imports only earlier ones)
 from chapters import small_swaps, attention, long_context, layer_kinds, moe, mla, nanochat, llama4  # noqa: I001
-from chapters import short_conv, deltanet, mamba2, sparse_attention, mtp, gemma4, hyper_connections  # noqa: I001
+from chapters import short_conv, deltanet, mamba2, sparse_attention, mtp, gemma4, deepseek_v4  # noqa: I001
+from chapters import hyper_connections  # noqa: I001
 from model import GPT, SWAPS, swap_flags  # noqa: F401  (what the scripts take from here)
 
 CHAPTERS = (small_swaps, attention, long_context, layer_kinds, moe, mla, nanochat, llama4, short_conv, deltanet,
-            mamba2, sparse_attention, mtp, gemma4, hyper_connections)
+            mamba2, sparse_attention, mtp, gemma4, deepseek_v4, hyper_connections)
 
 
 # The lesson's flags, then every chapter's in reading order: a dataclass whose bases are the chapters' Configs, the
