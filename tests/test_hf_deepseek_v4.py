@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from export import hf_family
+from export import hf_family, to_hf
 from hf import HF_FAMILIES
 from hf_tiny import BLOCK, GPT, PROMPT, VOCAB, WINDOW, GPTConfig, check_parity, randomized, tiny, transformers
 
@@ -38,6 +38,9 @@ def test_deepseek_v4_sliding_layers(scoring, tmp_path):
     torch.manual_seed(0)
     hf = randomized_v4(transformers.DeepseekV4ForCausalLM(deepseek_v4(scoring_func=scoring)), 11)
     ours = check_parity(hf, tmp_path)
+    idx = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():  # closer than check_parity asks: 1e-6 here, logits up to 1.9
+        torch.testing.assert_close(ours(idx)[0], hf(idx).logits, atol=1e-5, rtol=0)
     cfg = ours.config
     assert (cfg.attn, cfg.q_rank, cfg.o_groups, cfg.o_lora_rank, cfg.rope_dim, cfg.head_size) == \
         ('shared_kv', 8, 2, 8, 8, 16)
@@ -94,9 +97,19 @@ V4_FLAGS = dict(block_size=BLOCK, vocab_size=VOCAB, n_layer=2, n_head=4, n_embd=
     (dict(hc_kind='ihc'), "hc_kind='ihc'"),
 ])
 def test_export_picks_deepseek_v4_or_names_what_it_cannot_carry(flags, named):
+    """A model built here (not loaded) goes to deepseek_v4 with the same logits; one lacking a part transformers'
+    always has is refused in one line naming it."""
     config = GPTConfig(**{**V4_FLAGS, **flags})
     if named is None:
         assert hf_family(config).model_type == 'deepseek_v4'
+        torch.manual_seed(0)
+        ours = GPT(config).eval()
+        with torch.no_grad():
+            for name, t in ours.named_buffers():  # the balancing bias away from zero
+                if name.endswith('expert_bias'):
+                    t.normal_()
+            idx = torch.randint(0, VOCAB, (2, 3 * WINDOW), generator=torch.Generator().manual_seed(3))
+            torch.testing.assert_close(to_hf(ours)(idx).logits, ours(idx)[0], atol=1e-5, rtol=0)
         return
     assert HF_FAMILIES['deepseek_v4'].blocking(config) == [named]
     with pytest.raises(ValueError, match='no Hugging Face family can represent') as e:
