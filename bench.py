@@ -75,7 +75,7 @@ vs_hf_batches = '1,8'
 vs_hf_repeats = 3  # the runs of each side, interleaved (ours, ours compiled, HF, ours, ...): the best is kept
 vs_hf_profile = False  # also the top operators of a decoding step, ours eager and compiled (torch.profiler)
 vs_hf_dtype = 'float32'  # both sides' weights and KV caches; a list (float32,bfloat16) gives rows for each
-threads = 0  # intra-op threads; 0 on a CPU: the usable CPUs less the busy ones (1-minute load average), at least 1
+threads = 0  # torch's intra-op threads; 0: on a CPU half its cores (OMP_NUM_THREADS if set), else torch's default
 # a bare --json means the default file
 argv = ['--json=bench.json' if arg == '--json' else arg for arg in sys.argv[1:]]
 defaults = settings_of(globals())
@@ -93,7 +93,7 @@ from common.errors import catch_interrupts, die  # noqa: E402
 from common.files import output_refusal, write_output  # noqa: E402
 from common.hardware import DTYPES, autocast, peak_flops as measure_peak_flops, pick_device, pick_dtype  # noqa: E402
 from common.progress import progress  # noqa: E402
-from common.threads import pick_threads, threads_note  # noqa: E402
+from common.threads import use_threads  # noqa: E402
 from chapters import BEYOND_MODERN, GPT, SWAPS, GPTConfig, swap_flags  # noqa: E402
 from model import LAYER_KINDS  # noqa: E402
 
@@ -180,9 +180,8 @@ device = pick_device(device)
 device_type = device.split(':')[0]
 dtype = pick_dtype(device, dtype)
 if threads < 0:
-    die(f"threads must be >= 0 (0: the CPUs other work leaves free), got {threads}")
-if device_type == 'cpu' or threads:  # torch's default, every core, waits on work that is not ours on a busy machine
-    torch.set_num_threads(pick_threads(threads))
+    die(f"threads must be >= 0 (0: half the cores on a CPU, else torch's default), got {threads}")
+threads_said = use_threads(threads, device)  # torch's default, every core, waits on other work on a busy machine
 if vs_hf:
     from bench_decode import compare_with_hf
     try:
@@ -216,8 +215,6 @@ else:
 note_unread()
 compare_peak = (peak_flops or measure_peak_flops(device, compare_dtype)[0]) if compare_dtype else None
 hardware = gpu or platform.processor() or platform.machine()
-threads_said = threads_note(threads, torch.get_num_threads()) if device_type == 'cpu' else \
-    f"{torch.get_num_threads()} threads"
 print(f"{device} ({hardware}), dtype {dtype}, compile {compile}, torch {torch.__version__}, {threads_said}; "
       f"batch {batch_size}x{block_size}, "
       f"{f'median of {train_iters} steps after {warmup_iters}' if train_iters else 'no training steps'}, "

@@ -30,6 +30,7 @@ num_fewshot: Optional[int] = None  # None: each task's default
 batch_size = 16  # sequences per forward pass
 device = 'auto'  # 'auto' (cuda, mps, cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'  # 'auto' (bf16, else fp16 on CUDA; fp32 elsewhere), 'float32', 'bfloat16', 'float16'
+threads = 0  # torch's intra-op threads; 0: on a CPU half its cores (OMP_NUM_THREADS if set), else torch's default
 output = ''  # a .json path for the harness's results dict
 
 _INSTALL = "lm-evaluation-harness is not installed: pip install lm-eval"
@@ -76,12 +77,8 @@ def harness_lm(model, tokenizer, device, dtype='float32', batch_size=16):
     """Our GPT as an lm_eval LM (a TemplateLM: the harness encodes contexts and continuations as for its own
     models); tokenizer: a common.Tokenizer."""
     require_harness()
-    import torch
-    import torch.nn.functional as F
     from lm_eval.api.model import TemplateLM
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-
-    from common.hardware import autocast
     eot = end_of_text(tokenizer)
     block_size = model.config.block_size
     vocab_limit = min(tokenizer.vocab_size, model.config.vocab_size)
@@ -101,36 +98,8 @@ def harness_lm(model, tokenizer, device, dtype='float32', batch_size=16):
         def tok_decode(self, ids, **kwargs):
             return tokenizer.decode(ids)
 
-        @torch.no_grad()
         def _loglikelihood_tokens(self, requests, disable_tqdm=False, **kwargs):
-            """(sum of the continuation's log-probabilities, whether it is the greedy one) per request, the
-            longest first in batches of batch_size, each padded on the right (causal: padding changes nothing)."""
-            # the model's window: the last block_size + 1 tokens, the last of which only a target
-            longest = max((len(cont) for _, _, cont in requests), default=0)
-            if longest > block_size:
-                raise TaskError(f"a continuation of {longest} tokens is longer than the model's block_size "
-                                f"({block_size}), so it cannot be scored; shorten the task's choices or use a model "
-                                f"with a longer block_size")
-            rows = [(ctx + cont)[-(block_size + 1):][:-1] for _, ctx, cont in requests]
-            order = sorted(range(len(requests)), key=lambda i: -len(rows[i]))
-            out = [None] * len(requests)
-            model.eval()
-            for start in range(0, len(order), batch_size):
-                batch = order[start:start + batch_size]
-                width = max(len(rows[i]) for i in batch)
-                x = torch.zeros(len(batch), width, dtype=torch.long)
-                for j, i in enumerate(batch):
-                    x[j, :len(rows[i])] = torch.tensor(rows[i])
-                with autocast(device, dtype):
-                    logits, _ = model(x.to(device))
-                logprobs = F.log_softmax(logits.float(), dim=-1).cpu()
-                for j, i in enumerate(batch):
-                    cont = requests[i][2]
-                    n = len(rows[i])
-                    scores = logprobs[j, n - len(cont):n]
-                    target = torch.tensor(cont)
-                    out[i] = (scores.gather(1, target[:, None]).sum().item(), bool((scores.argmax(-1) == target).all()))
-            return out
+            return loglikelihoods(model, [(ctx, cont) for _, ctx, cont in requests], device, dtype, batch_size)
 
         def loglikelihood_rolling(self, requests, disable_tqdm=False):
             """A whole text's log-likelihood in windows of block_size tokens, each predicting tokens the
@@ -146,36 +115,75 @@ def harness_lm(model, tokenizer, device, dtype='float32', batch_size=16):
                 totals[k] += logprob
             return totals
 
-        @torch.no_grad()
         def generate_until(self, requests, disable_tqdm=False):
-            """Each request's continuation, decoded with the KV cache until a stop string (greedy unless the
-            task samples), cut before the stop string."""
-            model.eval()
-            results = []
-            for req in requests:
-                context, kwargs = req.args
-                until = kwargs.get('until') or []
-                until = [until] if isinstance(until, str) else list(until)
-                until.append(tokenizer.decode([eot]))
-                max_new = int(kwargs.get('max_gen_toks', 256))
-                temperature = float(kwargs.get('temperature', 0.0)) if kwargs.get('do_sample') else 0.0
-                prompt = self.tok_encode(context)[-max(1, block_size - max_new):]
-                idx = torch.tensor([prompt], dtype=torch.long, device=device)
-                new, text = [], ''
-                with autocast(device, dtype):
-                    for token in model.generate_stream(idx, max_new, temperature, use_cache=True,
-                                                       vocab_limit=vocab_limit):
-                        new.append(token.item())
-                        text = tokenizer.decode(new)
-                        if any(s and s in text for s in until):
-                            break
-                for s in until:
-                    if s:
-                        text = text.split(s)[0]
-                results.append(text)
-            return results
+            return [continuation(model, tokenizer, self.tok_encode(context), kwargs, eot, vocab_limit, device, dtype)
+                    for context, kwargs in (req.args for req in requests)]
 
     return NanoLM()
+
+
+def loglikelihoods(model, requests, device, dtype='float32', batch_size=16):
+    """(sum of the continuation's log-probabilities, whether it is the greedy one) per (context ids, continuation
+    ids), the longest first in batches of batch_size, each padded on the right (causal: padding changes nothing)."""
+    import torch
+    import torch.nn.functional as F
+
+    from common.hardware import autocast
+    block_size = model.config.block_size
+    # the model's window: the last block_size + 1 tokens, the last of which only a target
+    longest = max((len(cont) for _, cont in requests), default=0)
+    if longest > block_size:
+        raise TaskError(f"a continuation of {longest} tokens is longer than the model's block_size "
+                        f"({block_size}), so it cannot be scored; shorten the task's choices or use a model "
+                        f"with a longer block_size")
+    rows = [(ctx + cont)[-(block_size + 1):][:-1] for ctx, cont in requests]
+    order = sorted(range(len(requests)), key=lambda i: -len(rows[i]))
+    out = [None] * len(requests)
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(order), batch_size):
+            batch = order[start:start + batch_size]
+            width = max(len(rows[i]) for i in batch)
+            x = torch.zeros(len(batch), width, dtype=torch.long)
+            for j, i in enumerate(batch):
+                x[j, :len(rows[i])] = torch.tensor(rows[i])
+            with autocast(device, dtype):
+                logits, _ = model(x.to(device))
+            logprobs = F.log_softmax(logits.float(), dim=-1).cpu()
+            for j, i in enumerate(batch):
+                cont = requests[i][1]
+                n = len(rows[i])
+                scores = logprobs[j, n - len(cont):n]
+                target = torch.tensor(cont)
+                out[i] = (scores.gather(1, target[:, None]).sum().item(), bool((scores.argmax(-1) == target).all()))
+    return out
+
+
+def continuation(model, tokenizer, context, kwargs, eot, vocab_limit, device, dtype='float32'):
+    """A generation request's text after context (ids), decoded with the KV cache until a stop string of kwargs
+    (greedy unless the task samples), cut before the stop string."""
+    import torch
+
+    from common.hardware import autocast
+    until = kwargs.get('until') or []
+    until = [until] if isinstance(until, str) else list(until)
+    until.append(tokenizer.decode([eot]))
+    max_new = int(kwargs.get('max_gen_toks', 256))
+    temperature = float(kwargs.get('temperature', 0.0)) if kwargs.get('do_sample') else 0.0
+    prompt = context[-max(1, model.config.block_size - max_new):]
+    idx = torch.tensor([prompt], dtype=torch.long, device=device)
+    new, text = [], ''
+    model.eval()
+    with torch.no_grad(), autocast(device, dtype):
+        for token in model.generate_stream(idx, max_new, temperature, use_cache=True, vocab_limit=vocab_limit):
+            new.append(token.item())
+            text = tokenizer.decode(new)
+            if any(s and s in text for s in until):
+                break
+    for s in until:
+        if s:
+            text = text.split(s)[0]
+    return text
 
 
 def task_manager(include_path='', names=()):
@@ -314,6 +322,8 @@ if __name__ == '__main__':
         usage_error(f"num_fewshot must be >= 0 (or None for the task's default), got {num_fewshot}")
     if batch_size < 1:
         usage_error(f"batch_size must be at least 1, got {batch_size}")
+    if threads < 0:
+        usage_error(f"threads must be >= 0 (0: half the cores on a CPU, else torch's default), got {threads}")
     if output:  # said now, not after the whole evaluation
         from common.files import output_refusal
         refusal = output_refusal(output)
@@ -328,10 +338,12 @@ if __name__ == '__main__':
     from common.errors import catch_interrupts, die  # noqa: E402
     from common.files import write_output  # noqa: E402
     from common.hardware import pick_device, pick_dtype  # noqa: E402
+    from common.threads import use_threads  # noqa: E402
     from common.tokenizer import load_tokenizer  # noqa: E402
     catch_interrupts()
     device = pick_device(device)
     dtype = pick_dtype(device, dtype)
+    use_threads(threads, device)
     manager = task_manager(include_path, names)
     check_tasks(manager, names)  # before the model loads: a typo should not cost it
     meta_path = None

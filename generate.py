@@ -52,7 +52,9 @@ class KVCache:
         then its states."""
         slots = KVCache.layer_slots(mixer, length)
         return [(name, ((heads, slots, dim), dtype)) for name, (heads, dim) in mixer.cache_entries().items()] + \
-            [(name, (shape, own or dtype)) for name, (shape, own) in mixer.cache_states().items()]
+            [(name, (shape, own or dtype)) for name, (shape, own) in mixer.cache_states().items()] + \
+            [(name, ((-(-length // every), *shape), own or dtype))
+             for name, (every, shape, own) in mixer.cache_blocks().items()]
 
     @staticmethod
     def bytes_for(model, batch_size, length, dtype):
@@ -144,6 +146,11 @@ class LayerCache:
         """Nothing stored yet (the stores hold zeros): a Gated DeltaNet then takes training's path."""
         return self.cache.pos == 0
 
+    @property
+    def start(self):
+        """The position of the first new token (an int)."""
+        return self.cache.pos
+
 
 def feature_states(model):
     """[(name, (shape without the batch, dtype or None))] the model's features keep in a cache."""
@@ -162,6 +169,11 @@ class StepCache:
 
     def __init__(self, stores, pos):
         self.stores, self.pos = stores, pos
+
+    @property
+    def start(self):
+        """The position of the new token (a (1,) tensor)."""
+        return self.pos
 
     def update(self, **new):
         out = []
@@ -285,6 +297,8 @@ def decoding_cache(model, batch_size, seq_len, device):
         for block, layer in zip(model.transformer.h, cache.layers):  # a compiled step serves every length:
             for name in block.attn.cache_entries():  # the slots of the entries per position are a dynamic size
                 torch._dynamo.maybe_mark_dynamic(layer.stores[name], 2)
+            for name in block.attn.cache_blocks():  # and the entries per block of positions
+                torch._dynamo.maybe_mark_dynamic(layer.stores[name], 1)
         return cache
     key = (batch_size, dtype, str(device))
     if key not in kept:

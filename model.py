@@ -375,6 +375,12 @@ class TokenMixer(nn.Module):
         or None for the cache's)}, zeros at the start of a sequence."""
         return {}
 
+    def cache_blocks(self):
+        """What a cache keeps per block of positions (a compressed entry per `every` tokens): {name: (every, shape
+        of an entry, dtype or None)}, a store of ceil(length / every) entries that the mixer writes itself (its
+        part of a cache's .start: the position of its first new token)."""
+        return {}
+
     def token_flops(self, seq_len):
         """Forward + backward FLOPs per token of its matmuls that are not Linears (Linears are counted apart),
         over sequences of seq_len tokens."""
@@ -452,6 +458,7 @@ LAYER_KINDS = {'G': LayerKind('global', attention, 'global', attention=True, ful
 class MLP(nn.Module):
     """up, activation, down: GPT-2's, with GELU (tanh form, as GPT-2 computes it)."""
     gated = False
+    inputs = None  # the key of the per-forward tables it reads beside x ('tokens': the token ids), or None
 
     def __init__(self, config, hidden=None):
         super().__init__()
@@ -470,6 +477,7 @@ class MLP(nn.Module):
 class GatedMLP(nn.Module):
     """down(act(gate(x)) * up(x)): SwiGLU, with SiLU as the gate's activation."""
     gated = True
+    inputs = None
 
     def __init__(self, config, hidden=None):
         super().__init__()
@@ -531,16 +539,20 @@ class Block(nn.Module):
             return lambda h: ln_out(f(ln(h)))
         return lambda h: ln(f(h))  # 'after': each branch's output normalized, inside
 
-    def forward(self, x, rope=None, mask=None, cache=None):
+    def forward(self, x, rope=None, mask=None, cache=None, tables=None):
+        """tables: the per-forward tables, of which an MLP that reads more than x (its `inputs`) takes its own."""
         def mix(h):
             return self.attn(h, rope, mask, cache)
+
+        def feed(h):
+            return self.mlp(h) if self.mlp.inputs is None else self.mlp(h, tables[self.mlp.inputs])
         if self.norm_position == 'post':  # 2017: the residual stream itself is normalized after each add
             x = self.ln_1(x + mix(x))
-            return self.ln_2(x + self.mlp(x))
+            return self.ln_2(x + feed(x))
         if self.ln_1 is not None:
             x = self.residual(x, self.branch(mix, self.ln_1, getattr(self, 'ln_1_out', None)), 0)
         if self.mlp is not None:
-            x = self.residual(x, self.branch(self.mlp, self.ln_2, getattr(self, 'ln_2_out', None)), 1)
+            x = self.residual(x, self.branch(feed, self.ln_2, getattr(self, 'ln_2_out', None)), 1)
         return x
 
 
@@ -600,6 +612,10 @@ class Feature:
     def flops(self, model, seq_len):
         """Training FLOPs per token of what it runs outside the main model's Linears and token mixers."""
         return 0
+
+    def progress(self, model, fraction):
+        """In training (train.py): before each step, fraction the share of the run done, and 1.0 before each
+        evaluation, so what it schedules (windows that grow) is evaluated and saved at its end."""
 
 
 FEATURES = []  # the Feature classes, in the order their hooks run
@@ -666,9 +682,9 @@ class GPT(nn.Module):
     def embed(self, idx, start=0, cache=None):
         """The first block's input: the tokens' embeddings (plus GPT-2's learned positions), and the tables every
         layer may read, {'rope': rotary (cos, sin) or None, None: None, 'cache': the features' part of a cache or
-        None, ...}. start: the first token's position, an int, or in a decoding step a (1,) tensor."""
+        None, 'tokens': idx, ...}. start: the first token's position, an int, or in a decoding step a (1,) tensor."""
         x, rope = self.transformer.wpe(self.transformer.wte(idx), start)
-        tables = {'rope': rope, None: None, 'cache': cache}
+        tables = {'rope': rope, None: None, 'cache': cache, 'tokens': idx}
         for feature in self.features:
             x = feature.embed(self, idx, x, start, tables)
         return self.transformer.drop(x), tables
@@ -691,7 +707,7 @@ class GPT(nn.Module):
                 mask = causal_mask(T, mixer.window, idx.device, mixer.chunked) if cache is None else \
                     cache.mask(i, mixer, T, idx.device)
                 masks[key] = T > 1 if mask is None else mask
-            x = block(x, tables[mixer.positions], masks[key], layer_caches[i])
+            x = block(x, tables[mixer.positions], masks[key], layer_caches[i], tables)
             for feature in self.features:
                 x = feature.after_block(self, i, x, tables)
         if cache is not None:

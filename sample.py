@@ -37,7 +37,7 @@ dtype = 'auto'  # 'auto' (bf16, else fp16 on CUDA; fp32 elsewhere), 'float32', '
 compile = False
 use_cache = True  # False: recompute the whole context every step (the reference path)
 speculative = False  # greedy only (temperature 0): a model with MTP modules drafts with them, verifies in one forward
-threads = 0  # intra-op threads on a CPU; 0: the usable CPUs less the busy ones (1-minute load average), at least 1
+threads = 0  # torch's intra-op threads; 0: on a CPU half its cores (OMP_NUM_THREADS if set), else torch's default
 # the model flags a trained model can run with other values of (the ones given replace the model's)
 globals().update({k: v for k, v in model_flags(runtime_only=True).items() if k != 'dropout'})
 settings = configure(settings_of(globals()), sys.argv[1:], prog='sample.py', doc=__doc__,
@@ -55,7 +55,7 @@ from common.checkpoints import load_checkpoint, load_pretrained, model_from_chec
 from common.errors import catch_interrupts, die  # noqa: E402
 from common.hardware import DTYPES, autocast, pick_device, pick_dtype  # noqa: E402
 from common.progress import Progress, progress, warnings_after  # noqa: E402
-from common.threads import pick_threads, threads_note  # noqa: E402
+from common.threads import use_threads  # noqa: E402
 from common.tokenizer import load_tokenizer  # noqa: E402
 SEPARATOR = '---------------'
 # a task dataset's prompts are its own symbols, not text: an example of one for each task, and what it asks
@@ -98,12 +98,10 @@ if speculative and compile:  # its forwards verify several tokens at once, eager
 if not 0 <= seed < 2 ** 64:
     die(f"seed must be in [0, 2**64), got {seed}")
 if threads < 0:
-    die(f"threads must be >= 0 (0: the CPUs other work leaves free), got {threads}")
+    die(f"threads must be >= 0 (0: half the cores on a CPU, else torch's default), got {threads}")
 device = pick_device(device)
 dtype = pick_dtype(device, dtype)
-on_cpu = device == 'cpu'
-if on_cpu or threads:  # torch's default, every core, waits on work that is not ours on a busy machine
-    torch.set_num_threads(pick_threads(threads))
+threads_used = use_threads(threads, device)  # torch's default, every core, waits on other work on a busy machine
 if start.startswith('FILE:'):
     prompt_path = start[len('FILE:'):]
     try:
@@ -217,7 +215,7 @@ if use_cache or speculative:  # generate allocates none for 0 new tokens; its dt
     cache = f'{n_bytes} bytes' + ('' if use_cache else ' (speculative decoding keeps one: use_cache=False does not '
                                                        'apply to it)')
 print(f"generated {tokens} tokens in {seconds:.2f} s, {tokens / max(seconds, 1e-9):.1f} tokens/s, KV cache {cache}"
-      + (f"; {threads_note(threads, torch.get_num_threads())}" if on_cpu else ''), file=sys.stderr)
+      + f"; {threads_used}", file=sys.stderr)
 if drafts:
     print(f"speculative: {drafts['accepted']} of {drafts['drafted']} drafted tokens accepted "
           f"({drafts['accepted'] / max(drafts['drafted'], 1):.0%}), {drafts['rounds']} forwards for {tokens // num_samples} "

@@ -11,12 +11,14 @@ import subprocess
 import sys
 import time
 
+import torch
+
 from ablation.files import TRAIN_PY
 from ablation.grid import run_args
 from ablation.runs import SUMMARY_VERSION, summarize_run
 from common.files import write_json
 from common.progress import fmt_duration
-from common.threads import pick_threads, threads_note
+from common.threads import use_threads
 
 CLAIM_STALE_S = 600  # a claim whose owner stopped refreshing it this long ago is free
 
@@ -167,6 +169,17 @@ def _finish(job, proc, duration, cwd, settings):
 
 # ----------------------------------------------------------------------------- the runner
 
+def run_threads(threads, parallel):
+    """(each run's intra-op threads, why in words): its OMP_NUM_THREADS, which train.py's threads=0 takes. threads,
+    or for 0 ablate.py's own count on a CPU (common.threads: half the cores, or OMP_NUM_THREADS where set), shared out
+    among the parallel runs, at least 1 each: torch's default would give every run every core."""
+    if threads:
+        return threads, '--threads'
+    said = use_threads(0, 'cpu')  # ablate.py's own (the length table, the probes) and the share's total
+    return max(1, torch.get_num_threads() // parallel), f"of {said}" + (
+        f", shared out among {parallel} runs at once" if parallel > 1 else '')
+
+
 class Runner:
     """Trains the jobs ((name, flags, seed, path) each, in order), `parallel` at once, each on the least busy of the
     devices' slots; a run finished or claimed by another process is skipped, saying so."""
@@ -176,8 +189,7 @@ class Runner:
         self.slots = [d.strip() for d in settings['devices'].split(',') if d.strip()] or [None]
         self.total, self.counter, self.running = len(jobs), 0, {}
         self.durations, self.failed, self.busy = [], [], []
-        # each run's threads, decided once: later, the load counts our own runs
-        self.threads = pick_threads(settings['threads'], share=self.parallel)
+        self.threads, self.threads_why = run_threads(settings['threads'], self.parallel)
         self.threads_said = False
 
     def run(self):
@@ -218,7 +230,8 @@ class Runner:
             in_use = [r[3] for r in self.running.values()]
             device = min(self.slots, key=in_use.count)  # the least busy (None: the recipe's own)
             if not self.threads_said:
-                print(f"each run: {threads_note(self.settings['threads'], self.threads, self.parallel)}", flush=True)
+                print(f"each run: {self.threads} thread{'s' if self.threads > 1 else ''} ({self.threads_why})",
+                      flush=True)
                 self.threads_said = True
             proc, log = start(flags, seed, path, self.cwd, device, self.settings, self.threads)
             self.running[proc] = (job, log, time.time(), device, label)

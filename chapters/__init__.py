@@ -16,6 +16,7 @@ The chapters after the lesson (model.py), one file each, in reading order:
     block_sparse      the indexer picking blocks of keys (index_block_size: MiniMax-M3, QSA, KPool)
     mtp               multi-token prediction (mtp_depth)
     gemma4            Gemma 4's K = V, K/V sharing, global layers' shapes, MoE block, per-layer embeddings
+    deepseek_v4       DeepSeek-V4's one shared key-value head, grouped output, sqrt-softplus router, clamped SwiGLU
     speedrun          the speedrun's: value embeddings, skips, smear, backout, a bigram hash table, XSA, key offset, ...
     engram            hashed n-gram memories gated by the hidden state (DeepSeek's Engram)
     hyper_connections the residual stream widened to parallel copies, collapsed and spread around each branch (mHC)
@@ -36,11 +37,11 @@ import model
 # in reading order, so the registries list their entries in it (each chapter imports only earlier ones)
 from chapters import small_swaps, attention, long_context, layer_kinds, moe, mla, nanochat, llama4  # noqa: I001
 from chapters import short_conv, deltanet, mamba2, sparse_attention, block_sparse, mtp, gemma4  # noqa: I001
-from chapters import speedrun, engram, hyper_connections  # noqa: I001
+from chapters import deepseek_v4, speedrun, engram, hyper_connections  # noqa: I001
 from model import GPT, SWAPS, swap_flags  # noqa: F401  (what the scripts take from here)
 
 CHAPTERS = (small_swaps, attention, long_context, layer_kinds, moe, mla, nanochat, llama4, short_conv, deltanet,
-            mamba2, sparse_attention, block_sparse, mtp, gemma4, speedrun, engram, hyper_connections)
+            mamba2, sparse_attention, block_sparse, mtp, gemma4, deepseek_v4, speedrun, engram, hyper_connections)
 
 
 # The lesson's flags, then every chapter's in reading order: a dataclass whose bases are the chapters' Configs, the

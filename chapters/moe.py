@@ -188,6 +188,7 @@ class MoE(nn.Module):
     group scored by its best expert, or with sigmoid its best two, as DeepSeek-V2 and V3 do).
     The load and the balancing losses of each forward are kept for logging (moe_report)."""
     gated = True
+    inputs = None  # it reads x alone (model.MLP's)
     config_class = Config
     syncs_host = True  # on a CPU its experts' token counts are read on the host: a graph break
 

@@ -59,7 +59,7 @@ class MTPModule(nn.Module):
         x = self.proj(torch.cat((self.norm_h(h), self.norm_e(embedded)), dim=-1))
         mixer = self.block.attn
         mask = causal_mask(x.size(1), mixer.window, x.device)
-        return self.block(x, tables[mixer.positions], x.size(1) > 1 if mask is None else mask)
+        return self.block(x, tables[mixer.positions], x.size(1) > 1 if mask is None else mask, None, tables)
 
 
 def mtp_flops(model, T):
@@ -85,7 +85,7 @@ def mtp_flops(model, T):
 def layer_tables(model, tokens, embedded):
     """The tables the model's layers read at positions 0.. of tokens (rotary tables by kind), as GPT.embed makes
     them; the embeddings themselves are the MTP module's input."""
-    tables = {'rope': model.transformer.wpe(embedded, 0)[1], None: None}
+    tables = {'rope': model.transformer.wpe(embedded, 0)[1], None: None, 'cache': None, 'tokens': tokens}
     for feature in model.features:
         feature.embed(model, tokens, embedded, 0, tables)
     return tables

@@ -29,7 +29,7 @@ Around the blocks (Speedrun, a Feature; each block's input is made after the blo
 - mtp_shared: the head's logits at each position also predict the tokens 2 .. mtp_shared + 1 ahead, with weights
   mtp_shared_decay^k, in training: multi-token prediction without extra modules [records 53, 88];
 - sliding_window_start: the window schedule (local layers' windows grow during training) [records 31, 72]:
-  set_window and window_at give the model side; train.py must call them.
+  the feature's progress hook, which train.py calls before each step, sets them.
 
 The tables (value embeddings, the bigram table) are looked up, not multiplied: get_num_params counts them as
 parameters and flops_per_token counts no FLOPs for them, as Gemma 4's per-layer embeddings; they sit on
@@ -118,7 +118,7 @@ class Config:
     sigmoid_softcap: bool = False  # the logits become 23*sigmoid((z+5)/7.5) (the speedrun's soft cap; logit_softcap is the tanh one)
     mtp_shared: int = 0  # training: the head's logits at each position also predict the tokens 2..mtp_shared+1 ahead, the k-th further weighted mtp_shared_decay**k (the speedrun's multi-token prediction, no extra modules); 0: none
     mtp_shared_decay: float = 0.5  # the weight of mtp_shared's k-th further token is this to the k (the speedrun: 1, 0.5, 0.25)
-    sliding_window_start: int | None = None  # training: local ('L') layers' window at the start, growing to sliding_window (the model side: speedrun.set_window; train.py does not call it yet); None: fixed
+    sliding_window_start: int | None = None  # training: local ('L') layers' window at the start, growing linearly to sliding_window by the end (evaluated at sliding_window); None: fixed
 
     FIELD_TYPES = {
         **dict.fromkeys(('value_embed_layers', 'xsa_layers'), LAYER_LIST),
@@ -313,7 +313,7 @@ class Speedrun(Feature):
 
     @staticmethod
     def applies(config):
-        return bool(changed(config, FEATURE_FIELDS))
+        return bool(changed(config, FEATURE_FIELDS + ('sliding_window_start',)))
 
     def build(self, model):
         c, t = self.config, model.transformer
@@ -416,6 +416,11 @@ class Speedrun(Feature):
                 F.cross_entropy(scored, targets[:, k:].reshape(-1), ignore_index=-1)
         return total
 
+    def progress(self, model, fraction):
+        """The window schedule: the local layers' window at this share of training."""
+        if self.config.sliding_window_start is not None:
+            set_window(model, window_at(self.config, fraction))
+
     def flops(self, model, seq_len):
         """The smear's gate over the tokens after the first, and the head run again over all but the last."""
         shifted = (seq_len - 1) / seq_len
@@ -436,9 +441,7 @@ def window_at(config, fraction):
 
 
 def set_window(model, window):
-    """Every local ('L') layer's window, the MTP modules' blocks' included: the masks and a new cache follow it
-    (train.py calls set_window(model, window_at(config, iter_num / max_iters)) before each step, and
-    set_window(model, config.sliding_window) before evaluating and saving)."""
+    """Every local ('L') layer's window, the MTP modules' blocks' included: the masks and a new cache follow it."""
     kinds = model.config.layer_kinds
     mixers = [block.attn for block, kind in zip(model.transformer.h, kinds) if kind == 'L']
     if kinds[-1] == 'L':

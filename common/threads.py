@@ -1,38 +1,27 @@
-"""How many intra-op threads a run on a CPU takes (sample.py's `threads`, each of ablate.py's runs): the CPUs other
-work leaves free, not every core. torch's default is every core, and on a machine busy with other work its threads
-wait on each other at every operation (greedy decoding of the 4-layer character model at batch 10 here, a 2-core
-CPU at load 3.5: 1,500-2,700 tokens/s on one thread, 160-290 on two)."""
+"""The threads torch computes with on a CPU. Torch's default, one per core, oversubscribes a machine where other
+work runs: each matmul's threads wait at a barrier for the one the scheduler set aside (on a 2-core machine with
+one other busy process, the CPU recipe went from 300 to 2,400 ms/iter with 2 threads; docs/training.md). So a
+script's threads=0 takes, on a CPU, half the cores (one on two), at most torch's own default, which is already
+that on machines with two hardware threads per core; elsewhere torch's default."""
 
 import os
 
-
-def usable_cpus():
-    """The CPUs this process may run on (its affinity: a container's or taskset's limit), else all of them."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+import torch
 
 
-def busy_cpus():
-    """The CPUs other work keeps busy: the 1-minute load average (runnable processes), 0 where there is none."""
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return 0.0
-
-
-def pick_threads(threads, share=1):
-    """The intra-op threads of a run on a CPU: `threads` as given (> 0), or for 0 the usable CPUs less the busy
-    ones, shared out among `share` runs at once, at least 1 each."""
-    if threads:
-        return threads
-    return max(1, (usable_cpus() - round(busy_cpus())) // share)
-
-
-def threads_note(threads, chosen, share=1):
-    """Where a run's thread count came from, in words (for a report line)."""
-    if threads:
-        return f"{chosen} thread{'s' if chosen > 1 else ''} (--threads)"
-    return (f"{chosen} thread{'s' if chosen > 1 else ''} ({usable_cpus()} usable CPUs, load {busy_cpus():.1f}"
-            + (f", {share} runs at once" if share > 1 else '') + "; --threads to choose)")
+def use_threads(threads, device):
+    """Set torch's intra-op threads for a run on device -> how many and why, for the run's first line. threads: a
+    count, or 0: torch's default on a GPU or where OMP_NUM_THREADS names one (torchrun, ablate.py's parallel runs,
+    the user), else half the CPU's cores."""
+    if threads > 0:
+        torch.set_num_threads(threads)
+        return f"{threads} thread{'s' if threads > 1 else ''} (--threads)"
+    n = torch.get_num_threads()
+    if not device.startswith('cpu'):
+        return f"{n} CPU thread{'s' if n > 1 else ''} (torch's default)"
+    if os.environ.get('OMP_NUM_THREADS'):
+        return f"{n} thread{'s' if n > 1 else ''} (OMP_NUM_THREADS)"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+    n = max(1, min(n, cores // 2))
+    torch.set_num_threads(n)
+    return f"{n} thread{'s' if n > 1 else ''} (half of {cores} cores: --threads sets another count)"

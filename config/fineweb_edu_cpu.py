@@ -9,4 +9,5 @@ dataset = 'fineweb_edu'
 wandb_project = 'fineweb'
 always_save_checkpoint = True  # web text: no overfitting in these steps
 max_iters = 2000
+log_interval = 25  # 80 lines a run
 lr_decay_iters = 2000

@@ -1,7 +1,10 @@
 # The recall group's base recipe on a CPU (ablate.py sets dataset, block_size, n_embd and n_head per run):
 # 4 layers (room for the 3:1 hybrid 'DDDG'), batch 64 whole examples, AdamW at 1e-3 (3e-3 plateaus: see
-# docs/evidence_plan.md), 3000 iterations: past the phase change where global attention goes from ~0.3 to 1.0
-# accuracy (about 2,000-2,250 iterations at width 64 on data/recall_32).
+# docs/evidence_plan.md), 3000 iterations: past the phase change where global attention goes from ~0.3 to ~1.0
+# accuracy, which comes at another iteration run to run. Where it came, at width 64 on data/recall_32: between 500
+# and 750 with the modern block (docs/training.md's command; 0.31 at 500, 0.86 at 750, 0.97 at 1,250, 1.000 at
+# 2,500, one run on a 2-core CPU, and so in issue 49's run); past 0.9 at 1,000-1,500 in the recall group's three
+# seeds (docs/results.md); 2,200-2,600 in the pilot before this recipe (docs/evidence_plan.md).
 exec(open('config/shakespeare_vanilla_cpu.py').read())
 out_dir = 'out-recall-cpu'
 wandb_project = 'recall'

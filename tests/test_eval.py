@@ -181,6 +181,7 @@ def test_cli_writes_the_harness_results(tmp_path, bpe, monkeypatch, capsys, sing
     (['--out_dir=out', '--include_path=nowhere'], ["include_path 'nowhere'", 'not a directory']),
     (['--out_dir=out', '--tasks=,'], ['tasks must name']),
     (['--out_dir=out', '--limit=0'], ['limit must be at least 1']),
+    (['--out_dir=out', '--threads=-1'], ['threads must be >= 0']),
 ])
 def test_bad_settings_are_one_line_before_torch_work(tmp_path, monkeypatch, capsys, args, fragments):
     code, _, err = run_eval(tmp_path, *args, monkeypatch=monkeypatch, capsys=capsys)
@@ -236,6 +237,16 @@ def test_the_example_task_scores_a_character_model_without_a_false_error(tmp_pat
     assert results['n-samples']['shakespeare_cloze']['effective'] == items == 12
     assert results['results']['shakespeare_cloze']['acc,none'] * items == pytest.approx(
         round(results['results']['shakespeare_cloze']['acc,none'] * items))
+
+
+def test_eval_takes_a_thread_count(tmp_path, monkeypatch, capsys, single_thread):
+    """--threads as train.py's (tests/test_threads.py has the default's choice)."""
+    pytest.importorskip('lm_eval')
+    write_char_checkpoint(tmp_path)
+    code, _, err = run_eval(tmp_path, '--out_dir=out', '--tasks=shakespeare_cloze', '--include_path=examples/eval_task',
+                            '--limit=1', '--threads=2', monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, err[-3000:]
+    assert torch.get_num_threads() == 2  # single_thread puts the test process's count back
 
 
 @pytest.mark.parametrize('output, fragment', [

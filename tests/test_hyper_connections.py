@@ -171,9 +171,11 @@ def test_bad_hyper_connection_settings_are_one_line(overrides, fragment):
     assert fragment in str(e.value) and '\n' not in str(e.value)
 
 
-def test_no_hugging_face_family_carries_copies_yet():
+def test_only_deepseek_v4_carries_copies():
+    """A model with copies that is otherwise not DeepSeek-V4's is refused, naming deepseek_v4 as the family that
+    carries hc_mult."""
     pytest.importorskip('transformers')
     from export import hf_family
     with pytest.raises(ValueError) as e:
         hf_family(GPTConfig(**FLAGS))
-    assert 'hc_mult=4' in str(e.value)
+    assert 'hc_mult=4' in str(e.value) and 'deepseek_v4' in str(e.value)

@@ -16,7 +16,7 @@ import model as M
 from chapters import GPT, GPTConfig, attention, long_context
 from tiny_models import (BLOCK, N_EMBD, N_HEAD, VOCAB, assert_close, build, check_backward, check_cache_logits,
                          check_causal, check_generate_cache, config_id, counted_training_flops, rope_tables,
-                         tiny_config)
+                         reference_greedy, tiny_config)
 
 pytestmark = pytest.mark.usefixtures('single_thread')
 
@@ -838,3 +838,33 @@ def test_model_py_runs_alone_in_an_empty_folder(tmp_path):
                             env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split('\n')[:2] == ['layernorm gelu 4 learned True 64', 'rms swiglu 2 rope True 64']
+
+
+# ----------------------------------------------------------------------------- an MLP reading the tokens
+
+class TokenBiasMLP(M.GatedMLP):
+    """A test MLP that reads the token ids beside x (inputs='tokens'): SwiGLU plus a row of a table per token."""
+    inputs = 'tokens'
+
+    def __init__(self, config, hidden=None):
+        super().__init__(config, hidden)
+        self.rows = nn.Embedding(config.vocab_size, config.n_embd)
+
+    def forward(self, x, tokens):
+        return super().forward(x) + self.rows(tokens)
+
+
+@torch.no_grad()
+def test_an_mlp_reads_the_tokens_it_declares_in_training_prefill_and_decoding(monkeypatch):
+    """An MLP declaring inputs='tokens' gets the ids of the tokens it sees (GPT.embed's tables['tokens']): its rows
+    move the logits, and decoding through the cache, a step at a time, computes what full forwards do."""
+    monkeypatch.setitem(M.MLPS, 'token_bias', TokenBiasMLP)
+    model = build(mlp='token_bias', pos='rope', norm='rms')
+    idx = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(71))
+    before = model(idx)[0]
+    for block in model.transformer.h:
+        block.mlp.rows.weight.normal_(generator=torch.Generator().manual_seed(72))
+    assert (model(idx)[0] - before).abs().max() > 1e-2
+    check_cache_logits(model)
+    prompt = idx[:, :4]
+    assert torch.equal(model.generate(prompt, 2 * BLOCK, temperature=0), reference_greedy(model, prompt, 2 * BLOCK))

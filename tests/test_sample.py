@@ -513,20 +513,18 @@ def test_speculative_decoding_reports_the_cache_it_keeps_and_refuses_a_compile_i
     assert_one_line_error(*sample(*args, '--compile=True', expect_exit=True), 'compile', 'speculative')
 
 
-def test_threads_default_to_the_cpus_other_work_leaves_free(tmp_path, sample, monkeypatch):
-    """--threads=N sets torch's intra-op threads; the default takes the usable CPUs less the busy ones (the 1-minute
-    load average), at least 1: on a busy 2-core machine one thread, not torch's two that wait on each other (issue
-    49.1); the report line says how many and why."""
-    import common.threads
+def test_threads_are_half_the_cores_by_default_and_said(tmp_path, sample, monkeypatch):
+    """sample.py's threads, as train.py's (common.threads, issue 49.1): --threads=N, or on a CPU half the cores, at
+    most torch's default (one thread on a 2-core machine, not torch's two that wait on each other when other work
+    runs); the report line says how many and why."""
     char_checkpoint(tmp_path)
-    monkeypatch.setattr(common.threads, 'usable_cpus', lambda: 2)
+    monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
+    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0, 1})
+    torch.set_num_threads(2)  # torch's default on 2 cores (the fixture keeps the count)
     args = ('--start=Hi', '--num_samples=2', '--max_new_tokens=4')
-    for load, expected in ((3.6, 1), (0.4, 2), (1.2, 1)):
-        monkeypatch.setattr(common.threads, 'busy_cpus', lambda: load)
-        _, err = sample(*args)
-        assert torch.get_num_threads() == expected
-        assert parse_report(err)[5] == (f"{expected} thread{'s' if expected > 1 else ''} (2 usable CPUs, load {load}; "
-                                        f"--threads to choose)")
+    _, err = sample(*args)
+    assert torch.get_num_threads() == 1
+    assert parse_report(err)[5] == '1 thread (half of 2 cores: --threads sets another count)'
     _, err = sample(*args, '--threads=3')
     assert torch.get_num_threads() == 3 and parse_report(err)[5] == '3 threads (--threads)'
     assert_one_line_error(*sample('--threads=-1', expect_exit=True), 'threads must be >= 0')

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import model as M
 from chapters import GPTConfig, attention, speedrun
+from test_train import workdir  # noqa: F401 (a fixture)
 from tiny_models import (BLOCK, N_EMBD, N_HEAD, VOCAB, assert_close, build, check_cache_logits, check_causal,
                          counted_training_flops, generate_recording_logits, reference_greedy, tiny_config, train_steps)
 
@@ -270,6 +271,24 @@ def test_the_window_grows_from_its_start_and_the_model_follows_it():
     assert model.kv_cache_bytes(2, BLOCK) == narrow.kv_cache_bytes(2, BLOCK)
     speedrun.set_window(model, config.sliding_window)
     assert model.flops_per_token() == build(**flags).flops_per_token()
+    for fraction, window in ((0.0, 2), (0.5, 5), (1.0, 8)):  # the hook train.py calls before each step
+        for feature in model.features:
+            feature.progress(model, fraction)
+        assert model.transformer.h[0].attn.window == window
+
+
+def test_train_py_grows_the_window_and_evaluates_at_the_last(workdir, monkeypatch, capsys):  # noqa: F811
+    """train.py calls the features' progress hook: a run with sliding_window_start trains at growing windows and
+    its checkpoint is evaluated at sliding_window (what a model built with that window computes)."""
+    from test_train import train_here
+    seen = []
+    set_window = speedrun.set_window
+    monkeypatch.setattr(speedrun, 'set_window', lambda model, w: seen.append(w) or set_window(model, w))
+    code, _, err = train_here(workdir, '--pos=rope', '--layers=LG', '--sliding_window=8', '--sliding_window_start=2',
+                              '--max_iters=4', '--eval_interval=4', '--out_dir=out', monkeypatch=monkeypatch,
+                              capsys=capsys)
+    assert code == 0, err
+    assert seen == [8, 2, 3, 5, 6, 8]  # evaluated at the end's window, then each step's, then evaluated again
 
 
 # ----------------------------------------------------------------------------- export and settings

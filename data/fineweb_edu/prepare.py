@@ -283,21 +283,56 @@ def main():
 
 
 def prepare(args, out):
-    # what decides the shards' contents: a rerun continues only a preparation with the same
-    source = os.path.abspath(args.input) if args.input else f"HuggingFaceFW/fineweb-edu:{args.sample}"
-    preparation = {"source": source, "shard_tokens": args.shard_tokens, "val_tokens": args.val_tokens}
     meta_path = os.path.join(out, "meta.json")
+    meta = start_meta(args, out, meta_path)
+    if meta is None:
+        return
+    refuse_others(out, meta)
+    ds = load(args)
+    if len(ds) == 0:
+        fail(f"input '{args.input or source_of(args)}' is empty (no documents)")
+    if meta["docs"]:
+        print(f"resuming after {meta['docs']:,} documents, {sum(len(s) for s in meta['shards'].values())} shards "
+              f"written")
+    shards = Shards(out, meta_path, meta, args)
+    workers = Pool(args.num_proc, quiet_worker) if args.num_proc > 1 else None
+    with workers or nullcontext() as pool:
+        stream = pool.imap(tokenize, texts(ds, shards.docs), chunksize=16) if pool else \
+            map(tokenize, texts(ds, shards.docs))
+        with tqdm(total=len(ds), initial=shards.docs, unit="doc", desc="tokenizing") as bar:
+            for ids in stream:
+                shards.add(ids)
+                bar.update()
+    shards.finish()
+    refuse_val_only(out, meta, args)
+    print(f"wrote {len(meta['shards']['train'])} train shards ({meta['train_tokens']:,} tokens) and "
+          f"{len(meta['shards']['val'])} val ({meta['val_tokens']:,} tokens) from {shards.docs:,} documents to {out}")
+
+
+def source_of(args):
+    return os.path.abspath(args.input) if args.input else f"HuggingFaceFW/fineweb-edu:{args.sample}"
+
+
+def start_meta(args, out, meta_path):
+    """The record to fill: a new one, or the one an earlier run with the same settings left (its shards whole);
+    None when that run finished (said)."""
+    # what decides the shards' contents: a rerun continues only a preparation with the same
+    preparation = {"source": source_of(args), "shard_tokens": args.shard_tokens, "val_tokens": args.val_tokens}
     meta = read_meta(meta_path, preparation)
     if meta is None:
-        meta = {"dataset": "fineweb_edu", "kind": "tiktoken", "encoding": "gpt2", "vocab_size": enc.n_vocab,
+        return {"dataset": "fineweb_edu", "kind": "tiktoken", "encoding": "gpt2", "vocab_size": enc.n_vocab,
                 "preparation": preparation, "shards": {"val": [], "train": []}, "train_tokens": 0, "val_tokens": 0,
                 "docs": 0, "doc_offset": 0, "complete": False}
-    else:
-        meta = keep_whole_shards(out, meta)
-        if meta["complete"]:
-            refuse_val_only(out, meta, args)
-            print(f"'{out}' is already prepared: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens")
-            return
+    meta = keep_whole_shards(out, meta)
+    if meta["complete"]:
+        refuse_val_only(out, meta, args)
+        print(f"'{out}' is already prepared: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens")
+        return None
+    return meta
+
+
+def refuse_others(out, meta):
+    """One line for a file in out that is not ours: a shard meta.json does not list, or another dataset's .bin."""
     listed = {entry[0] for split in meta["shards"].values() for entry in split}
     # the shard the next flush writes: one there was renamed in before a kill let meta.json list it
     upcoming = {f"fineweb_edu_{split}_{len(listed):06d}.bin" for split in ("val", "train")}
@@ -310,64 +345,65 @@ def prepare(args, out):
         fail(f"'{out}' holds {', '.join(others[:3])}, which fineweb_edu's preparation does not write; fineweb_edu does "
              f"not write beside another's files: use another --out_dir, or remove them first")
 
-    ds = load(args)
-    if len(ds) == 0:
-        fail(f"input '{args.input or source}' is empty (no documents)")
-    if meta["docs"]:
-        print(f"resuming after {meta['docs']:,} documents, {len(listed)} shards written")
-    shard = np.empty(args.shard_tokens, dtype=np.uint16)
-    filled = 0
-    docs, offset = meta["docs"], meta["doc_offset"]  # offset: tokens of document `docs` already in a shard
 
-    def split_now():
-        return "val" if meta["val_tokens"] < args.val_tokens else "train"
+class Shards:
+    """The shard being filled and meta.json, the record of those written: documents' tokens go in, a full shard
+    goes out with the record naming it. The first val_tokens are the val split."""
 
-    def flush(last=False):
+    def __init__(self, out, meta_path, meta, args):
+        self.out, self.meta_path, self.meta = out, meta_path, meta
+        self.shard_tokens, self.val_tokens = args.shard_tokens, args.val_tokens
+        self.shard, self.filled = np.empty(args.shard_tokens, dtype=np.uint16), 0
+        self.docs, self.offset = meta["docs"], meta["doc_offset"]  # offset: tokens of document `docs` already in a shard
+
+    def split_now(self):
+        return "val" if self.meta["val_tokens"] < self.val_tokens else "train"
+
+    def add(self, ids):
+        """Document number docs, its tokens from offset on; a shard that fills up is written."""
+        ids = ids[self.offset:]
+        while len(ids):
+            # the val split ends at val_tokens, a train shard at shard_tokens: the document goes on in the next
+            room = self.shard_tokens - self.filled
+            if self.split_now() == "val":
+                room = min(room, self.val_tokens - self.meta["val_tokens"] - self.filled)
+            take = ids[:room]
+            self.shard[self.filled:self.filled + len(take)] = take
+            self.filled += len(take)
+            self.offset += len(take)
+            ids = ids[len(take):]
+            if len(ids):
+                self.flush()
+        self.docs, self.offset = self.docs + 1, 0
+
+    def flush(self, last=False):
         """Write the shard being filled and record it, the two together (Ctrl-C waits)."""
-        nonlocal filled
-        split = split_now()
+        meta = self.meta
+        split = self.split_now()
         number = sum(len(s) for s in meta["shards"].values())
         name = f"fineweb_edu_{split}_{number:06d}.bin"
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
             # file.write, not ndarray.tofile: tofile takes a short write (a full disk, a size limit) for done
-            write_or_fail(os.path.join(out, name), lambda f: f.write(memoryview(shard[:filled])))
-            meta["shards"][split].append([name, filled, docs, offset])  # and where in the input it ends
-            meta[f"{split}_tokens"] += filled
-            meta.update(docs=docs, doc_offset=offset, complete=last)
-            write_or_fail(meta_path, lambda f: f.write(json.dumps(meta, indent=1).encode() + b"\n"))
+            write_or_fail(os.path.join(self.out, name), lambda f: f.write(memoryview(self.shard[:self.filled])))
+            meta["shards"][split].append([name, self.filled, self.docs, self.offset])  # and where in the input it ends
+            meta[f"{split}_tokens"] += self.filled
+            meta.update(docs=self.docs, doc_offset=self.offset, complete=last)
+            self.write_meta()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
-        filled = 0
+        self.filled = 0
 
-    workers = Pool(args.num_proc, quiet_worker) if args.num_proc > 1 else None
-    with workers or nullcontext() as pool:
-        stream = pool.imap(tokenize, texts(ds, docs), chunksize=16) if pool else map(tokenize, texts(ds, docs))
-        with tqdm(total=len(ds), initial=docs, unit="doc", desc="tokenizing") as bar:
-            for ids in stream:
-                ids = ids[offset:]
-                while len(ids):
-                    # the val split ends at val_tokens, a train shard at shard_tokens: the document goes on in the next
-                    room = args.shard_tokens - filled
-                    if split_now() == "val":
-                        room = min(room, args.val_tokens - meta["val_tokens"] - filled)
-                    take = ids[:room]
-                    shard[filled:filled + len(take)] = take
-                    filled += len(take)
-                    offset += len(take)
-                    ids = ids[len(take):]
-                    if len(ids):
-                        flush()
-                docs, offset = docs + 1, 0
-                bar.update()
-    if filled:
-        flush(last=True)
-    else:  # the input ended with a shard (or a resume found nothing left): only the record says it is done
-        meta.update(docs=docs, doc_offset=0, complete=True)
-        write_or_fail(meta_path, lambda f: f.write(json.dumps(meta, indent=1).encode() + b"\n"))
-    refuse_val_only(out, meta, args)
-    print(f"wrote {len(meta['shards']['train'])} train shards ({meta['train_tokens']:,} tokens) and "
-          f"{len(meta['shards']['val'])} val ({meta['val_tokens']:,} tokens) from {docs:,} documents to {out}")
+    def finish(self):
+        """The last shard written and the record marked complete."""
+        if self.filled:
+            self.flush(last=True)
+        else:  # the input ended with a shard (or a resume found nothing left): only the record says it is done
+            self.meta.update(docs=self.docs, doc_offset=0, complete=True)
+            self.write_meta()
+
+    def write_meta(self):
+        write_or_fail(self.meta_path, lambda f: f.write(json.dumps(self.meta, indent=1).encode() + b"\n"))
 
 
 def interrupted(signum, frame):

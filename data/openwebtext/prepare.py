@@ -215,7 +215,26 @@ def prepare(args):
         enc = tiktoken.get_encoding("gpt2")
     except Exception as e:  # offline without a cache, tiktoken raises whatever its HTTP client raises
         fail(f"cannot load the GPT-2 encoding ({type(e).__name__}); offline, set TIKTOKEN_CACHE_DIR to a tiktoken cache")
+    split = split_documents(args, num_proc)
 
+    def tokenize(example):
+        ids = enc.encode_ordinary(example["text"] or "")
+        ids.append(enc.eot_token)  # marks document boundaries so the model learns where texts end
+        return {"ids": ids, "len": len(ids)}
+
+    tokenized = {}
+    for name, d in split.items():
+        procs = min(num_proc, len(d))  # datasets warns when asked for more workers than rows
+        tokenized[name] = d.map(
+            tokenize, remove_columns=d.column_names, num_proc=procs if procs > 1 else None, desc=f"tokenizing {name}"
+        )
+    counts = write_dataset(args.out_dir, tokenized, enc.n_vocab)
+    for name, d in tokenized.items():
+        print(f"{name} has {len(d):,} documents, {counts[name]:,} tokens")
+
+
+def split_documents(args, num_proc):
+    """The input's documents, shuffled into {'train': ..., 'val': ...} (each at least one document)."""
     src = args.input if args.input is not None else "openwebtext"
     try:
         if args.input is None:
@@ -239,43 +258,32 @@ def prepare(args):
     n_val = min(max(1, math.ceil(args.test_size * n)), n - 1)
     split = ds.train_test_split(test_size=n_val, seed=2357, shuffle=True)
     split["val"] = split.pop("test")
+    return split
 
-    def tokenize(example):
-        ids = enc.encode_ordinary(example["text"] or "")
-        ids.append(enc.eot_token)  # marks document boundaries so the model learns where texts end
-        return {"ids": ids, "len": len(ids)}
 
-    tokenized = {}
-    for name, d in split.items():
-        procs = min(num_proc, len(d))  # datasets warns when asked for more workers than rows
-        tokenized[name] = d.map(
-            tokenize, remove_columns=d.column_names, num_proc=procs if procs > 1 else None, desc=f"tokenizing {name}"
-        )
-
-    # train.bin, val.bin and meta.json are written aside, then switched: a failed run (a full disk) leaves the
-    # previous dataset whole, never half a new one beside it
+def write_dataset(out, tokenized, vocab_size):
+    """train.bin, val.bin and meta.json of the tokenized splits -> each split's token count. They are written aside,
+    then switched: a failed run (a full disk) leaves the previous dataset whole, never half a new one beside it."""
     try:
-        counts = {name: write_split(d, aside(args.out_dir, f"{name}.bin")) for name, d in tokenized.items()}
-        with open(aside(args.out_dir, "meta.json"), "w", encoding="utf-8") as f:
-            json.dump({"dataset": DATASET, "kind": "tiktoken", "encoding": "gpt2", "vocab_size": enc.n_vocab,
+        counts = {name: write_split(d, aside(out, f"{name}.bin")) for name, d in tokenized.items()}
+        with open(aside(out, "meta.json"), "w", encoding="utf-8") as f:
+            json.dump({"dataset": DATASET, "kind": "tiktoken", "encoding": "gpt2", "vocab_size": vocab_size,
                        **{f"{name}_tokens": count for name, count in counts.items()}}, f)
             f.write("\n")
         # Ctrl-C waits until all three are switched: never a new train.bin beside an old meta.json
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
             for name in NAMES:
-                os.replace(aside(args.out_dir, name), os.path.join(args.out_dir, name))
+                os.replace(aside(out, name), os.path.join(out, name))
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
     except OSError as e:
-        fail(f"cannot write to '{args.out_dir}': {reason(e)}; the dataset there is as it was")
+        fail(f"cannot write to '{out}': {reason(e)}; the dataset there is as it was")
     finally:
         for name in NAMES:
-            if os.path.isfile(aside(args.out_dir, name)):
-                os.remove(aside(args.out_dir, name))
-
-    for name, d in tokenized.items():
-        print(f"{name} has {len(d):,} documents, {counts[name]:,} tokens")
+            if os.path.isfile(aside(out, name)):
+                os.remove(aside(out, name))
+    return counts
 
 
 def interrupted(signum, frame):

@@ -1,0 +1,110 @@
+"""DeepSeek-V4 (deepseek_v4), its sliding layers: one shared key-value head (attn='shared_kv') with sinks, a query
+bottleneck and the grouped low-rank output (chapters/deepseek_v4.py), a window on every layer, the sqrt-softplus
+or sigmoid router with its balancing bias and the clamped SwiGLU, mHC on every layer (hyper_connections.py).
+Its rotated dims are the last of each head, in pairs; ours the first, in halves: the rows that make each head
+(and the columns that read it) are reordered. Its compressed layers (HCA, CSA) and hash routing are refused."""
+
+import torch
+
+from .engine import _TRANSFORMS, ANY, HF_FAMILIES, HFFamily
+from .shared import _MOE, _SIZES, _made_of
+
+
+def _deepseek_v4_read(c):
+    n = c.num_hidden_layers
+    kinds = set(c.layer_types[:n]) - {'sliding_attention'}
+    if kinds:
+        raise ValueError(f"layer_types {sorted(kinds)} are not supported yet (the compressed layers: only "
+                         f"'sliding_attention')")
+    if 'hash_moe' in c.mlp_layer_types[:n]:
+        raise ValueError("mlp_layer_types 'hash_moe' (hash routing: experts chosen by the token id) is not supported "
+                         "yet: only 'moe'")
+    if c.hidden_act != 'silu' or c.attention_bias or c.mlp_bias:
+        raise ValueError("DeepSeek-V4 checkpoints with biases or an activation other than silu are not supported")
+    if c.scoring_func not in ('sqrtsoftplus', 'sigmoid'):
+        raise ValueError(f"scoring_func {c.scoring_func!r} is not supported ('sqrtsoftplus', 'sigmoid')")
+    if c.hc_mult < 2:
+        raise ValueError(f"hc_mult={c.hc_mult} is not supported (hyper-connections of 2 copies or more)")
+    main = c.rope_parameters['main']
+    if main.get('rope_type', 'default') != 'default':
+        raise ValueError(f"a sliding layers' rope_type {main['rope_type']!r} is not supported (only 'default')")
+    return dict(n_layer=n, n_head=c.num_attention_heads, n_embd=c.hidden_size, head_dim=c.head_dim,
+                vocab_size=c.vocab_size, block_size=c.max_position_embeddings, bias=False, norm='rms',
+                norm_eps=c.rms_norm_eps, tie_embeddings=bool(c.tie_word_embeddings), pos='rope',
+                rope_theta=float(main['rope_theta']), rope_fraction=float(main.get('partial_rotary_factor', 1.0)),
+                attn='shared_kv', attn_sinks=True, q_rank=c.q_lora_rank, o_groups=c.o_groups,
+                o_lora_rank=c.o_lora_rank, sliding_window=c.sliding_window,
+                # one shared expert of moe_intermediate_size whatever n_shared_experts says (transformers' MLP)
+                mlp='moe', n_expert=c.n_routed_experts, n_expert_active=c.num_experts_per_tok,
+                moe_hidden=c.moe_intermediate_size, n_shared_expert=1, router='sigmoid',
+                router_score='sqrtsoftplus' if c.scoring_func == 'sqrtsoftplus' else None, router_norm_topk=True,
+                routed_scaling=float(c.routed_scaling_factor), swiglu_limit=float(c.swiglu_limit),
+                swiglu_form='plain', hc_mult=c.hc_mult, hc_kind='mhc', hc_sinkhorn_iters=c.hc_sinkhorn_iters,
+                hc_eps=float(c.hc_eps), hc_final='learned')
+
+
+def _deepseek_v4_write(cfg):
+    n = cfg.n_layer
+    return dict(vocab_size=cfg.vocab_size, hidden_size=cfg.n_embd, moe_intermediate_size=cfg.expert_hidden,
+                num_hidden_layers=n, num_attention_heads=cfg.n_head, num_key_value_heads=1, head_dim=cfg.head_size,
+                q_lora_rank=cfg.q_rank, o_groups=cfg.o_groups, o_lora_rank=cfg.o_lora_rank,
+                sliding_window=cfg.sliding_window, layer_types=['sliding_attention'] * n, mlp_layer_types=['moe'] * n,
+                rope_theta=cfg.rope_theta, partial_rotary_factor=cfg.rope_fraction,
+                max_position_embeddings=cfg.block_size, n_routed_experts=cfg.n_expert,
+                num_experts_per_tok=cfg.n_expert_active, n_shared_experts=1,
+                scoring_func=cfg.router_score or 'sigmoid', norm_topk_prob=True,
+                routed_scaling_factor=float(cfg.routed_scaling), swiglu_limit=float(cfg.swiglu_limit),
+                hc_mult=cfg.hc_mult, hc_sinkhorn_iters=cfg.hc_sinkhorn_iters, hc_eps=cfg.hc_eps,
+                rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings, attention_dropout=cfg.dropout,
+                router_aux_loss_coef=cfg.moe_aux_loss_coef, pad_token_id=None)
+
+
+def _head_order(config):
+    """Our head dims as theirs: the rotated pairs' first members, then their second members, then the rest."""
+    width, nope = config.head_size, config.head_size - config.rope_dim
+    return torch.cat((torch.arange(nope, width, 2), torch.arange(nope + 1, width, 2), torch.arange(nope)))
+
+
+def _reorder_heads(tensor, config, dim, inverse):
+    """Every head's dims along `dim` (heads of head_size, side by side) in our order, or (inverse) back in theirs."""
+    order = _head_order(config)
+    order = order.argsort() if inverse else order
+    return tensor.unflatten(dim, (-1, config.head_size)).index_select(dim + 1, order).flatten(dim, dim + 1)
+
+
+_TRANSFORMS.update({  # the rows that make heads (q, the key-value head and its norm), the columns that read them
+    'v4_head_rows': (lambda t, c: _reorder_heads(t, c, 0, False), lambda t, c: _reorder_heads(t, c, 0, True)),
+    'v4_head_cols': (lambda t, c: _reorder_heads(t, c, 1, False), lambda t, c: _reorder_heads(t, c, 1, True)),
+})
+_LAYER = 'model.layers.{i}.'
+_DEEPSEEK_V4_NAMES = [
+    ('transformer.wte.weight', 'model.embed_tokens.weight', None),
+    ('transformer.ln_f.weight', 'model.norm.weight', None),
+    ('lm_head.weight', 'lm_head.weight', None),
+    *[(f'transformer.hc_head.{p}', f'model.hc_head.{p}', None) for p in ('hc_fn', 'hc_base', 'hc_scale')],
+    ('transformer.h.{i}.ln_1.weight', _LAYER + 'input_layernorm.weight', None),
+    ('transformer.h.{i}.ln_2.weight', _LAYER + 'post_attention_layernorm.weight', None),
+    *[(f'transformer.h.{{i}}.residual.{hc}.{p}', f'{_LAYER}{hc}.{p}', None)
+      for hc in ('attn_hc', 'ffn_hc') for p in ('fn', 'base', 'scale')],
+    *[(f'transformer.h.{{i}}.attn.{ours}', f'{_LAYER}self_attn.{theirs}', how) for ours, theirs, how in (
+        ('q_a.weight', 'q_a_proj.weight', None), ('q_a_norm.weight', 'q_a_norm.weight', None),
+        ('q_b.weight', 'q_b_proj.weight', 'v4_head_rows'), ('c_kv.weight', 'kv_proj.weight', 'v4_head_rows'),
+        ('kv_norm.weight', 'kv_norm.weight', 'v4_head_rows'), ('sinks', 'sinks', None),
+        ('c_group.weight', 'o_a_proj.weight', 'v4_head_cols'), ('c_proj.weight', 'o_b_proj.weight', None))],
+    *[(f'transformer.h.{{i}}.mlp.{ours}', f'{_LAYER}mlp.{theirs}', None) for ours, theirs in (
+        ('router.weight', 'gate.weight'), ('expert_bias', 'gate.e_score_correction_bias'),
+        ('experts.c_fc', 'experts.gate_up_proj'), ('experts.c_proj', 'experts.down_proj'),
+        ('shared.c_proj.weight', 'shared_experts.down_proj.weight'))],
+    ('transformer.h.{i}.mlp.shared.c_fc.weight', (_LAYER + 'mlp.shared_experts.gate_proj.weight',
+                                                  _LAYER + 'mlp.shared_experts.up_proj.weight'), None),
+]
+HF_FAMILIES['deepseek_v4'] = HFFamily(
+    'deepseek_v4', 'DeepseekV4ForCausalLM',
+    {**_SIZES, **_MOE, 'norm': ('rms',), 'bias': (False,), 'pos': ('rope',), 'rope_theta': ANY, 'rope_fraction': ANY,
+     'head_dim': ANY, 'attn': ('shared_kv',), 'attn_sinks': (True,), 'q_rank': lambda v: bool(v), 'o_groups': ANY,
+     'o_lora_rank': lambda v: v is not None, 'sliding_window': lambda v: v is not None, 'layers': _made_of('L'),
+     'mlp': ('moe',), 'n_shared_expert': (1,), 'router': ('sigmoid',), 'router_score': ANY,
+     'router_norm_topk': (True,), 'routed_scaling': ANY, 'moe_bias_update_rate': ANY,
+     'swiglu_limit': lambda v: v is not None, 'swiglu_form': ('plain',), 'hc_mult': lambda v: v >= 2,
+     'hc_sinkhorn_iters': ANY, 'hc_eps': ANY},
+    _DEEPSEEK_V4_NAMES, _deepseek_v4_read, _deepseek_v4_write)

@@ -1,0 +1,96 @@
+"""common/evaluation.py, through train.py: fixed evaluation batches shared out across ranks, a task's greedy accuracy
+over its first examples and at longer lengths, MoE's load on the val batches."""
+
+import re
+
+import pytest
+import torch
+
+from test_batches import make_task, task_file
+from test_train import MODERN, log_records, run, train_namespace, workdir  # noqa: F401 (fixtures)
+
+
+def test_moe_training_logs_the_experts_load(workdir, run):
+    run(workdir, *MODERN, '--mlp=moe', '--n_expert=4', '--moe_aux_loss_coef=0.01', '--moe_z_loss_coef=0.001',
+        '--max_iters=6', '--eval_interval=3', '--out_dir=out')
+    records = log_records(workdir / 'out')
+    assert records[-1]['val_loss'] < records[0]['val_loss']
+    for record in records:
+        moe = record['moe']
+        assert len(moe['load']) == len(moe['max_over_mean']) == 2  # per layer
+        assert all(len(shares) == 4 and sum(shares) == pytest.approx(1, abs=1e-3) for shares in moe['load'])
+        assert all(m >= 1 for m in moe['max_over_mean'])
+        assert moe['aux_loss'] >= 1 - 1e-6 and moe['z_loss'] > 0
+
+
+@pytest.mark.parametrize('fsdp, reads', [(False, [1]), (True, [1, 2])], ids=['ddp', 'fsdp'])
+def test_a_rank_reads_only_its_own_eval_batches(workdir, monkeypatch, fsdp, reads):
+    """Rank 1 of 2, 3 eval batches: it draws all three (the same ones as one process) and reads only batch 1;
+    under FSDP also batch 2, the last, whose collective forward it joins. Each batch is one (B, T+1) block
+    sent to the device once, inputs and targets its views."""
+    from common.evaluation import EVAL_SEED, Evaluation
+    ns = train_namespace(workdir, '--max_iters=0', '--eval_iters=3', '--out_dir=out', monkeypatch=monkeypatch)
+    batches = ns['batches']
+    x, y = batches.get('val', torch.Generator().manual_seed(0))
+    assert x._base is y._base and x._base.shape == (4, 17) and x._base.is_contiguous()
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    generator = torch.Generator().manual_seed(EVAL_SEED + 1)
+    alone = [batches.get('val', generator) for _ in range(3)]  # what one process evaluates
+    read, get_batch = [], batches.get
+
+    def spy(split, generator, fetch=True):
+        batch = get_batch(split, generator, fetch)
+        if split == 'val' and fetch:
+            read.append(batch)
+        return batch
+    monkeypatch.setattr(batches, 'get', spy)
+    Evaluation(batches, 3, ns['ctx'], ns['eval_model'], ns['raw_model'], rank=1, world_size=2, fsdp=fsdp).estimate_loss()
+    assert len(read) == len(reads)
+    for (x, y), k in zip(read, reads):
+        assert torch.equal(x, alone[k][0]) and torch.equal(y, alone[k][1])
+
+
+def test_task_accuracy_is_greedy_over_the_scored_targets_of_the_first_examples(tmp_path, monkeypatch, capsys,
+                                                                               single_thread):
+    """Evaluations read the split's first eval_iters * batch_size examples in order; accuracy is the share of
+    scored targets whose argmax is right, logged beside val loss."""
+    data_dir = make_task(tmp_path, 'recall', monkeypatch, capsys)
+    ns = train_namespace(tmp_path, '--dataset=recall', '--block_size=15', '--max_iters=0', '--out_dir=out',
+                         monkeypatch=monkeypatch)
+    record = log_records(tmp_path / 'out')[-1]
+    tokens, mask = task_file(data_dir, 'val', 16)
+    x, y = torch.from_numpy(tokens[:8, :-1]), torch.from_numpy(tokens[:8, 1:])  # eval_iters 2 x batch_size 4
+    scored = torch.from_numpy(mask[:8, :-1] == 1)
+    with torch.no_grad():
+        logits, _ = ns['raw_model'](x)  # no targets: the logits of every position
+    by_hand = (logits.argmax(-1)[scored] == y[scored]).float().mean().item()
+    assert record['accuracy'] == pytest.approx(by_hand) and 'train_accuracy' in record and 'lengths' not in record
+
+    class RightOnEvenIds(torch.nn.Module):  # predicts an even target, and the id before an odd one
+        def forward(self, inputs, targets):
+            guess = torch.where(targets % 2 == 0, targets, targets - 1).clamp(min=0)
+            return torch.nn.functional.one_hot(guess, 16).float(), torch.tensor(1.0)
+    monkeypatch.setattr(ns['evaluation'], 'model', RightOnEvenIds())
+    accuracy = ns['evaluation'].estimate_loss()['accuracy']
+    for split in ('train', 'val'):
+        tokens, mask = task_file(data_dir, split, 16)
+        targets = tokens[:8, 1:][mask[:8, :-1] == 1]  # the first eval_iters * batch_size examples
+        assert accuracy[split] == pytest.approx((targets % 2 == 0).mean())
+        assert accuracy[split] != pytest.approx((tokens[8:, 1:][mask[8:, :-1] == 1] % 2 == 0).mean())
+
+
+def test_task_lengths_past_block_size_run_only_where_the_positions_go(tmp_path, run, monkeypatch, capsys,
+                                                                      single_thread):
+    """copy's val_2x (17 tokens) and val_4x (33) with block_size 16: RoPE evaluates both; learned positions
+    val_2x only (inputs of 16), val_4x logged None, said once at start."""
+    make_task(tmp_path, 'copy', monkeypatch, capsys)
+    rope = run(tmp_path, '--dataset=copy', '--pos=rope', '--max_iters=2', '--eval_interval=2', '--out_dir=rope')
+    lengths = log_records(tmp_path / 'rope')[-1]['lengths']
+    assert set(lengths) == {'val_2x', 'val_4x'}
+    assert all(v['loss'] > 0 and 0 <= v['accuracy'] <= 1 for v in lengths.values())
+    assert re.search(r'accuracy [\d.]+ \(val_2x [\d.]+, val_4x [\d.]+\)', rope.stdout)
+    learned = run(tmp_path, '--dataset=copy', '--max_iters=2', '--eval_interval=2', '--out_dir=learned')
+    lengths = log_records(tmp_path / 'learned')[-1]['lengths']
+    assert lengths['val_4x'] == {'loss': None, 'accuracy': None} and lengths['val_2x']['accuracy'] is not None
+    assert learned.stdout.count('learned positions cannot go past block_size 16: val_4x (33 tokens)') == 1
+    assert 'val_4x n/a' in learned.stdout

@@ -1,0 +1,117 @@
+"""DeepSeek-V4 (hf/deepseek_v4.py), both ways: its sliding layers (the compressed ones and hash routing refused)."""
+
+import pytest
+import torch
+
+from export import hf_family, to_hf
+from hf import HF_FAMILIES
+from hf_tiny import BLOCK, GPT, PROMPT, VOCAB, WINDOW, GPTConfig, check_parity, randomized, tiny, transformers
+
+pytestmark = pytest.mark.usefixtures('single_thread')
+
+
+def deepseek_v4(**overrides):
+    """A tiny DeepSeek-V4 of sliding layers: 4 query heads of 16 over one key-value head, half of each rotated
+    (its last 8 dims, in pairs), a query bottleneck of 8, the output in 2 groups of 8, a window shorter than the
+    test's 40 positions; 4 experts of 16, 2 a token, one shared expert, the SwiGLU clamped at 1 (so it acts);
+    4 copies of the stream."""
+    args = dict(intermediate_size=16, num_key_value_heads=1, head_dim=16, q_lora_rank=8, o_groups=2, o_lora_rank=8,
+                sliding_window=WINDOW, partial_rotary_factor=0.5, layer_types=['sliding_attention'] * 2,
+                mlp_layer_types=['moe'] * 2, n_routed_experts=4, num_experts_per_tok=2, swiglu_limit=1.0,
+                routed_scaling_factor=1.5)
+    return tiny(transformers.DeepseekV4Config, **{**args, **overrides})
+
+
+def randomized_v4(hf, seed):
+    """randomized() (norm gains, sinks, the balancing bias, the hyper-connections' biases and scales away from their
+    constants), and every matrix 4 times its init, so the clamps, the sinks and the copies' mixing act."""
+    randomized(hf, seed)
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.dim() > 1:
+                p.mul_(4.0)
+    return hf
+
+
+@pytest.mark.parametrize('scoring', ['sqrtsoftplus', 'sigmoid'])
+def test_deepseek_v4_sliding_layers(scoring, tmp_path):
+    torch.manual_seed(0)
+    hf = randomized_v4(transformers.DeepseekV4ForCausalLM(deepseek_v4(scoring_func=scoring)), 11)
+    ours = check_parity(hf, tmp_path)
+    idx = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():  # closer than check_parity asks: 1e-6 here, logits up to 1.9
+        torch.testing.assert_close(ours(idx)[0], hf(idx).logits, atol=1e-5, rtol=0)
+    cfg = ours.config
+    assert (cfg.attn, cfg.q_rank, cfg.o_groups, cfg.o_lora_rank, cfg.rope_dim, cfg.head_size) == \
+        ('shared_kv', 8, 2, 8, 8, 16)
+    assert cfg.layer_kinds == ['L', 'L'] and cfg.sliding_window == WINDOW and cfg.attn_sinks
+    assert cfg.router_score == (scoring if scoring == 'sqrtsoftplus' else None) and cfg.swiglu_form == 'plain'
+    assert (cfg.hc_mult, cfg.hc_kind, cfg.hc_final) == (4, 'mhc', 'learned')
+    # the cache keeps the one key-value head, its window of it: 16 numbers per token and layer
+    assert ours.kv_cache_bytes(1, PROMPT) == 2 * WINDOW * 16 * 4
+
+
+@torch.no_grad()
+def test_each_randomized_part_moves_the_logits(tmp_path):
+    """Put back at transformers' constant init, each part the parity test randomized changes the logits: the sinks,
+    the balancing bias, the hyper-connections' biases and scales, the head's."""
+    torch.manual_seed(0)
+    hf = randomized_v4(transformers.DeepseekV4ForCausalLM(deepseek_v4()), 11)
+    hf.save_pretrained(tmp_path)
+    ours = GPT.from_pretrained(str(tmp_path)).eval()
+    idx = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(1))
+    expected = ours(idx)[0]
+    for suffix, constant in (('attn.sinks', 0.0), ('mlp.expert_bias', 0.0), ('hc.base', 0.0), ('hc.scale', 1.0),
+                             ('hc_base', 0.0), ('hc_scale', 1.0)):
+        state = ours.state_dict()
+        changed = {k: torch.full_like(v, constant) for k, v in state.items() if k.endswith(suffix)}
+        assert changed, suffix
+        other = GPT(ours.config).eval()
+        other.load_state_dict({**state, **changed})
+        assert (other(idx)[0] - expected).abs().max() > 1e-3, suffix
+
+
+@pytest.mark.parametrize('overrides, named', [
+    (dict(layer_types=['sliding_attention', 'heavily_compressed_attention']), 'heavily_compressed_attention'),
+    (dict(mlp_layer_types=['hash_moe', 'moe']), 'hash_moe'),
+])
+def test_what_deepseek_v4_we_cannot_load_is_refused_in_one_line(overrides, named, tmp_path):
+    transformers.DeepseekV4ForCausalLM(deepseek_v4(**overrides)).save_pretrained(tmp_path)
+    with pytest.raises(ValueError) as e:
+        GPT.from_pretrained(str(tmp_path))
+    assert named in str(e.value) and '\n' not in str(e.value)
+
+
+V4_FLAGS = dict(block_size=BLOCK, vocab_size=VOCAB, n_layer=2, n_head=4, n_embd=32, head_dim=16, norm='rms', pos='rope',
+                bias=False, attn='shared_kv', attn_sinks=True, q_rank=8, o_groups=2, o_lora_rank=8, rope_fraction=0.5,
+                sliding_window=WINDOW, mlp='moe', n_expert=4, moe_hidden=16, n_shared_expert=1, router='sigmoid',
+                router_score='sqrtsoftplus', swiglu_limit=10.0, swiglu_form='plain', hc_mult=4)
+
+
+@pytest.mark.parametrize('flags, named', [
+    (dict(), None),  # a model built here, not loaded: exported to deepseek_v4
+    (dict(attn_sinks=False), 'attn_sinks=False'),
+    (dict(q_rank=None), 'q_rank=None'),
+    (dict(o_groups=1, o_lora_rank=None), 'o_lora_rank=None'),
+    (dict(swiglu_form='gpt-oss'), "swiglu_form='gpt-oss'"),
+    (dict(hc_kind='ihc'), "hc_kind='ihc'"),
+])
+def test_export_picks_deepseek_v4_or_names_what_it_cannot_carry(flags, named):
+    """A model built here (not loaded) goes to deepseek_v4 with the same logits; one lacking a part transformers'
+    always has is refused in one line naming it."""
+    config = GPTConfig(**{**V4_FLAGS, **flags})
+    if named is None:
+        assert hf_family(config).model_type == 'deepseek_v4'
+        torch.manual_seed(0)
+        ours = GPT(config).eval()
+        with torch.no_grad():
+            for name, t in ours.named_buffers():  # the balancing bias away from zero
+                if name.endswith('expert_bias'):
+                    t.normal_()
+            idx = torch.randint(0, VOCAB, (2, 3 * WINDOW), generator=torch.Generator().manual_seed(3))
+            torch.testing.assert_close(to_hf(ours)(idx).logits, ours(idx)[0], atol=1e-5, rtol=0)
+        return
+    assert HF_FAMILIES['deepseek_v4'].blocking(config) == [named]
+    with pytest.raises(ValueError, match='no Hugging Face family can represent') as e:
+        hf_family(config)
+    assert '\n' not in str(e.value)

@@ -1,0 +1,51 @@
+"""common/threads.py, and the threads setting of train.py and eval.py: on a CPU half the cores by default, never
+more than torch's own default; what OMP_NUM_THREADS or --threads names otherwise."""
+
+import os
+
+import pytest
+import torch
+
+from common.threads import use_threads
+from test_train import one_line_error, train_here, workdir  # noqa: F401 (fixtures)
+
+
+@pytest.fixture
+def threads(monkeypatch):
+    """torch's thread count put back after the test; OMP_NUM_THREADS unset, as in a plain shell."""
+    before = torch.get_num_threads()
+    monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize('cores, default, expected', [(2, 2, 1), (1, 1, 1), (16, 8, 8), (8, 8, 4), (64, 16, 16)])
+def test_a_cpu_takes_half_its_cores_at_most_torchs_default(threads, monkeypatch, cores, default, expected):
+    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: set(range(cores)), raising=False)
+    torch.set_num_threads(default)
+    said = use_threads(0, 'cpu')
+    assert torch.get_num_threads() == expected
+    assert said.startswith(f"{expected} thread") and f'half of {cores} cores' in said
+
+
+def test_a_gpu_omp_num_threads_and_a_count_given_are_kept(threads, monkeypatch):
+    torch.set_num_threads(2)
+    assert use_threads(0, 'cuda:0') == "2 CPU threads (torch's default)" and torch.get_num_threads() == 2
+    monkeypatch.setenv('OMP_NUM_THREADS', '2')  # torchrun's, ablate.py's parallel runs', or the user's
+    assert use_threads(0, 'cpu') == '2 threads (OMP_NUM_THREADS)' and torch.get_num_threads() == 2
+    assert use_threads(1, 'cpu') == '1 thread (--threads)' and torch.get_num_threads() == 1
+
+
+def test_train_takes_a_thread_count_and_says_it(workdir, threads, monkeypatch, capsys):
+    code, out, err = train_here(workdir, '--threads=1', '--max_iters=2', '--eval_interval=2', '--out_dir=one',
+                                monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, err
+    assert torch.get_num_threads() == 1 and '1 thread (--threads)' in out.splitlines()[0]
+    torch.set_num_threads(2)
+    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0, 1}, raising=False)
+    code, out, err = train_here(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=default',
+                                monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, err
+    assert torch.get_num_threads() == 1 and '1 thread (half of 2 cores' in out.splitlines()[0]
+    code, _, err = train_here(workdir, '--threads=-1', monkeypatch=monkeypatch, capsys=capsys)
+    one_line_error(code, err, 'threads must be >= 0', '-1')
