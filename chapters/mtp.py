@@ -150,10 +150,11 @@ def speculation_problem(model):
     if not model.config.mtp_depth:
         return "speculative decoding drafts with the MTP modules: this model has none (train with mtp_depth >= 1)"
     taken_back = [i for i, block in enumerate(model.transformer.h)
-                  if block.attn.window is not None or block.attn.cache_states()]
+                  if block.attn.window is not None or block.attn.cache_states() or block.attn.cache_blocks()]
     if taken_back:
         return (f"speculative decoding takes drafted tokens back out of the cache, which layer {taken_back[0]} "
-                f"cannot (a sliding window's ring or a recurrent state): every layer must be global attention")
+                f"cannot (a sliding window's ring, a recurrent state or entries per block of positions): every layer "
+                f"must be global attention")
     if model.config.positions_follow_length:
         return "speculative decoding with rope_scaling='dynamic' is not supported (its angles follow the length)"
     kept = [name for feature in model.features for name in feature.cache_states()]

@@ -538,6 +538,14 @@ def test_speculative_decoding_refuses_what_it_cannot_take_back(flags, fragment):
     assert fragment in str(e.value) and '\n' not in str(e.value)
 
 
+def test_speculative_decoding_refuses_a_mixer_keeping_entries_per_block(monkeypatch):
+    """A mixer that keeps a compressed entry per block of positions (TokenMixer.cache_blocks) cannot have a rejected
+    draft taken back out of it: refused in one line, as a window's ring is."""
+    model = build(pos='rope', mtp_depth=1)
+    monkeypatch.setattr(type(model.transformer.h[1].attn), 'cache_blocks', lambda self: {'c': (4, (2, 8), None)})
+    assert 'layer 0 cannot' in mtp.speculation_problem(model) and 'per block' in mtp.speculation_problem(model)
+
+
 # ----------------------------------------------------------------------------- Gemma 4's K/V sharing
 
 @torch.no_grad()
