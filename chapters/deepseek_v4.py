@@ -31,7 +31,7 @@ from torch.nn import functional as F
 from chapters import attention
 from chapters.moe import Experts, MoE
 from model import ATTENTIONS, FEATURES, OPTIONAL_POSITIVE_INT, POSITIVE_INT, Feature, GatedMLP, RMSNorm, TokenMixer, \
-    apply_rope, changed, flag_list, one_of
+    apply_rope, changed, flag_list, is_int, one_of
 
 SHARED_KV_FIELDS = ('q_rank', 'o_groups', 'o_lora_rank')
 # attention's switches that a shared key-value head, normalised its own way, cannot take
@@ -53,6 +53,7 @@ class Config:
     o_lora_rank: int | None = None  # attn='shared_kv': each group of heads projected to this width, then all groups to n_embd (DeepSeek-V4: 1024); None: one projection
     router_score: str | None = None  # router='sigmoid': 'sqrtsoftplus' scores the experts by sqrt(softplus(logit)) in place of the sigmoid (DeepSeek-V4); None: the sigmoid
     swiglu_form: str = 'gpt-oss'  # how swiglu_limit L clamps: 'gpt-oss' (moe.py's); 'plain': silu(min(gate, L)) * clamp(up, -L, L), routed and shared experts (DeepSeek-V4: L = 10)
+    hash_moe_layers: int = 0  # the first k MoE layers route by the token id: each id's experts from a frozen random table, weighted by the router's scores (DeepSeek-V4: 3)
 
     FIELD_TYPES = {
         'q_rank': OPTIONAL_POSITIVE_INT,
@@ -60,6 +61,7 @@ class Config:
         'o_lora_rank': OPTIONAL_POSITIVE_INT,
         'router_score': one_of(ROUTER_SCORES),
         'swiglu_form': one_of(SWIGLU_FORMS),
+        'hash_moe_layers': (lambda v, c: is_int(v, 0), 'an int >= 0'),
     }
     CHECKS = [
         (lambda c: changed(c, SHARED_KV_FIELDS) and c.attn != 'shared_kv',
@@ -80,7 +82,23 @@ class Config:
                    f"n_expert_group=1, got {c.n_expert_group}"),
         (lambda c: changed(c, ('swiglu_form',)) and c.swiglu_limit is None,
          lambda c: f"swiglu_form={c.swiglu_form!r} says how swiglu_limit clamps: set swiglu_limit (DeepSeek-V4: 10)"),
+        (lambda c: c.hash_moe_layers and c.mlp != 'moe',
+         lambda c: f"hash_moe_layers={c.hash_moe_layers} routes MoE layers by the token id: set mlp='moe', got "
+                   f"mlp={c.mlp!r}"),
+        (lambda c: c.mlp == 'moe' and c.hash_moe_layers > len(c.moe_layer_indices),
+         lambda c: f"hash_moe_layers={c.hash_moe_layers} is more than the model's {len(c.moe_layer_indices)} MoE "
+                   f"layers"),
     ]
+
+    @property
+    def moe_layer_indices(self):
+        """The layers whose MLP is an MoE."""
+        return [i for i in range(self.n_layer) if self.mlp_of(i) == 'moe']
+
+    @property
+    def hash_layers(self):
+        """The layers routed by the token id (hash_moe_layers): the first MoE layers."""
+        return self.moe_layer_indices[:self.hash_moe_layers] if self.mlp == 'moe' else []
 
 
 # ----------------------------------------------------------------------------- attention
@@ -198,14 +216,24 @@ class DeepseekV4MoE(MoE):
             if self.shared is not None:
                 self.shared = ClampedGatedMLP(config, config.n_shared_expert * config.expert_hidden)
 
-    def forward(self, x):
-        if not self.sqrt_softplus:
+    def score(self, logits):
+        """Each expert's score: sqrt(softplus(logit)), or the router's sigmoid or softmax."""
+        if self.sqrt_softplus:
+            return F.softplus(logits).sqrt()
+        return logits.sigmoid() if self.sigmoid else logits.softmax(dim=-1)
+
+    def choose(self, scores, tokens):
+        """Each token's experts (N, k): the top k of score + the balancing bias."""
+        return (scores + self.expert_bias).topk(self.k, dim=-1).indices
+
+    def forward(self, x, tokens=None):
+        if not self.sqrt_softplus and tokens is None:
             return super().forward(x)
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         logits = self.router(x).float()
-        scores = F.softplus(logits).sqrt()
-        experts = (scores + self.expert_bias).topk(self.k, dim=-1).indices
+        scores = self.score(logits)
+        experts = self.choose(scores, tokens)
         weights = scores.gather(1, experts)
         if self.norm_topk:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
@@ -217,16 +245,53 @@ class DeepseekV4MoE(MoE):
         return self.dropout(y.view(shape))
 
 
+def hash_table(vocab_size, n_expert, k, generator=None):
+    """(vocab_size, k): for each token id, k distinct experts drawn at random (the k largest of uniform draws)."""
+    return torch.rand(vocab_size, n_expert, generator=generator).topk(k, dim=-1).indices
+
+
+class HashMoE(DeepseekV4MoE):
+    """DeepSeek-V4's hash routing (hash_moe_layers): a token's experts are its id's row of a frozen table
+    (tid2eid, a saved buffer: random here, k distinct experts per id; Hugging Face starts it at zeros, the
+    checkpoint brings its own), weighted by the router's scores of those experts renormalised, times
+    routed_scaling. No balancing bias and no balancing loss: the router's scores do not choose. It reads the
+    token ids beside x (inputs='tokens')."""
+    inputs = 'tokens'
+
+    def __init__(self, config):
+        super().__init__(config)
+        if self.sigmoid:  # the table chooses: no bias to balance it
+            del self.expert_bias
+        self.register_buffer('tid2eid', hash_table(config.vocab_size, self.E, self.k))
+
+    def choose(self, scores, tokens):
+        return self.tid2eid[tokens.reshape(-1)]
+
+    def forward(self, x, tokens):
+        y = super().forward(x, tokens)
+        self.loss = None  # the table's choice is nothing a loss on the router's scores can balance
+        return y
+
+    @torch.no_grad()
+    def balance(self, rate):
+        self.load.zero_()
+
+
 class DeepseekV4Experts(Feature):
-    """The MoE layers in DeepSeek-V4's form where its router score or clamp is set."""
+    """The MoE layers in DeepSeek-V4's form where its router score or clamp is set, the first hash_moe_layers of
+    them routed by the token id."""
     config_class = Config
 
     @staticmethod
     def applies(config):
-        return config.mlp == 'moe' and bool(changed(config, ('router_score', 'swiglu_form')))
+        return config.mlp == 'moe' and bool(changed(config, ('router_score', 'swiglu_form', 'hash_moe_layers')))
 
     def build_block(self, block, layer):
-        if type(block.mlp) is MoE:
+        if type(block.mlp) is not MoE:
+            return
+        if layer in self.config.hash_layers:
+            block.mlp = HashMoE(self.config)
+        elif changed(self.config, ('router_score', 'swiglu_form')):
             block.mlp = DeepseekV4MoE(self.config)
 
 

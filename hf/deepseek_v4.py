@@ -16,9 +16,11 @@ def _deepseek_v4_read(c):
     if kinds:
         raise ValueError(f"layer_types {sorted(kinds)} are not supported yet (the compressed layers: only "
                          f"'sliding_attention')")
-    if 'hash_moe' in c.mlp_layer_types[:n]:
-        raise ValueError("mlp_layer_types 'hash_moe' (hash routing: experts chosen by the token id) is not supported "
-                         "yet: only 'moe'")
+    mlp_types = list(c.mlp_layer_types[:n])
+    hashed = mlp_types.count('hash_moe')
+    if mlp_types != ['hash_moe'] * hashed + ['moe'] * (n - hashed):
+        raise ValueError(f"mlp_layer_types {mlp_types} are not supported: only the first layers 'hash_moe', the rest "
+                         f"'moe'")
     if c.hidden_act != 'silu' or c.attention_bias or c.mlp_bias:
         raise ValueError("DeepSeek-V4 checkpoints with biases or an activation other than silu are not supported")
     if c.scoring_func not in ('sqrtsoftplus', 'sigmoid'):
@@ -40,7 +42,7 @@ def _deepseek_v4_read(c):
                 router_score='sqrtsoftplus' if c.scoring_func == 'sqrtsoftplus' else None, router_norm_topk=True,
                 routed_scaling=float(c.routed_scaling_factor), swiglu_limit=float(c.swiglu_limit),
                 swiglu_form='plain', hc_mult=c.hc_mult, hc_kind='mhc', hc_sinkhorn_iters=c.hc_sinkhorn_iters,
-                hc_eps=float(c.hc_eps), hc_final='learned')
+                hc_eps=float(c.hc_eps), hc_final='learned', hash_moe_layers=hashed)
 
 
 def _deepseek_v4_write(cfg):
@@ -48,7 +50,8 @@ def _deepseek_v4_write(cfg):
     return dict(vocab_size=cfg.vocab_size, hidden_size=cfg.n_embd, moe_intermediate_size=cfg.expert_hidden,
                 num_hidden_layers=n, num_attention_heads=cfg.n_head, num_key_value_heads=1, head_dim=cfg.head_size,
                 q_lora_rank=cfg.q_rank, o_groups=cfg.o_groups, o_lora_rank=cfg.o_lora_rank,
-                sliding_window=cfg.sliding_window, layer_types=['sliding_attention'] * n, mlp_layer_types=['moe'] * n,
+                sliding_window=cfg.sliding_window, layer_types=['sliding_attention'] * n,
+                mlp_layer_types=['hash_moe' if i in cfg.hash_layers else 'moe' for i in range(n)],
                 rope_theta=cfg.rope_theta, partial_rotary_factor=cfg.rope_fraction,
                 max_position_embeddings=cfg.block_size, n_routed_experts=cfg.n_expert,
                 num_experts_per_tok=cfg.n_expert_active, n_shared_experts=1,
@@ -92,7 +95,7 @@ _DEEPSEEK_V4_NAMES = [
         ('kv_norm.weight', 'kv_norm.weight', 'v4_head_rows'), ('sinks', 'sinks', None),
         ('c_group.weight', 'o_a_proj.weight', 'v4_head_cols'), ('c_proj.weight', 'o_b_proj.weight', None))],
     *[(f'transformer.h.{{i}}.mlp.{ours}', f'{_LAYER}mlp.{theirs}', None) for ours, theirs in (
-        ('router.weight', 'gate.weight'), ('expert_bias', 'gate.e_score_correction_bias'),
+        ('router.weight', 'gate.weight'), ('expert_bias', 'gate.e_score_correction_bias'), ('tid2eid', 'gate.tid2eid'),
         ('experts.c_fc', 'experts.gate_up_proj'), ('experts.c_proj', 'experts.down_proj'),
         ('shared.c_proj.weight', 'shared_experts.down_proj.weight'))],
     ('transformer.h.{i}.mlp.shared.c_fc.weight', (_LAYER + 'mlp.shared_experts.gate_proj.weight',
@@ -106,5 +109,5 @@ HF_FAMILIES['deepseek_v4'] = HFFamily(
      'mlp': ('moe',), 'n_shared_expert': (1,), 'router': ('sigmoid',), 'router_score': ANY,
      'router_norm_topk': (True,), 'routed_scaling': ANY, 'moe_bias_update_rate': ANY,
      'swiglu_limit': lambda v: v is not None, 'swiglu_form': ('plain',), 'hc_mult': lambda v: v >= 2,
-     'hc_sinkhorn_iters': ANY, 'hc_eps': ANY},
+     'hc_sinkhorn_iters': ANY, 'hc_eps': ANY, 'hash_moe_layers': ANY},
     _DEEPSEEK_V4_NAMES, _deepseek_v4_read, _deepseek_v4_write)

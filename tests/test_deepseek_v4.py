@@ -169,6 +169,53 @@ def test_the_sqrt_softplus_router_and_clamped_swiglu_are_their_formulas():
                            (logits.sigmoid() + layer.expert_bias).topk(k).indices)
 
 
+@torch.no_grad()
+def test_hash_routing_is_its_formula():
+    """Per token: the experts are its id's row of the frozen table (k distinct, a saved buffer), weighted by their
+    sqrt-softplus scores over the chosen ones' sum times routed_scaling; no balancing bias, no balancing loss."""
+    model = build(**V4, hash_moe_layers=1)
+    layer = randomized(model.transformer.h[0].mlp, 13)
+    assert type(layer) is v4.HashMoE and layer.inputs == 'tokens' and not hasattr(layer, 'expert_bias')
+    assert type(model.transformer.h[1].mlp) is v4.DeepseekV4MoE  # only the first MoE layer
+    table = layer.tid2eid
+    assert table.shape == (VOCAB, 2) and table.dtype == torch.long and (table[:, 0] != table[:, 1]).all()
+    assert 'transformer.h.0.mlp.tid2eid' in model.state_dict() and set(table.flatten().tolist()) == set(range(4))
+    L = 0.5
+    x = torch.randn(2, 4, N_EMBD, generator=torch.Generator().manual_seed(14))
+    tokens = torch.randint(0, VOCAB, (2, 4), generator=torch.Generator().manual_seed(15))
+
+    def swiglu(w_fc, w_proj, token):
+        gate, up = (w_fc @ token).chunk(2)
+        return w_proj @ (F.silu(gate.clamp(max=L)) * up.clamp(-L, L))
+
+    expected = torch.empty_like(x)
+    for b in range(2):
+        for t in range(4):
+            token = x[b, t]
+            scores = F.softplus(layer.router.weight @ token).sqrt()
+            chosen = table[tokens[b, t]]
+            weights = scores[chosen] / scores[chosen].sum() * 1.5
+            expected[b, t] = sum(w * swiglu(layer.experts.c_fc[e], layer.experts.c_proj[e], token)
+                                 for w, e in zip(weights, chosen))
+            expected[b, t] += swiglu(layer.shared.c_fc.weight, layer.shared.c_proj.weight, token)
+    layer.train()
+    assert_close(layer(x, tokens), expected, atol=1e-5)
+    assert layer.loss is None
+    # the same weights choosing by score give another output
+    learned = build(**V4).transformer.h[0].mlp
+    learned.load_state_dict({k: v for k, v in layer.state_dict().items() if k != 'tid2eid'}, strict=False)
+    assert not torch.allclose(learned(x), expected, atol=1e-3)
+
+
+def test_a_hash_routed_layer_has_the_learned_layers_parameters_and_flops():
+    """The table is a buffer, not a weight: a hash-routed layer has the parameters of a learned one less nothing
+    (the balancing bias is a buffer too), active or not, and a token multiplies the same weights."""
+    hashed, learned = build(**V4, hash_moe_layers=2), build(**V4)
+    assert hashed.get_num_params() == learned.get_num_params()
+    assert hashed.get_num_params(active=True) == learned.get_num_params(active=True)
+    assert hashed.flops_per_token() == learned.flops_per_token()
+
+
 def test_the_clamp_alone_keeps_the_routers_own_score():
     """swiglu_form='plain' without router_score: the router's sigmoid or softmax, the clamped SwiGLU."""
     model = build(**{**V4, 'router_score': None, 'router': 'softmax'})
@@ -181,8 +228,9 @@ def test_the_clamp_alone_keeps_the_routers_own_score():
 # ----------------------------------------------------------------------------- the model
 
 @pytest.mark.parametrize('overrides', [{}, {'pos': 'learned', 'sliding_window': None, 'hc_mult': 1},
-                                       {'q_rank': None, 'o_groups': 1, 'o_lora_rank': None, 'attn_sinks': False}],
-                         ids=['v4', 'learned-global', 'plain-projections'])
+                                       {'q_rank': None, 'o_groups': 1, 'o_lora_rank': None, 'attn_sinks': False},
+                                       {'hash_moe_layers': 1}, {'hash_moe_layers': 2, 'router_score': None}],
+                         ids=['v4', 'learned-global', 'plain-projections', 'hash', 'hash-sigmoid'])
 def test_a_deepseek_v4_model_learns_is_causal_and_decodes_through_the_cache(overrides):
     model = randomized(build(**{**V4, **overrides}), 11, scale=0.2)
     for p in model.parameters():  # at a scale the copies of the stream survive
@@ -195,8 +243,9 @@ def test_a_deepseek_v4_model_learns_is_causal_and_decodes_through_the_cache(over
         assert model.kv_cache_bytes(1, BLOCK) == 2 * 5 * HEAD * 4
 
 
-@pytest.mark.parametrize('overrides', [{}, {'q_rank': None, 'o_groups': 1, 'o_lora_rank': None}],
-                         ids=['v4', 'plain-projections'])
+@pytest.mark.parametrize('overrides', [{}, {'q_rank': None, 'o_groups': 1, 'o_lora_rank': None},
+                                       {'hash_moe_layers': 1}],
+                         ids=['v4', 'plain-projections', 'hash'])
 def test_flops_per_token_equals_the_counted_flops(overrides, monkeypatch):
     model = build(**{**V4, **overrides})
     T = 5  # the window: the explicit attention computes what a window masks
@@ -219,6 +268,9 @@ def test_a_deepseek_v4_model_trains():
     (dict(router_score='sqrtsoftplus', mlp='moe', router='sigmoid', n_expert_group=2), 'set n_expert_group=1'),
     (dict(swiglu_form='plain', mlp='moe'), 'set swiglu_limit'),
     (dict(router_score='softplus'), "router_score must be one of None, 'sqrtsoftplus'"),
+    (dict(hash_moe_layers=1), "hash_moe_layers=1 routes MoE layers by the token id: set mlp='moe'"),
+    (dict(hash_moe_layers=2, mlp='moe', first_dense_layers=1), "hash_moe_layers=2 is more than the model's 1 MoE"),
+    (dict(hash_moe_layers=-1), 'hash_moe_layers must be an int >= 0'),
 ], ids=config_id)
 def test_bad_deepseek_v4_settings_are_one_line(overrides, fragment):
     with pytest.raises(ValueError) as e:

@@ -1,10 +1,12 @@
-"""DeepSeek-V4 (hf/deepseek_v4.py), both ways: its sliding layers (the compressed ones and hash routing refused)."""
+"""DeepSeek-V4 (hf/deepseek_v4.py), both ways: its sliding layers with hash and learned routing (the compressed
+layers refused)."""
 
 import pytest
 import torch
 
 from export import hf_family, to_hf
 from hf import HF_FAMILIES
+from chapters.deepseek_v4 import hash_table
 from hf_tiny import BLOCK, GPT, PROMPT, VOCAB, WINDOW, GPTConfig, check_parity, randomized, tiny, transformers
 
 pytestmark = pytest.mark.usefixtures('single_thread')
@@ -14,22 +16,27 @@ def deepseek_v4(**overrides):
     """A tiny DeepSeek-V4 of sliding layers: 4 query heads of 16 over one key-value head, half of each rotated
     (its last 8 dims, in pairs), a query bottleneck of 8, the output in 2 groups of 8, a window shorter than the
     test's 40 positions; 4 experts of 16, 2 a token, one shared expert, the SwiGLU clamped at 1 (so it acts);
-    4 copies of the stream."""
+    4 copies of the stream; the first layer's experts chosen by the token id (hash routing), the second's learned."""
     args = dict(intermediate_size=16, num_key_value_heads=1, head_dim=16, q_lora_rank=8, o_groups=2, o_lora_rank=8,
                 sliding_window=WINDOW, partial_rotary_factor=0.5, layer_types=['sliding_attention'] * 2,
-                mlp_layer_types=['moe'] * 2, n_routed_experts=4, num_experts_per_tok=2, swiglu_limit=1.0,
+                mlp_layer_types=['hash_moe', 'moe'], n_routed_experts=4, num_experts_per_tok=2, swiglu_limit=1.0,
                 routed_scaling_factor=1.5)
     return tiny(transformers.DeepseekV4Config, **{**args, **overrides})
 
 
 def randomized_v4(hf, seed):
     """randomized() (norm gains, sinks, the balancing bias, the hyper-connections' biases and scales away from their
-    constants), and every matrix 4 times its init, so the clamps, the sinks and the copies' mixing act."""
+    constants), every matrix 4 times its init, so the clamps, the sinks and the copies' mixing act, and the hash
+    tables (zeros at transformers' init) random, k distinct experts per token id."""
     randomized(hf, seed)
+    g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for p in hf.parameters():
             if p.dim() > 1:
                 p.mul_(4.0)
+        for name, b in hf.named_buffers():
+            if name.endswith('tid2eid'):
+                b.copy_(hash_table(b.size(0), hf.config.n_routed_experts, b.size(1), g))
     return hf
 
 
@@ -46,7 +53,8 @@ def test_deepseek_v4_sliding_layers(scoring, tmp_path):
         ('shared_kv', 8, 2, 8, 8, 16)
     assert cfg.layer_kinds == ['L', 'L'] and cfg.sliding_window == WINDOW and cfg.attn_sinks
     assert cfg.router_score == (scoring if scoring == 'sqrtsoftplus' else None) and cfg.swiglu_form == 'plain'
-    assert (cfg.hc_mult, cfg.hc_kind, cfg.hc_final) == (4, 'mhc', 'learned')
+    assert (cfg.hc_mult, cfg.hc_kind, cfg.hc_final) == (4, 'mhc', 'learned') and cfg.hash_moe_layers == 1
+    assert torch.equal(ours.transformer.h[0].mlp.tid2eid, hf.model.layers[0].mlp.gate.tid2eid)
     # the cache keeps the one key-value head, its window of it: 16 numbers per token and layer
     assert ours.kv_cache_bytes(1, PROMPT) == 2 * WINDOW * 16 * 4
 
@@ -54,7 +62,7 @@ def test_deepseek_v4_sliding_layers(scoring, tmp_path):
 @torch.no_grad()
 def test_each_randomized_part_moves_the_logits(tmp_path):
     """Put back at transformers' constant init, each part the parity test randomized changes the logits: the sinks,
-    the balancing bias, the hyper-connections' biases and scales, the head's."""
+    the balancing bias, the hyper-connections' biases and scales, the head's, the hash table."""
     torch.manual_seed(0)
     hf = randomized_v4(transformers.DeepseekV4ForCausalLM(deepseek_v4()), 11)
     hf.save_pretrained(tmp_path)
@@ -62,7 +70,7 @@ def test_each_randomized_part_moves_the_logits(tmp_path):
     idx = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(1))
     expected = ours(idx)[0]
     for suffix, constant in (('attn.sinks', 0.0), ('mlp.expert_bias', 0.0), ('hc.base', 0.0), ('hc.scale', 1.0),
-                             ('hc_base', 0.0), ('hc_scale', 1.0)):
+                             ('hc_base', 0.0), ('hc_scale', 1.0), ('mlp.tid2eid', 0)):
         state = ours.state_dict()
         changed = {k: torch.full_like(v, constant) for k, v in state.items() if k.endswith(suffix)}
         assert changed, suffix
@@ -73,7 +81,7 @@ def test_each_randomized_part_moves_the_logits(tmp_path):
 
 @pytest.mark.parametrize('overrides, named', [
     (dict(layer_types=['sliding_attention', 'heavily_compressed_attention']), 'heavily_compressed_attention'),
-    (dict(mlp_layer_types=['hash_moe', 'moe']), 'hash_moe'),
+    (dict(mlp_layer_types=['moe', 'hash_moe']), "only the first layers 'hash_moe'"),
 ])
 def test_what_deepseek_v4_we_cannot_load_is_refused_in_one_line(overrides, named, tmp_path):
     transformers.DeepseekV4ForCausalLM(deepseek_v4(**overrides)).save_pretrained(tmp_path)
@@ -85,7 +93,7 @@ def test_what_deepseek_v4_we_cannot_load_is_refused_in_one_line(overrides, named
 V4_FLAGS = dict(block_size=BLOCK, vocab_size=VOCAB, n_layer=2, n_head=4, n_embd=32, head_dim=16, norm='rms', pos='rope',
                 bias=False, attn='shared_kv', attn_sinks=True, q_rank=8, o_groups=2, o_lora_rank=8, rope_fraction=0.5,
                 sliding_window=WINDOW, mlp='moe', n_expert=4, moe_hidden=16, n_shared_expert=1, router='sigmoid',
-                router_score='sqrtsoftplus', swiglu_limit=10.0, swiglu_form='plain', hc_mult=4)
+                router_score='sqrtsoftplus', swiglu_limit=10.0, swiglu_form='plain', hc_mult=4, hash_moe_layers=1)
 
 
 @pytest.mark.parametrize('flags, named', [
