@@ -105,7 +105,7 @@ class Config:
         *[(lambda c, fields=fields, kind=kind: changed(c, fields) and kind not in c.layer_kinds,
            lambda c, fields=fields, kind=kind, name=name: f"{flag_list(c, changed(c, fields))} apply to {name} layers "
                                                           f"({kind!r}) and layers={c.layers!r} has none: add {kind!r} "
-                                                          f"to layers or {defaults(c, fields)}")
+                                                          f"to layers or set {defaults(c, fields)}")
           for fields, kind, name in ((HCA_FIELDS, 'H', 'heavily compressed'), (CSA_FIELDS, 'I', 'compressed sparse'))],
         (lambda c: set(COMPRESSED_KINDS) & set(c.layer_kinds) and c.attn != 'shared_kv',
          lambda c: f"layers={c.layers!r} has compressed layers ('H', 'I'), which pool DeepSeek-V4's one key-value "
@@ -203,6 +203,11 @@ class SharedKVAttention(TokenMixer):
 
 # ----------------------------------------------------------------------------- the compressed layers
 
+def wide(t):
+    """t in float32 at least (half precision raised, float64 kept): softmaxes and scores are computed so."""
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+
+
 def attend_entries(q, k, v, mask, dropout_p=0.0, scale=None, sinks=None):
     """attention.attend_with_sinks for a boolean mask of any leading dims ((B, 1, T, S): one per sequence)."""
     if sinks is not None:  # the sink as one more key (attention.with_sink), its column of the mask True
@@ -247,14 +252,14 @@ class Compressor(nn.Module):
         normalised. previous: the first halves (candidates, gates: (B, rate, width)) of the window before the
         first, or None: none."""
         width = self.width
-        gate = gate.float() + self.position_bias.float()
+        gate = wide(gate) + self.position_bias.to(wide(gate).dtype)
         if self.overlap:  # window w: the first halves of window w-1, then its own second halves
             B, n, rate, _ = kv.shape
             if previous is None:
                 first_kv, first_gate = kv.new_zeros(B, 1, rate, width), gate.new_full((B, 1, rate, width), -math.inf)
             else:
                 first_kv = previous[0][:, None].to(kv.dtype)
-                first_gate = previous[1][:, None].float() + self.position_bias.float()[:, :width]
+                first_gate = previous[1][:, None].to(gate.dtype) + self.position_bias.to(gate.dtype)[:, :width]
             kv = torch.cat((torch.cat((first_kv, kv[:, :-1, :, :width]), 1), kv[..., width:]), dim=2)
             gate = torch.cat((torch.cat((first_gate, gate[:, :-1, :, :width]), 1), gate[..., width:]), dim=2)
         return self.norm((kv * gate.softmax(dim=2).to(kv.dtype)).sum(dim=2))
@@ -347,8 +352,8 @@ class EntryIndexer(nn.Module):
         q = self.wq(q_in.detach()).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         if rope is not None:
             q = apply_rope(q, *rope)
-        w = self.weights(x.detach()).float() * self.n_head ** -0.5
-        dots = q.float().reshape(B, -1, self.head_dim) @ keys.float().transpose(-1, -2)  # the heads as rows
+        w = wide(self.weights(x.detach())) * self.n_head ** -0.5
+        dots = wide(q).reshape(B, -1, self.head_dim) @ wide(keys).transpose(-1, -2)  # the heads as rows
         dots = F.relu(dots.view(B, self.n_head, T, -1)) * self.head_dim ** -0.5
         scores = (w.transpose(1, 2).unsqueeze(-1) * dots).sum(1)  # (B, T, n)
         n = scores.size(-1)
@@ -369,7 +374,7 @@ class EntryIndexer(nn.Module):
         scores = torch.where(rows, self._scores.masked_fill(~reads, -math.inf), 0.0)
         log_index = scores.log_softmax(-1).masked_fill(~reads, 0.0)
         with torch.no_grad():
-            logits = (q.float() @ entries.float().unsqueeze(1).transpose(-1, -2)) * \
+            logits = (wide(q) @ wide(entries).unsqueeze(1).transpose(-1, -2)) * \
                 (q.size(-1) ** -0.5 if scale is None else scale)
             target = torch.where(rows.unsqueeze(1), logits.masked_fill(~reads.unsqueeze(1), -math.inf), 0.0)
             target = (target.softmax(-1) * reads.unsqueeze(1)).sum(1)
@@ -586,9 +591,17 @@ class DeepseekV4Experts(Feature):
 ATTENTIONS['shared_kv'] = SharedKVAttention
 FEATURES.append(DeepseekV4Experts)
 FEATURES.append(CompressedTables)
+
+
+def _compressed_needs(flags, sparse):
+    """What a model of compressed layers needs: the one shared key-value head; CSA an indexer as wide as a head."""
+    head = flags.get('head_dim') or flags['n_embd'] // flags['n_head']
+    return {'attn': 'shared_kv', 'n_kv_head': None, **({'csa_index_dim': max(32, head)} if sparse else {})}
+
+
 LAYER_KINDS['H'] = LayerKind('heavily compressed', lambda config, layer: CompressedAttention(config, layer, False),
-                             'hca', attention=True, needs=lambda flags: {'attn': 'shared_kv', 'n_kv_head': None},
+                             'hca', attention=True, needs=lambda flags: _compressed_needs(flags, False),
                              config_class=Config)
 LAYER_KINDS['I'] = LayerKind('compressed sparse', lambda config, layer: CompressedAttention(config, layer, True),
-                             'csa', attention=True, needs=lambda flags: {'attn': 'shared_kv', 'n_kv_head': None},
+                             'csa', attention=True, needs=lambda flags: _compressed_needs(flags, True),
                              config_class=Config)
