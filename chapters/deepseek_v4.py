@@ -11,15 +11,24 @@ chapter's (hyper_connections.py), its sliding window layer_kinds.py's, its sinks
 - The grouped low-rank output projection (o_groups, o_lora_rank): the heads fall into o_groups groups, each
   projected apart to o_lora_rank (one block-diagonal matrix), then the groups together to n_embd, so the output
   projection of n_head * head_dim (32768 in the release) costs a fraction of a dense one.
+- The compressed layers, beside their window: 'H', heavily compressed attention (HCA), every hca_rate tokens
+  pooled into one entry by a learned softmax per channel over the window (gates plus a bias by place),
+  normalised, rotated at the window's start; 'I', compressed sparse attention (CSA), entries every csa_rate tokens
+  pooled over overlapping windows of twice that, of which each query reads the csa_topk a lightning indexer scores
+  highest (its own compressor and query heads; it learns from a KL loss of its own). The entries whose windows are
+  complete join the window's keys in one softmax with the sinks, each entry key and value. Their RoPE table is the
+  model's (DeepSeek-V4's compress_rope_theta with YaRN); the sliding layers' is rope_local_theta. A cache keeps
+  the entries per block of positions, the pending tokens of the unfinished window and, for CSA, the last window's
+  first halves.
 - The router's sqrt-softplus score (router_score='sqrtsoftplus', with router='sigmoid': the biased top-k of
   DeepSeek-V3, its weights renormalised and times routed_scaling): score = sqrt(softplus(logit)).
+- Hash routing (hash_moe_layers): the first MoE layers take each token's experts from a frozen table by its id
+  (random here, k distinct experts per id), weighted by the router's scores renormalised.
 - The clamped SwiGLU of DeepSeek-V4 (swiglu_form='plain' with swiglu_limit L): silu(min(gate, L)) * clamp(up, -L,
   L), on the routed and the shared experts; gpt-oss's form (moe.py) is another.
 
 DeepSeek-V4 rotates the last dims of each head in pairs; these rotate the first in halves, as every chapter here
-does: the same model with its head dims in another order (hf/deepseek_v4.py reorders the weights). Not here yet:
-the compressed layers (HCA, CSA) and hash routing (its experts chosen by the token id: the MLP would need the
-token ids, which no extension point of model.py hands it).
+does: the same model with its head dims in another order (hf/deepseek_v4.py reorders the weights).
 """
 
 import math
@@ -44,6 +53,7 @@ HCA_FIELDS = ('hca_rate',)  # the flags of 'H' layers, and of 'I' layers
 CSA_FIELDS = ('csa_rate', 'csa_topk', 'csa_index_heads', 'csa_index_dim', 'csa_index_loss_coef')
 COMPRESSED_KINDS = ('H', 'I')
 ROUTER_SCORES = (None, 'sqrtsoftplus')
+RUNTIME_FLAGS = ('csa_index_loss_coef',)  # changes no weight
 SWIGLU_FORMS = ('gpt-oss', 'plain')
 
 
