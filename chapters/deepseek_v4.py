@@ -350,7 +350,7 @@ class EntryIndexer(nn.Module):
         """Its scores over the entries (forward, and backward for its loss), and the attention's logits over them
         once more for the loss's target (forward only). Its Linears' inputs are detached: GPT's 6 per weight less
         2 (no input gradient), or without its loss 4 (nothing runs backward)."""
-        learns = bool(self.loss_coef)
+        learns = bool(self.loss_coef) and entries > 0  # a sequence shorter than a window makes no entry, no loss
         weights = sum(m.weight.numel() for m in (self.wq, self.weights, self.compress.c_kv, self.compress.c_gate))
         scores = (3 if learns else 1) * 2 * self.n_head * self.head_dim * entries
         return scores + (2 * qk_width * entries if learns else 0) - (2 if learns else 4) * weights
