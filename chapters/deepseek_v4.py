@@ -191,24 +191,35 @@ class SharedKVAttention(TokenMixer):
         """q.k and att.v over seq_len keys (at most the window), each key its own value."""
         return 3 * 2 * 2 * self.n_head * self.head_size * min(seq_len, self.window or seq_len)
 
-    def forward(self, x, rope=None, mask=None, cache=None):
+    def heads(self, x, rope):
+        """The queries' input (the bottleneck's latent, or x), the queries (B, H, T, hs), each head at unit RMS, and the
+        key-value head (B, 1, T, hs), normalised; both rotated."""
         B, T, _ = x.size()
-        H, hs = self.n_head, self.head_size
-        q = self.q_b(self.q_a_norm(self.q_a(x))) if self.q_proj is None else self.q_proj(x)
-        q = F.rms_norm(q.view(B, T, H, hs), (hs,), eps=self.eps).transpose(1, 2)  # (B, H, T, hs), no gain
-        kv = self.kv_norm(self.c_kv(x)).unsqueeze(1)  # (B, 1, T, hs)
+        q_in = x if self.q_proj is not None else self.q_a_norm(self.q_a(x))
+        q = self.q_proj(x) if self.q_proj is not None else self.q_b(q_in)
+        q = F.rms_norm(q.view(B, T, self.n_head, self.head_size), (self.head_size,), eps=self.eps).transpose(1, 2)
+        kv = self.kv_norm(self.c_kv(x)).unsqueeze(1)
         if rope is not None:
             q, kv = apply_rope(q, *rope), apply_rope(kv, *rope)
+        return q_in, q, kv
+
+    def output(self, y, rope):
+        """The attention's output (B, H, T, hs) to the stream: its rotated dims turned back by the query's position
+        (the values were rotated at theirs), then the (grouped low-rank) projection."""
+        if rope is not None:
+            y = apply_rope(y, rope[0], -rope[1])
+        y = y.transpose(1, 2).flatten(2)
+        if self.c_group is not None:
+            y = self.c_group(y)
+        return self.resid_dropout(self.c_proj(y))
+
+    def forward(self, x, rope=None, mask=None, cache=None):
+        _, q, kv = self.heads(x, rope)
         if cache is not None:
             kv, = cache.update(kv=kv)
         # through the module, so a probe that replaces it sees the call
         y = attention.attend_with_sinks(q, kv, kv, mask, self.dropout if self.training else 0.0, self.scale, self.sinks)
-        if rope is not None:  # the values were rotated at their positions: turn back by the query's
-            y = apply_rope(y, rope[0], -rope[1])
-        y = y.transpose(1, 2).reshape(B, T, H * hs)
-        if self.c_group is not None:
-            y = self.c_group(y)
-        return self.resid_dropout(self.c_proj(y))
+        return self.output(y, rope)
 
 
 # ----------------------------------------------------------------------------- the compressed layers
@@ -425,15 +436,9 @@ class CompressedAttention(SharedKVAttention):
 
     def forward(self, x, rope=None, mask=None, cache=None):
         B, T, _ = x.size()
-        H, hs = self.n_head, self.head_size
         table = None if rope is None else rope[2:]  # the whole tables, for the windows' first positions
         rope = None if rope is None else rope[:2]
-        q_in = x if self.q_proj is not None else self.q_a_norm(self.q_a(x))
-        q = self.q_proj(x) if self.q_proj is not None else self.q_b(q_in)
-        q = F.rms_norm(q.view(B, T, H, hs), (hs,), eps=self.eps).transpose(1, 2)  # (B, H, T, hs), no gain
-        kv = self.kv_norm(self.c_kv(x)).unsqueeze(1)  # (B, 1, T, hs)
-        if rope is not None:
-            q, kv = apply_rope(q, *rope), apply_rope(kv, *rope)
+        q_in, q, kv = self.heads(x, rope)
         if cache is not None:
             kv, = cache.update(kv=kv)
         positions = (0 if cache is None else cache.start) + torch.arange(T, device=x.device)
@@ -449,12 +454,7 @@ class CompressedAttention(SharedKVAttention):
                            self.dropout if self.training else 0.0, self.scale, self.sinks)
         if self.indexer is not None:
             self.indexer.learn(q, entries, self.scale)
-        if rope is not None:  # the values were rotated at their positions: turn back by the query's
-            y = apply_rope(y, rope[0], -rope[1])
-        y = y.transpose(1, 2).reshape(B, T, H * hs)
-        if self.c_group is not None:
-            y = self.c_group(y)
-        return self.resid_dropout(self.c_proj(y))
+        return self.output(y, rope)
 
 
 class CompressedTables(Feature):

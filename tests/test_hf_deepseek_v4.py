@@ -58,33 +58,34 @@ def randomized_v4(hf, seed):
     return hf
 
 
-@pytest.mark.parametrize('scoring', ['sqrtsoftplus', 'sigmoid'])
-def test_deepseek_v4_sliding_layers(scoring, tmp_path):
+def parity(hf_config, tmp_path):
+    """check_parity on a randomized_v4 model of hf_config, the logits closer than it asks (1.6e-6 at most here,
+    logits up to 2.0): our model."""
     torch.manual_seed(0)
-    hf = randomized_v4(transformers.DeepseekV4ForCausalLM(deepseek_v4(scoring_func=scoring)), 11)
+    hf = randomized_v4(transformers.DeepseekV4ForCausalLM(hf_config), 11)
     ours = check_parity(hf, tmp_path)
     idx = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():  # closer than check_parity asks: 1e-6 here, logits up to 1.9
+    with torch.no_grad():
         torch.testing.assert_close(ours(idx)[0], hf(idx).logits, atol=1e-5, rtol=0)
-    cfg = ours.config
+    assert torch.equal(ours.transformer.h[0].mlp.tid2eid, hf.model.layers[0].mlp.gate.tid2eid)
+    return ours
+
+
+@pytest.mark.parametrize('scoring', ['sqrtsoftplus', 'sigmoid'])
+def test_deepseek_v4_sliding_layers(scoring, tmp_path):
+    cfg = parity(deepseek_v4(scoring_func=scoring), tmp_path).config
     assert (cfg.attn, cfg.q_rank, cfg.o_groups, cfg.o_lora_rank, cfg.rope_dim, cfg.head_size) == \
         ('shared_kv', 8, 2, 8, 8, 16)
     assert cfg.layer_kinds == ['L', 'L'] and cfg.sliding_window == WINDOW and cfg.attn_sinks
     assert cfg.router_score == (scoring if scoring == 'sqrtsoftplus' else None) and cfg.swiglu_form == 'plain'
     assert (cfg.hc_mult, cfg.hc_kind, cfg.hc_final) == (4, 'mhc', 'learned') and cfg.hash_moe_layers == 1
-    assert torch.equal(ours.transformer.h[0].mlp.tid2eid, hf.model.layers[0].mlp.gate.tid2eid)
     # the cache keeps the one key-value head, its window of it: 16 numbers per token and layer
-    assert ours.kv_cache_bytes(1, PROMPT) == 2 * WINDOW * 16 * 4
+    assert GPT(cfg).kv_cache_bytes(1, PROMPT) == 2 * WINDOW * 16 * 4
 
 
 @pytest.mark.parametrize('scoring', ['sqrtsoftplus', 'sigmoid'])
 def test_deepseek_v4_three_kinds_of_layers(scoring, tmp_path):
-    torch.manual_seed(0)
-    hf = randomized_v4(transformers.DeepseekV4ForCausalLM(three_kinds(scoring_func=scoring)), 11)
-    ours = check_parity(hf, tmp_path)
-    idx = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():  # closer than check_parity asks: 1.6e-6 here, logits up to 2.0
-        torch.testing.assert_close(ours(idx)[0], hf(idx).logits, atol=1e-5, rtol=0)
+    ours = parity(three_kinds(scoring_func=scoring), tmp_path)
     cfg = ours.config
     assert cfg.layer_kinds == ['L', 'H', 'I'] and (cfg.hca_rate, cfg.csa_rate, cfg.csa_topk) == (8, 4, 3)
     assert (cfg.csa_index_heads, cfg.csa_index_dim, cfg.hash_moe_layers) == (8, 12, 1)
