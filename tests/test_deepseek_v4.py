@@ -239,6 +239,26 @@ def test_a_compressed_model_learns_is_causal_and_decodes_through_the_cache(flags
     check_generate_cache(model)
 
 
+@torch.no_grad()
+def test_a_compiled_decoding_step_of_compressed_layers_is_one_graph():
+    """The decoding step writes its window's slot and entry in place at tensor positions: dynamo traces it whole (its
+    'eager' backend: the graph without inductor's code), one graph for every position, and it decodes what the eager
+    step does, past block_size."""
+    import torch._dynamo
+    model = randomized(build(**ATTN, **CSA_FLAGS, sliding_window=5, layers='LHI', n_layer=3, hca_rate=3,
+                             mlp='swiglu', hc_mult=4), 26, scale=0.2)
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(27))
+    eager = model.generate(prompt, 2 * BLOCK, temperature=0.0)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    try:
+        model.compile_decoding(backend='eager')  # without experts: a full graph (an MoE reads its counts on the host)
+        assert torch.equal(model.generate(prompt, 2 * BLOCK, temperature=0.0), eager)
+        assert torch._dynamo.utils.counters['stats']['unique_graphs'] == 1
+    finally:
+        torch._dynamo.reset()
+
+
 def test_the_cache_keeps_the_window_the_entries_and_the_pending_tokens():
     """Per sequence and layer, in numbers: a sliding layer its window W of the one head (hs); an HCA layer that, an
     entry per m tokens and the m pending tokens' candidates and gates; a CSA layer that, its entries and the
