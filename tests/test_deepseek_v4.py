@@ -11,9 +11,11 @@ import torch.nn.functional as F
 
 import model as M
 from chapters import deepseek_v4 as v4, moe
-from tiny_models import (BLOCK, N_EMBD, N_HEAD, VOCAB, assert_close, build, check_backward, check_cache_logits,
-                         check_causal, check_generate_cache, config_id, counted_training_flops, losses_fall,
-                         rope_tables, tiny_config, train_a_few_steps)
+import generate as G
+from tiny_models import (BLOCK, N_EMBD, N_HEAD, VOCAB, assert_close, assert_steps_equal_full_forwards, build,
+                         check_backward, check_cache_logits, check_causal, check_generate_cache, config_id,
+                         counted_training_flops, explicit_attend, losses_fall, rope_tables, tiny_config,
+                         train_a_few_steps)
 
 pytestmark = pytest.mark.usefixtures('single_thread')
 
@@ -38,34 +40,38 @@ def randomized(module, seed, scale=0.3):
 
 # ----------------------------------------------------------------------------- the attention
 
-def attention_written_out(attn, x, cos, sin, window):
+def rms(v, eps, gain=None):
+    v = v / torch.sqrt(v.square().mean(-1, keepdim=True) + eps)
+    return v if gain is None else v * gain
+
+
+def rotate(v, c, s):
+    """Pairs (i, i + r/2) of the first r dims (the tables' width) turned by the angles."""
+    r = c.size(-1)
+    a, b = v[..., :r // 2], v[..., r // 2:r]
+    return torch.cat((a * c[:r // 2] - b * s[:r // 2], b * c[:r // 2] + a * s[:r // 2], v[..., r:]), -1)
+
+
+def attention_written_out(attn, x, cos, sin, window, extra=None):
     """The shared key-value attention one query at a time in float64: q from the bottleneck, each head scaled to unit
     RMS; the one head normalised with its gain; both rotated (first rope dims, halves); softmax of q.k / sqrt(head)
-    over the window's keys with the head's sink; the output's rotated dims turned back; grouped, then projected."""
+    over the window's keys (and extra(b, t)'s, the compressed entries a query reads) with the head's sink; the
+    output's rotated dims turned back; grouped, then projected."""
     H, hs, eps = attn.n_head, attn.head_size, attn.eps
-    r = cos.size(-1)
-
-    def rms(v, gain=None):
-        v = v / torch.sqrt(v.square().mean(-1, keepdim=True) + eps)
-        return v if gain is None else v * gain
-
-    def rotate(v, c, s):  # pairs (i, i + r/2) of the first r dims turned by the angles
-        a, b = v[..., :r // 2], v[..., r // 2:r]
-        return torch.cat((a * c[:r // 2] - b * s[:r // 2], b * c[:r // 2] + a * s[:r // 2], v[..., r:]), -1)
-
     B, T, _ = x.shape
-    q = rms((rms(x @ attn.q_a.weight.T, attn.q_a_norm.weight) @ attn.q_b.weight.T).view(B, T, H, hs))
-    kv = rms(x @ attn.c_kv.weight.T, attn.kv_norm.weight)
+    q = rms((rms(x @ attn.q_a.weight.T, eps, attn.q_a_norm.weight) @ attn.q_b.weight.T).view(B, T, H, hs), eps)
+    kv = rms(x @ attn.c_kv.weight.T, eps, attn.kv_norm.weight)
     out = torch.empty(B, T, H * hs, dtype=x.dtype)
     for b in range(B):
         keys = torch.stack([rotate(kv[b, s], cos[s], sin[s]) for s in range(T)])
         for t in range(T):
-            seen = range(max(0, t - window + 1), t + 1)
+            seen = [keys[s] for s in range(T) if (window is None or s > t - window) and s <= t]
+            seen += extra(b, t) if extra is not None else []
             for h in range(H):
                 qh = rotate(q[b, t, h], cos[t], sin[t])
-                logits = torch.stack([qh @ keys[s] for s in seen]) / math.sqrt(hs)
+                logits = torch.stack([qh @ k for k in seen]) / math.sqrt(hs)
                 p = torch.softmax(torch.cat((logits, attn.sinks[h:h + 1])), 0)[:-1]
-                y = sum(p_s * keys[s] for p_s, s in zip(p, seen))
+                y = sum(p_s * k for p_s, k in zip(p, seen))
                 out[b, t, h * hs:(h + 1) * hs] = rotate(y, cos[t], -sin[t])
     groups, width = attn.c_group.groups, attn.c_group.in_features
     w = attn.c_group.weight.view(groups, -1, width)
@@ -135,6 +141,153 @@ def test_the_grouped_projection_is_a_block_diagonal_matrix():
     assert_close(layer(x), x @ blocks.T, atol=1e-6)
 
 
+# ----------------------------------------------------------------------------- the compressed layers
+
+# DeepSeek-V4's compressed layers on its block: heavily compressed (an entry per 3 tokens), compressed sparse (an entry
+# per 2 tokens pooled over 4, its indexer of 3 heads of 8 keeping 2 of them: fewer than BLOCK's 8), and the three
+# kinds together, the first MoE layer hash-routed
+HCA = dict(V4, layers='LH', hca_rate=3)
+CSA_FLAGS = dict(csa_rate=2, csa_topk=2, csa_index_heads=3, csa_index_dim=8)
+CSA = dict(V4, layers='LI', **CSA_FLAGS)
+COMPRESSED = dict(HCA, **CSA_FLAGS, layers='LHI', n_layer=3, hash_moe_layers=1)
+
+
+def compressor_written_out(comp, x, cos, sin):
+    """A compressor one complete window at a time in float64: the window's candidates (overlapping: the first halves
+    of the window before, then its own second halves) weighted per channel by the softmax of their gates plus the
+    bias of their place in their window, RMS-normalised with the gain, rotated at the window's first position."""
+    m, w, bias = comp.rate, comp.width, comp.position_bias
+    kv, gate = x @ comp.c_kv.weight.T, x @ comp.c_gate.weight.T
+    B, T, _ = x.shape
+    out = torch.empty(B, T // m, w, dtype=x.dtype)
+    for b in range(B):
+        for win in range(T // m):
+            own = range(win * m, (win + 1) * m)
+            if comp.overlap:
+                slots = [(kv[b, s, :w], gate[b, s, :w] + bias[s % m, :w]) for s in range((win - 1) * m, win * m)
+                         if s >= 0]
+                slots += [(kv[b, s, w:], gate[b, s, w:] + bias[s % m, w:]) for s in own]
+            else:
+                slots = [(kv[b, s], gate[b, s] + bias[s % m]) for s in own]
+            weights = torch.softmax(torch.stack([g for _, g in slots]), 0)
+            pooled = sum(weight * c for weight, (c, _) in zip(weights, slots))
+            out[b, win] = rotate(rms(pooled, comp.norm.eps, comp.norm.weight), cos[win * m], sin[win * m])
+    return out
+
+
+def picks_written_out(indexer, x, q_in, cos, sin):
+    """The indexer's keys (its compressor's entries) and, per sequence and query, the entries it reads: of those
+    whose windows are complete, the csa_topk highest by sum over heads of weight * ReLU(q.k) / sqrt(dim), the
+    queries rotated, the weights a projection of the token over sqrt(heads); of equal scores the earliest."""
+    keys = compressor_written_out(indexer.compress, x, cos, sin)
+    H, D, m = indexer.n_head, indexer.head_dim, indexer.compress.rate
+    B, T, _ = x.shape
+    q = (q_in @ indexer.wq.weight.T).view(B, T, H, D)
+    w = x @ indexer.weights.weight.T * H ** -0.5
+    picks = []
+    for b in range(B):
+        picks.append([])
+        for t in range(T):
+            complete = range((t + 1) // m)
+            scores = {e: sum(w[b, t, h] * F.relu(rotate(q[b, t, h], cos[t], sin[t]) @ keys[b, e]) for h in range(H))
+                      / math.sqrt(D) for e in complete}
+            picks[b].append(sorted(complete, key=lambda e: (-scores[e], e))[:indexer.topk])
+    return keys, picks
+
+
+@torch.no_grad()
+@pytest.mark.parametrize('layer', [1, 2], ids=['hca', 'csa'])
+def test_a_compressed_layer_is_the_formula_written_out(layer):
+    """Each compressor against its formula, then the layer: a query reads its window's keys and, in the same softmax
+    with the sinks, the entries of its complete windows (HCA all of them; CSA the csa_topk its indexer scores
+    highest, fewer than it may see), each entry key and value."""
+    model = build(**COMPRESSED)
+    attn = randomized(model.transformer.h[layer].attn, 21).double()
+    T, m = 13, attn.rate
+    x = torch.randn(2, T, N_EMBD, generator=torch.Generator().manual_seed(22), dtype=torch.float64)
+    cos, sin = (t.double() for t in rope_tables(model.transformer.wpe, 0, T))
+    entries = compressor_written_out(attn.compress, x, cos, sin)
+    assert_close(attn.compress(x, (cos, sin)), entries, atol=1e-10)
+    if attn.indexer is None:
+        picks = [[list(range((t + 1) // m)) for t in range(T)]] * 2
+    else:
+        q_in = rms(x @ attn.q_a.weight.T, attn.eps, attn.q_a_norm.weight)
+        keys, picks = picks_written_out(attn.indexer, x, q_in, cos, sin)
+        assert_close(attn.indexer.compress(x, (cos, sin)), keys, atol=1e-10)
+        assert max(len(p) for p in picks[0]) == 2 < T // m  # fewer than the last queries may see
+    expected = attention_written_out(attn, x, cos, sin, 5, extra=lambda b, t: [entries[b, e] for e in picks[b][t]])
+    assert_close(attn(x, (cos, sin, cos, sin), M.causal_mask(T, 5, x.device)), expected, atol=1e-10)
+    assert not torch.allclose(expected, attention_written_out(attn, x, cos, sin, 5), atol=1e-3)  # the entries count
+
+
+@pytest.mark.parametrize('flags', [HCA, CSA, COMPRESSED, dict(V4, layers='HI', sliding_window=None, hca_rate=3,
+                                                              **CSA_FLAGS),
+                                   dict(CSA, pos='learned', hc_mult=1)],
+                         ids=['hca', 'csa', 'three-kinds', 'no-window', 'learned-positions'])
+def test_a_compressed_model_learns_is_causal_and_decodes_through_the_cache(flags):
+    """Gradients everywhere (the indexer's from its own loss), causality, and the cache: a prefill, a chunk and single
+    tokens, decoding steps one at a time (the windows' pending tokens and the entries kept in the cache), and greedy
+    generation far past block_size, each equal to full forwards."""
+    model = randomized(build(**flags), 11, scale=0.2)
+    for p in model.parameters():  # at a scale the copies of the stream survive
+        p.data.mul_(0.5)
+    check_backward(model)
+    check_causal(model)
+    check_cache_logits(model)
+    seq = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(23))
+    assert_steps_equal_full_forwards(model, seq, G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu')), 4)
+    check_generate_cache(model)
+
+
+@torch.no_grad()
+def test_a_compiled_decoding_step_of_compressed_layers_is_one_graph():
+    """The decoding step writes its window's slot and entry in place at tensor positions: dynamo traces it whole (its
+    'eager' backend: the graph without inductor's code), one graph for every position, and it decodes what the eager
+    step does, past block_size."""
+    import torch._dynamo
+    model = randomized(build(**ATTN, **CSA_FLAGS, sliding_window=5, layers='LHI', n_layer=3, hca_rate=3,
+                             mlp='swiglu', hc_mult=4), 26, scale=0.2)
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(27))
+    eager = model.generate(prompt, 2 * BLOCK, temperature=0.0)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    try:
+        model.compile_decoding(backend='eager')  # without experts: a full graph (an MoE reads its counts on the host)
+        assert torch.equal(model.generate(prompt, 2 * BLOCK, temperature=0.0), eager)
+        assert torch._dynamo.utils.counters['stats']['unique_graphs'] == 1
+    finally:
+        torch._dynamo.reset()
+
+
+def test_the_cache_keeps_the_window_the_entries_and_the_pending_tokens():
+    """Per sequence and layer, in numbers: a sliding layer its window W of the one head (hs); an HCA layer that, an
+    entry per m tokens and the m pending tokens' candidates and gates; a CSA layer that, its entries and the
+    indexer's (d wide), both halves of the pending tokens' and the last complete window's first halves:
+    W hs + ceil(L / m) (hs + d) + 6 m (hs + d)."""
+    model = build(**COMPRESSED)
+    hs, W, d = HEAD, 5, 8
+    for B, L in ((1, BLOCK), (2, 9)):
+        sliding, hca = W * hs, W * hs + math.ceil(L / 3) * hs + 2 * 3 * hs
+        csa = W * hs + math.ceil(L / 2) * (hs + d) + 6 * 2 * (hs + d)
+        assert model.kv_cache_bytes(B, L) == B * 4 * (sliding + hca + csa)
+
+
+def test_the_indexer_learns_from_its_own_loss_alone():
+    """Its inputs are detached: the KL loss moves the indexer and nothing else, the language model's loss
+    everything but the indexer (whose picks have no gradient)."""
+    grads = {}
+    for coef in (0.0, 1.0):
+        model = randomized(build(**{**CSA, 'csa_index_loss_coef': coef}), 24, scale=0.2).train()
+        idx = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(25))
+        model(idx, idx)[1].backward()
+        grads[coef] = {n: p.grad for n, p in model.named_parameters()}
+    indexer = [n for n in grads[0.0] if '.indexer.' in n]
+    assert indexer and all(grads[0.0][n] is None and grads[1.0][n].abs().sum() > 0 for n in indexer)
+    for n, g in grads[0.0].items():
+        if n not in indexer:
+            assert_close(grads[1.0][n], g, atol=0)
+
+
 # ----------------------------------------------------------------------------- the experts
 
 @torch.no_grad()
@@ -169,6 +322,53 @@ def test_the_sqrt_softplus_router_and_clamped_swiglu_are_their_formulas():
                            (logits.sigmoid() + layer.expert_bias).topk(k).indices)
 
 
+@torch.no_grad()
+def test_hash_routing_is_its_formula():
+    """Per token: the experts are its id's row of the frozen table (k distinct, a saved buffer), weighted by their
+    sqrt-softplus scores over the chosen ones' sum times routed_scaling; no balancing bias, no balancing loss."""
+    model = build(**V4, hash_moe_layers=1)
+    layer = randomized(model.transformer.h[0].mlp, 13)
+    assert type(layer) is v4.HashMoE and layer.inputs == 'tokens' and not hasattr(layer, 'expert_bias')
+    assert type(model.transformer.h[1].mlp) is v4.DeepseekV4MoE  # only the first MoE layer
+    table = layer.tid2eid
+    assert table.shape == (VOCAB, 2) and table.dtype == torch.long and (table[:, 0] != table[:, 1]).all()
+    assert 'transformer.h.0.mlp.tid2eid' in model.state_dict() and set(table.flatten().tolist()) == set(range(4))
+    L = 0.5
+    x = torch.randn(2, 4, N_EMBD, generator=torch.Generator().manual_seed(14))
+    tokens = torch.randint(0, VOCAB, (2, 4), generator=torch.Generator().manual_seed(15))
+
+    def swiglu(w_fc, w_proj, token):
+        gate, up = (w_fc @ token).chunk(2)
+        return w_proj @ (F.silu(gate.clamp(max=L)) * up.clamp(-L, L))
+
+    expected = torch.empty_like(x)
+    for b in range(2):
+        for t in range(4):
+            token = x[b, t]
+            scores = F.softplus(layer.router.weight @ token).sqrt()
+            chosen = table[tokens[b, t]]
+            weights = scores[chosen] / scores[chosen].sum() * 1.5
+            expected[b, t] = sum(w * swiglu(layer.experts.c_fc[e], layer.experts.c_proj[e], token)
+                                 for w, e in zip(weights, chosen))
+            expected[b, t] += swiglu(layer.shared.c_fc.weight, layer.shared.c_proj.weight, token)
+    layer.train()
+    assert_close(layer(x, tokens), expected, atol=1e-5)
+    assert layer.loss is None
+    # the same weights choosing by score give another output
+    learned = build(**V4).transformer.h[0].mlp
+    learned.load_state_dict({k: v for k, v in layer.state_dict().items() if k != 'tid2eid'}, strict=False)
+    assert not torch.allclose(learned(x), expected, atol=1e-3)
+
+
+def test_a_hash_routed_layer_has_the_learned_layers_parameters_and_flops():
+    """The table is a buffer, not a weight: a hash-routed layer has the parameters of a learned one less nothing
+    (the balancing bias is a buffer too), active or not, and a token multiplies the same weights."""
+    hashed, learned = build(**V4, hash_moe_layers=2), build(**V4)
+    assert hashed.get_num_params() == learned.get_num_params()
+    assert hashed.get_num_params(active=True) == learned.get_num_params(active=True)
+    assert hashed.flops_per_token() == learned.flops_per_token()
+
+
 def test_the_clamp_alone_keeps_the_routers_own_score():
     """swiglu_form='plain' without router_score: the router's sigmoid or softmax, the clamped SwiGLU."""
     model = build(**{**V4, 'router_score': None, 'router': 'softmax'})
@@ -181,8 +381,9 @@ def test_the_clamp_alone_keeps_the_routers_own_score():
 # ----------------------------------------------------------------------------- the model
 
 @pytest.mark.parametrize('overrides', [{}, {'pos': 'learned', 'sliding_window': None, 'hc_mult': 1},
-                                       {'q_rank': None, 'o_groups': 1, 'o_lora_rank': None, 'attn_sinks': False}],
-                         ids=['v4', 'learned-global', 'plain-projections'])
+                                       {'q_rank': None, 'o_groups': 1, 'o_lora_rank': None, 'attn_sinks': False},
+                                       {'hash_moe_layers': 1}, {'hash_moe_layers': 2, 'router_score': None}],
+                         ids=['v4', 'learned-global', 'plain-projections', 'hash', 'hash-sigmoid'])
 def test_a_deepseek_v4_model_learns_is_causal_and_decodes_through_the_cache(overrides):
     model = randomized(build(**{**V4, **overrides}), 11, scale=0.2)
     for p in model.parameters():  # at a scale the copies of the stream survive
@@ -195,17 +396,24 @@ def test_a_deepseek_v4_model_learns_is_causal_and_decodes_through_the_cache(over
         assert model.kv_cache_bytes(1, BLOCK) == 2 * 5 * HEAD * 4
 
 
-@pytest.mark.parametrize('overrides', [{}, {'q_rank': None, 'o_groups': 1, 'o_lora_rank': None}],
-                         ids=['v4', 'plain-projections'])
+@pytest.mark.parametrize('overrides', [{}, {'q_rank': None, 'o_groups': 1, 'o_lora_rank': None},
+                                       {'hash_moe_layers': 1}, HCA, CSA, dict(CSA, csa_index_loss_coef=0.0),
+                                       dict(CSA, q_rank=None)],
+                         ids=['v4', 'plain-projections', 'hash', 'hca', 'csa', 'csa-indexer-not-learning',
+                              'csa-plain-queries'])
 def test_flops_per_token_equals_the_counted_flops(overrides, monkeypatch):
+    """As torch counts them: the compressed layers' entries (all of a sequence's, as training reads them, masked),
+    CSA's indexer forward and, learning, backward and its target."""
+    monkeypatch.setattr(v4, 'attend_entries', explicit_attend)
     model = build(**{**V4, **overrides})
     T = 5  # the window: the explicit attention computes what a window masks
     idx = torch.randint(0, VOCAB, (2, T), generator=torch.Generator().manual_seed(12))
     assert model.flops_per_token(seq_len=T) * 2 * T == counted_training_flops(model, idx, monkeypatch)
 
 
-def test_a_deepseek_v4_model_trains():
-    assert losses_fall(train_a_few_steps(build(**V4)))
+@pytest.mark.parametrize('flags', [V4, COMPRESSED], ids=['sliding', 'three-kinds'])
+def test_a_deepseek_v4_model_trains(flags):
+    assert losses_fall(train_a_few_steps(build(**flags)))
 
 
 @pytest.mark.parametrize('overrides, fragment', [
@@ -219,6 +427,15 @@ def test_a_deepseek_v4_model_trains():
     (dict(router_score='sqrtsoftplus', mlp='moe', router='sigmoid', n_expert_group=2), 'set n_expert_group=1'),
     (dict(swiglu_form='plain', mlp='moe'), 'set swiglu_limit'),
     (dict(router_score='softplus'), "router_score must be one of None, 'sqrtsoftplus'"),
+    (dict(hash_moe_layers=1), "hash_moe_layers=1 routes MoE layers by the token id: set mlp='moe'"),
+    (dict(hash_moe_layers=2, mlp='moe', first_dense_layers=1), "hash_moe_layers=2 is more than the model's 1 MoE"),
+    (dict(hash_moe_layers=-1), 'hash_moe_layers must be an int >= 0'),
+    (dict(hca_rate=4), "hca_rate=4 apply to heavily compressed layers ('H') and layers=None has none"),
+    (dict(csa_topk=8), "csa_topk=8 apply to compressed sparse layers ('I')"),
+    (dict(layers='LH', sliding_window=4), "has compressed layers ('H', 'I'), which pool DeepSeek-V4's one key-value "
+                                          "head: set attn='shared_kv'"),
+    (dict(ATTN, layers='I', csa_index_dim=4), 'csa_index_dim (4) must be at least the rotated width of a head (6)'),
+    (dict(hca_rate=0), 'hca_rate must be a positive int'),
 ], ids=config_id)
 def test_bad_deepseek_v4_settings_are_one_line(overrides, fragment):
     with pytest.raises(ValueError) as e:
