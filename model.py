@@ -8,17 +8,11 @@ into a LLaMA/Qwen-style one, so vanilla and modern blocks train side by side.
     n_kv_head None        -> n_head/2      attend (K/V heads shared by query heads), CausalSelfAttention
     pos       'learned'   -> 'rope'        LearnedPositions; Rotary, apply_rope (POSITIONS)
 
-SWAPS below is that table as code. With every default the model is nanoGPT's GPT-2, parameter names
-included, so nanoGPT's checkpoints and GPT-2's weights load. norm_position says where a block puts its norms
-('pre', GPT-2's; 'post', 2017's; 'sandwich'; 'after').
-
-This file runs alone (`from model import GPT, GPTConfig`). The later chapters (mixture of experts, latent
-attention, long context, linear attention, ...) are files of their own in chapters/, one per chapter, and plug
-in without changing this one, through the extension points marked below: the registries (NORMS, POSITIONS,
-ATTENTIONS, MLPS, LAYER_KINDS, RESIDUALS), GPTConfig's derived properties (a chapter's config class extends
-them), and Feature (what a chapter adds around the blocks). `from chapters import GPT, GPTConfig` gives the
-model with every chapter. The decoding engine is generate.py and the optimizers optim.py; both build on this
-file.
+With every default the model is nanoGPT's GPT-2, parameter names included, so its checkpoints and GPT-2's
+weights load. This file runs alone. The later chapters are files of their own in chapters/ and plug in through
+the extension points here: the registries (NORMS, POSITIONS, ATTENTIONS, MLPS, LAYER_KINDS, RESIDUALS),
+GPTConfig's derived properties, and Feature; `from chapters import GPT, GPTConfig` gives every chapter.
+generate.py (decoding) and optim.py (the optimizers) build on this file.
 """
 
 import math
@@ -28,8 +22,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-# Each swap: the flag it sets, GPT-2's value, and the modern (Llama/Qwen-style) value; a callable value depends
-# on the config's other flags. bench.py's variants, ablate.py's groups and the recipes' tests use this table.
+# Each swap: the flag it sets, GPT-2's value, the modern value (a callable reads the config's other flags).
 SWAPS = {
     'rms': ('norm', 'layernorm', 'rms'),
     'swiglu': ('mlp', 'gelu', 'swiglu'),
@@ -92,8 +85,7 @@ class GPTConfig:
         return self.n_head if self.n_kv_head is None else self.n_kv_head
 
     @property
-    def mlp_width(self):
-        """The MLP's hidden width (Hugging Face's intermediate_size; its hidden_size is our n_embd)."""
+    def mlp_width(self):  # Hugging Face's intermediate_size
         if self.ffn_hidden is not None:
             return self.ffn_hidden
         if MLPS[self.mlp].gated:
@@ -102,13 +94,11 @@ class GPTConfig:
         return 4 * self.n_embd
 
     @property
-    def rope_dim(self):
-        """Width of the rotated part of each query and key head (its first dims) in the main rotary table."""
+    def rope_dim(self):  # the rotated width of a head (its first dims) in the main rotary table
         return self.head_size
 
     @property
-    def layer_kinds(self):
-        """Each layer's letter in LAYER_KINDS, the pattern tiled over the layers."""
+    def layer_kinds(self):  # each layer's letter in LAYER_KINDS
         pattern = self.layers or self.default_layers
         return [pattern[i % len(pattern)] for i in range(self.n_layer)]
 
@@ -117,24 +107,20 @@ class GPTConfig:
         return 'G'
 
     @property
-    def norm_weights(self):
-        """Whether norms multiply by a learned gain (and a LayerNorm with bias adds one)."""
+    def norm_weights(self):  # norms multiply by a learned gain (and a LayerNorm with bias adds one)
         return True
 
     @property
-    def residual(self):
-        """How a block's branches update the residual stream: a key of RESIDUALS."""
+    def residual(self):  # how a block's branches update the stream: a key of RESIDUALS
         return 'add'
 
     def norm_position_of(self, layer):
         return self.norm_position
 
-    def mlp_of(self, layer):
-        """The key of MLPS of a layer's MLP."""
+    def mlp_of(self, layer):  # a layer's MLP: a key of MLPS
         return self.mlp
 
-    def has_mlp(self, layer):
-        """Whether a layer's token mixer is followed by an MLP."""
+    def has_mlp(self, layer):  # a layer's mixer is followed by an MLP
         return True
 
     def rope_frequencies(self, dim, theta, length, plain=False):
@@ -142,14 +128,11 @@ class GPTConfig:
         positions; plain: a table of its own base that no chapter rescales."""
         return 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim), 1.0
 
-    def rope_tables_for(self, length, plain=False):
-        """What the frequencies depend on at `length` positions: None when one table serves every length."""
+    def rope_tables_for(self, length, plain=False):  # what the frequencies depend on: None, one table for all
         return None
 
     @property
-    def positions_follow_length(self):
-        """Whether the positions' tables change with the length a sequence reaches (decoding then cannot replay
-        one static step)."""
+    def positions_follow_length(self):  # the tables change with the length reached: no static decoding step
         return False
 
     @classmethod
@@ -159,12 +142,10 @@ class GPTConfig:
         return cls(**{k: v for k, v in upgrade_args(d).items() if k in names})
 
 
-# Flags that change no weight: a trained model may be evaluated, sampled or trained on with other values of these,
-# so the scripts take them from the run. Chapters add theirs (chapters.RUNTIME_FLAGS).
+# Flags that change no weight, which the scripts take from the run (chapters add theirs: chapters.RUNTIME_FLAGS).
 RUNTIME_FLAGS = ('block_size', 'dropout')
 
-# Renamed flags: old name -> (new name, {old value: new value}). Old checkpoints load through upgrade_args, and
-# configurator.py reads this table to tell a user the setting that replaced an old one.
+# Renamed flags, old name -> (new name, {old value: new value}): old checkpoints load, configurator.py explains.
 RENAMED_FLAGS = {'prenorm': ('norm_position', {True: 'pre', False: 'post'})}
 
 

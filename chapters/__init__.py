@@ -16,7 +16,7 @@ The chapters after the lesson (model.py), one file each, in reading order:
     block_sparse      the indexer picking blocks of keys (index_block_size: MiniMax-M3, QSA, KPool)
     mtp               multi-token prediction (mtp_depth)
     gemma4            Gemma 4's K = V, K/V sharing, global layers' shapes, MoE block, per-layer embeddings
-    deepseek_v4       DeepSeek-V4's one shared key-value head, grouped output, sqrt-softplus router, clamped SwiGLU
+    deepseek_v4       DeepSeek-V4: one shared K = V head, compressed layers (HCA 'H', CSA 'I'), hash routing, ...
     speedrun          the speedrun's: value embeddings, skips, smear, backout, a bigram hash table, XSA, key offset, ...
     engram            hashed n-gram memories gated by the hidden state (DeepSeek's Engram)
     hyper_connections the residual stream widened to parallel copies, collapsed and spread around each branch (mHC)

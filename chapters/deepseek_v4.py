@@ -40,6 +40,7 @@ from torch.nn import functional as F
 
 import model as M
 from chapters import attention
+from chapters.layer_kinds import WINDOWED
 from chapters.moe import Experts, MoE
 from chapters.sparse_attention import top_k_earliest, visible_keys
 from model import ATTENTIONS, FEATURES, LAYER_KINDS, NON_NEGATIVE_NUMBER, OPTIONAL_POSITIVE_INT, POSITIVE_INT, \
@@ -609,6 +610,7 @@ def _compressed_needs(flags, sparse):
     return {'attn': 'shared_kv', 'n_kv_head': None, **({'csa_index_dim': max(32, head)} if sparse else {})}
 
 
+WINDOWED.update('HI')  # every V4 layer keeps a sliding window beside its compressed entries
 LAYER_KINDS['H'] = LayerKind('heavily compressed', lambda config, layer: CompressedAttention(config, layer, False),
                              'hca', attention=True, needs=lambda flags: _compressed_needs(flags, False),
                              config_class=Config)

@@ -23,6 +23,9 @@ from model import BOOL, FEATURES, LAYER_KINDS, OPTIONAL_POSITIVE_INT, POSITIONS,
     Rotary, TokenMixer, attention
 
 
+WINDOWED = {'L'}  # the kinds whose mixers slide sliding_window over the past (a later chapter adds its own)
+
+
 @dataclass
 class Config:
     sliding_window: int | None = None  # 'L' layers: each query sees only the last W keys, itself included (Mistral); without layers, every layer is 'L'
@@ -35,9 +38,10 @@ class Config:
          lambda c: f"layers={c.layers!r} has local ('L') layers: set sliding_window, their window"),
         (lambda c: c.layers is not None and 'N' in c.layers and c.pos != 'rope',
          lambda c: f"layers={c.layers!r} has layers without RoPE ('N'): that needs pos='rope', got pos={c.pos!r}"),
-        (lambda c: c.sliding_window is not None and 'L' not in c.layer_kinds,
-         lambda c: f"sliding_window={c.sliding_window} applies to local ('L') layers and layers={c.layers!r} has none: "
-                   f"add 'L' to layers or set --sliding_window=None"),
+        (lambda c: c.sliding_window is not None and not WINDOWED & set(c.layer_kinds),
+         lambda c: f"sliding_window={c.sliding_window} applies to layers with a window "
+                   f"({', '.join(map(repr, sorted(WINDOWED)))}) and layers={c.layers!r} has none: add 'L' to layers or "
+                   f"set --sliding_window=None"),
         (lambda c: c.rope_local_theta is not None and 'L' not in c.layer_kinds,
          lambda c: f"rope_local_theta={c.rope_local_theta} applies to local ('L') layers and there are none: set layers "
                    f"(e.g. 'LLLLLG') and sliding_window, or rope_local_theta=None"),

@@ -40,9 +40,6 @@ def _deepseek_v4_read(c):
     if unknown:
         raise ValueError(f"layer_types {sorted(unknown)} are not supported ({', '.join(map(repr, _KINDS))} are)")
     kinds = [_KINDS[t] for t in c.layer_types[:n]]
-    if 'L' not in kinds:  # layer_kinds.py ties sliding_window to 'L' layers
-        raise ValueError("layer_types without a 'sliding_attention' layer are not supported yet: our window "
-                         "(sliding_window) needs a sliding layer beside the compressed ones")
     mlp_types = list(c.mlp_layer_types[:n])
     hashed = mlp_types.count('hash_moe')
     if mlp_types != ['hash_moe'] * hashed + ['moe'] * (n - hashed):

@@ -126,9 +126,16 @@ def test_each_randomized_part_moves_the_logits(tmp_path):
     assert (dense(idx)[0] - expected).abs().max() > 1e-3, 'csa_topk'
 
 
+
+def test_deepseek_v4s_own_layout_without_a_sliding_layer(tmp_path):
+    """transformers' default layout has no sliding layer (compressed layers only, each keeping its window beside
+    its entries): it loads, its logits and greedy tokens are transformers', and it exports back."""
+    ours = parity(three_kinds(num_hidden_layers=2, layer_types=['heavily_compressed_attention',
+                                                                'compressed_sparse_attention'],
+                              mlp_layer_types=['hash_moe', 'moe']), tmp_path)
+    assert ours.config.layer_kinds == ['H', 'I'] and ours.config.sliding_window == WINDOW
+
 @pytest.mark.parametrize('overrides, named', [
-    (dict(layer_types=['heavily_compressed_attention', 'compressed_sparse_attention']),
-     "without a 'sliding_attention' layer are not supported yet"),
     (dict(mlp_layer_types=['moe', 'hash_moe']), "only the first layers 'hash_moe'"),
 ])
 def test_what_deepseek_v4_we_cannot_load_is_refused_in_one_line(overrides, named, tmp_path):
