@@ -294,6 +294,8 @@ def decoding_cache(model, batch_size, seq_len, device):
     dtype, kept = cache_dtype(model), getattr(model, '_kept_caches', None)
     if kept is None:
         cache = KVCache(model, batch_size, _cache_length(model, seq_len), dtype, device)
+        if getattr(model, '_compiled_step', None) is None:  # eager: nothing to mark (and no dynamo to import)
+            return cache
         for block, layer in zip(model.transformer.h, cache.layers):  # a compiled step serves every length:
             for name in block.attn.cache_entries():  # the slots of the entries per position are a dynamic size
                 torch._dynamo.maybe_mark_dynamic(layer.stores[name], 2)
