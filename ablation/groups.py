@@ -309,6 +309,34 @@ def length_generalization_members(base, modern, settings):
             ('rope_fraction=0.25', {**copy, 'rope_fraction': 0.25})]
 
 
+def hyper_connections_members(base, modern, settings):
+    # modern + Muon with four copies of the stream (mHC, and independent), against one copy at the mHC model's
+    # parameters and at its FLOPs (an MLP widened to each)
+    muon = {'optimizer': 'muon'}
+    args = {**model_args(base), 'vocab_size': base_vocab(base, settings)}
+    model = GPT(GPTConfig(**{**args, **modern, 'hc_mult': 4}))
+    equal_params = widened(args, modern, model.get_num_params(), lambda m: m.get_num_params())
+    equal_flops = widened(args, modern, model.flops_per_token(), lambda m: m.flops_per_token())
+    mhc = {**modern, **muon, 'hc_mult': 4}
+    return [('modern+muon', {**modern, **muon}), ('mhc_n=4', mhc), ('ihc_n=4', {**mhc, 'hc_kind': 'ihc'}),
+            (f"equal_params_ffn={equal_params['ffn_hidden']}", {**equal_params, **muon}),
+            (f"equal_flops_ffn={equal_flops['ffn_hidden']}", {**equal_flops, **muon})]
+
+
+def speedrun_members(base, modern, settings):
+    # modern + Muon, each of the speedrun's switches alone on top of it, and all of them stacked
+    muon = {**modern, 'optimizer': 'muon'}
+    n = base['n_layer']
+    switches = {'value_embeds': {'value_embed_layers': '0,-1'}, 'x0_lambdas': {'x0_lambdas': True},
+                'unet': {'unet_skips': True}, 'smear': {'smear': True}, 'backout': {'backout_layer': max(0, n // 2)},
+                'bigram': {'bigram_vocab': 4096}, 'xsa': {'xsa_layers': ','.join(map(str, range(n)))},
+                'key_offset': {'key_offset': True}, 'sigmoid_cap': {'sigmoid_softcap': True},
+                'mtp_shared': {'mtp_shared': 2}, 'engram': {'engram_layers': '1'}}
+    stacked = {k: v for flags in switches.values() for k, v in flags.items()}
+    return [('modern+muon', muon)] + [(f'+{name}', {**muon, **flags}) for name, flags in switches.items()] + \
+        [('+all', {**muon, **stacked})]
+
+
 # group name -> what builds its members; the order is the one an unknown group's error lists
 GROUPS = {
     'default': default_members,
@@ -339,6 +367,8 @@ GROUPS = {
     'zero_init': zero_init_members,
     'recall': lambda base, modern, settings: recall_members(base, settings),
     'length_generalization': length_generalization_members,
+    'hyper_connections': hyper_connections_members,
+    'speedrun': speedrun_members,
     'custom': lambda base, modern, settings: list(parse_custom(settings['custom'], base).items()),
 }
 

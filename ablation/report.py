@@ -23,13 +23,13 @@ def fmt(value, spec='.4f'):
     return 'n/a' if value is None else format(value, spec)
 
 
-def mean_std(values):
+def mean_std(values, spec='.4f'):
     values = [v for v in values if v is not None]
     if not values:
         return 'n/a'
     if len(values) == 1:  # no spread to give
-        return f"{values[0]:.4f} (1 seed)"
-    return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
+        return f"{values[0]:{spec}} (1 seed)"
+    return f"{statistics.mean(values):{spec}} ± {statistics.stdev(values):{spec}}"
 
 
 def mean_or_none(values):
@@ -226,13 +226,15 @@ def plot_title(xlabel, settings):
             f"{os.path.basename(settings['train_config'])}")
 
 
-def plot(variants, x_index, xlabel, path, settings):
+def plot(variants, x_index, xlabel, path, settings, goal_loss=None):
     import matplotlib
     matplotlib.use('Agg')  # files only: no display needed
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 5))
     for name, agg in variants.items():
         ax.plot([c[x_index] for c in agg['curve']], [c[1] for c in agg['curve']], marker='.', label=name)
+    if goal_loss is not None:  # the target: where a curve first crosses it is its time to target
+        ax.axhline(goal_loss, color='grey', linestyle='--', linewidth=1, label=f'target {goal_loss:.4f}')
     ax.set(xlabel=xlabel, ylabel='val loss (mean over seeds)', title=plot_title(xlabel, settings))
     ax.grid(alpha=0.3)
     # the loss at iteration 0 (ln vocab) would squash the differences that matter: start the axis below it
@@ -300,24 +302,48 @@ def compare_variants(runs, order, methods):
     return variants, reference
 
 
+def goal_of(variants, reference, settings):
+    """(the variant whose mean final val loss is the target loss: settings' target, else the reference; the loss)."""
+    goal = settings['target'] if settings['target'] in variants else reference
+    return goal, (variants[goal]['final_val_loss'] if goal else None)
+
+
+def time_to_target(run, loss):
+    """(the first evaluated iteration, its elapsed seconds) at which a run's val loss is at most `loss`, or None
+    (the speedrun's yardstick: how soon, not how low)."""
+    return next(((i, s) for i, v, s in run['curve'] if loss is not None and v <= loss), None)
+
+
+def reach_cell(runs, reference_runs, loss, index):
+    """Iterations (index 0) or seconds (1) to the target: mean ± std over the seeds that reached it, p against the
+    reference's seeds (None: these are the reference's), and how many did not."""
+    reached = [t[index] for t in (time_to_target(r, loss) for r in runs) if t is not None]
+    if not reached:
+        return 'not reached'
+    ref = [t[index] for t in (time_to_target(r, loss) for r in reference_runs or []) if t is not None]
+    test = welch(reached, ref) if reference_runs else None
+    missed = len(runs) - len(reached)
+    return mean_std(reached, '.0f') + (f" (p {test['p']:.2g}{' ≈' if test['p'] >= 0.05 else ''})" if test else '') + \
+        (f", {missed} not reached" if missed else '')
+
+
 def main_table(variants, runs, reference, command, settings):
     """The report's first lines: the base recipe and command, then a row per variant."""
-    target, train_args = settings['target'], settings['train_args']
-    # steps to a loss: the first evaluation where the variant's mean curve is at the target's final loss
-    goal = target if target in variants else reference
-    goal_loss = variants[goal]['final_val_loss'] if goal else None
-    reaches = {n: next((c[0] for c in agg['curve'] if goal_loss is not None and c[1] <= goal_loss), None)
-               for n, agg in variants.items()}
+    train_args = settings['train_args']
+    # how soon each seed's val loss is at the target's mean final loss, in iterations and in seconds
+    goal, goal_loss = goal_of(variants, reference, settings)
+    goal_runs = [r for r in runs if r['variant'] == goal]
     # a downstream task's metric is a column when runs logged one (train.py's eval_task)
     tasks = list(dict.fromkeys(k for agg in variants.values() for k in agg['task']))
     accuracy = any(agg['accuracy'] is not None for agg in variants.values())  # a task dataset's runs
     lines = [f"Base recipe `{settings['train_config']}`{f' with `{train_args}`' if train_args else ''}, seeds "
              f"{', '.join(str(1337 + s) for s in range(settings['seeds']))}; command: `{command}`", '',
              f'| variant | flags | parameters | active | final val loss | best val loss | Δ final vs {reference} '
-             f'| reaches {goal} at iter | ms/iter | tokens/s | KV cache bytes/token | load max/mean | diverged at |'
+             f'| iters to {goal}\'s loss | seconds to it | ms/iter | tokens/s | KV cache bytes/token | load max/mean '
+             f'| diverged at |'
              + ''.join(f' {t} |' for t in tasks)
              + (f' val accuracy | Δ accuracy vs {reference} |' if accuracy else ''),
-             '|' + ' --- |' * (13 + len(tasks) + 2 * accuracy)]
+             '|' + ' --- |' * (14 + len(tasks) + 2 * accuracy)]
     for name, agg in variants.items():
         seeds_runs = [r for r in runs if r['variant'] == name]
         flags = ', '.join(f'{k}={v}' for k, v in agg['flags'].items()).replace('|', '\\|') or '(base recipe)'
@@ -326,7 +352,8 @@ def main_table(variants, runs, reference, command, settings):
             name, flags, fmt(agg['parameters'], ','), fmt(agg['active_parameters'], ','),
             mean_std([r['final_val_loss'] for r in seeds_runs]), mean_std([r['best_val_loss'] for r in seeds_runs]),
             delta(agg, variants[reference], 'final_val_loss', len(seeds_runs)),
-            'not reached' if reaches[name] is None else str(reaches[name]), fmt(agg['ms_per_iter'], '.1f'),
+            *(reach_cell(seeds_runs, goal_runs if name != goal else None, goal_loss, i) for i in (0, 1)),
+            fmt(agg['ms_per_iter'], '.1f'),
             fmt(agg['tokens_per_s'], ',.0f'), fmt(agg['kv_bytes_per_token'], ',.0f'),
             fmt(agg['load_max_over_mean'], '.2f'), diverged] + [fmt(agg['task'].get(t)) for t in tasks]
             + ([mean_std([r['accuracy'] for r in seeds_runs]), delta(agg, variants[reference], 'accuracy',
@@ -389,15 +416,16 @@ def write_report(out, order, failed, cwd, n_layer, settings):
     lines += lengths_table(variants, runs, reference, iters) + recall_table(variants, runs) + probes_table(variants)
     target = settings['target']
     if target and target not in variants:
-        lines += ['', f"target {target!r} has no finished runs here: the reaches column uses {reference!r}"]
+        lines += ['', f"target {target!r} has no finished runs here: the columns to the target use {reference!r}"]
     if other:
         lines += ['', f"Not in this report, made with another train_config or train_args: {', '.join(other)}"]
     if failed:
         lines += ['', f"Failed in the last invocation (see their train.log): {', '.join(failed)}"]
     write_output(os.path.join(out, 'results.md'), '\n'.join(lines) + '\n', 'results.md')
     if variants:
-        plot(variants, 0, 'iteration', os.path.join(out, 'val_loss_vs_iter.png'), settings)
-        plot(variants, 2, 'time (s)', os.path.join(out, 'val_loss_vs_time.png'), settings)
+        goal_loss = goal_of(variants, reference, settings)[1]
+        plot(variants, 0, 'iteration', os.path.join(out, 'val_loss_vs_iter.png'), settings, goal_loss)
+        plot(variants, 2, 'time (s)', os.path.join(out, 'val_loss_vs_time.png'), settings, goal_loss)
     if recall_points(variants):
         plot_recall(variants, runs, os.path.join(out, 'accuracy_vs_width.png'))
     print(f"report: {os.path.join(out, 'results.md')} ({len(runs)} finished runs of {len(variants)} variants)")

@@ -54,8 +54,8 @@ def test_the_per_layer_groups_vary_one_thing_on_the_modern_block(monkeypatch):
     assert variants['modern+sandwich'] == {**modern, 'norm_position': 'sandwich'}
     assert variants['modern+after'] == {**modern, 'norm_position': 'after'}
     from chapters import GPTConfig
-    for flags in variants.values():  # every variant is a model the recipe can build
-        GPTConfig(**{**model_args(base), **flags})
+    for flags in variants.values():  # every variant is a model the recipe can build (Muon is train.py's)
+        GPTConfig(**{**model_args(base), **{k: v for k, v in flags.items() if k != 'optimizer'}})
 
 
 def test_the_hybrid_group_varies_the_layer_kinds_at_about_equal_parameters(monkeypatch):
@@ -248,3 +248,40 @@ def test_what_a_recall_run_would_fail_on_is_refused_at_the_start(tmp_path, monke
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: variant 'bad': ") and 'n_kv_head' in lines[0]
     assert not (tmp_path / 'out').exists()
+
+
+def test_the_hyper_connections_group_sets_four_copies_against_one_widened_to_their_cost(monkeypatch):
+    """modern + Muon with one copy, mHC and independent HC with four, and one copy whose MLP is widened to the mHC
+    model's parameters and to its FLOPs: each control nearer its target than one MLP unit more or less."""
+    ablate_module, base, variants = ablate_grid(monkeypatch, '--grid=hyper_connections')
+    names = list(variants)
+    assert names[:3] == ['modern+muon', 'mhc_n=4', 'ihc_n=4'] and len(names) == 5
+    one = variants['modern+muon']
+    assert one['optimizer'] == 'muon' and 'hc_mult' not in one
+    assert variants['mhc_n=4'] == {**one, 'hc_mult': 4}
+    assert variants['ihc_n=4'] == {**one, 'hc_mult': 4, 'hc_kind': 'ihc'}
+    from chapters import GPT, GPTConfig
+    args = {**model_args(base), 'vocab_size': base_vocab(base, ablate_module.settings)}
+    build = lambda flags: GPT(GPTConfig(**{**args, **{k: v for k, v in flags.items() if k != 'optimizer'}}))
+    mhc = build(variants['mhc_n=4'])
+    for name, measure in ((names[3], lambda m: m.get_num_params()), (names[4], lambda m: m.flops_per_token())):
+        flags = variants[name]
+        assert name.endswith(f"_ffn={flags['ffn_hidden']}") and 'hc_mult' not in flags and flags['optimizer'] == 'muon'
+        gaps = [abs(measure(build({**flags, 'ffn_hidden': flags['ffn_hidden'] + d})) - measure(mhc)) for d in (-1, 0, 1)]
+        assert gaps[1] <= min(gaps[0], gaps[2])
+
+
+def test_the_speedrun_group_adds_each_switch_alone_then_all(monkeypatch):
+    _, base, variants = ablate_grid(monkeypatch, '--grid=speedrun')  # the CPU recipe: 4 layers
+    muon = variants['modern+muon']
+    names = list(variants)
+    assert names[0] == 'modern+muon' and names[-1] == '+all' and len(names) == 13
+    assert variants['+smear'] == {**muon, 'smear': True}
+    assert variants['+backout'] == {**muon, 'backout_layer': 2}
+    assert variants['+xsa'] == {**muon, 'xsa_layers': '0,1,2,3'}
+    for name in names[1:-1]:  # each switch alone: one or two flags more than the base, all of them in '+all'
+        extra = {k: v for k, v in variants[name].items() if muon.get(k) != v}
+        assert extra and all(variants['+all'][k] == v for k, v in extra.items()), name
+    from chapters import GPTConfig
+    for flags in variants.values():  # every variant is a model the recipe can build (Muon is train.py's)
+        GPTConfig(**{**model_args(base), **{k: v for k, v in flags.items() if k != 'optimizer'}})

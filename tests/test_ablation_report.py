@@ -14,19 +14,52 @@ def test_one_seed_shows_no_spread():
     assert mean_std([1.0, 2.0]) == '1.5000 ± 0.7071'
 
 
-def fabricated_run(workdir, out, name, flags, seed, val_loss, accuracy, lengths=None):
+def fabricated_run(workdir, out, name, flags, seed, val_loss, accuracy, lengths=None, records=None):
     """A finished run written by hand: an old done.json (so the report summarizes it again from its log.jsonl)
-    and a log of two evaluations, the last with the given val loss and task accuracy."""
+    and a log of evaluations (by default two, the last with the given val loss and task accuracy)."""
     path = out / 'runs' / name / f'seed{seed}'
     path.mkdir(parents=True)
     args = [str(workdir / 'tiny.py')] + [f'--{k}={v!r}' for k, v in flags.items()] + [f'--seed={seed}',
                                                                                       '--wandb_log=False']
     (path / 'done.json').write_text(json.dumps({'variant': name, 'flags': flags, 'seed': seed, 'args': args,
                                                 'duration_s': 1.0, 'version': 3}))
-    records = [{'iter': 0, 'val_loss': 3.0, 'elapsed_s': 0.0, 'ms_per_iter': None, 'tokens': 0, 'accuracy': 0.1},
-               {'iter': 4, 'val_loss': val_loss, 'elapsed_s': 1.0, 'ms_per_iter': 10.0, 'tokens': 64,
-                'accuracy': accuracy, **({'lengths': lengths} if lengths else {})}]
+    records = records or [
+        {'iter': 0, 'val_loss': 3.0, 'elapsed_s': 0.0, 'ms_per_iter': None, 'tokens': 0, 'accuracy': 0.1},
+        {'iter': 4, 'val_loss': val_loss, 'elapsed_s': 1.0, 'ms_per_iter': 10.0, 'tokens': 64,
+         'accuracy': accuracy, **({'lengths': lengths} if lengths else {})}]
     (path / 'log.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
+
+
+def test_time_to_target_is_per_seed_with_welchs_p_and_seeds_that_missed_it(tmp_path, monkeypatch, capsys):
+    """The speedrun's yardstick: each seed's first evaluation at or below the target's mean final loss, in
+    iterations and seconds, mean ± std over the seeds that reached it, p against the target's own seeds, and how
+    many did not reach it."""
+    from stats import welch
+    workdir = make_workdir(tmp_path)
+    out = tmp_path / 'out'
+    curves = {'vanilla': [[3.0, 2.5, 2.1, 2.0], [3.0, 2.4, 2.0, 1.9], [3.0, 2.6, 2.2, 2.1]],  # mean final 2.0
+              'fast': [[3.0, 1.9, 1.8, 1.7], [3.0, 2.3, 2.0, 1.8], [3.0, 2.0, 1.9, 1.8]],
+              'slow': [[3.0, 2.9, 2.5, 2.1], [3.0, 2.8, 2.4, 2.0], [3.0, 2.9, 2.6, 2.2]]}
+    flags = {'vanilla': {}, 'fast': {'learning_rate': 2e-3}, 'slow': {'learning_rate': 1e-4}}
+    seconds_per_eval = {'vanilla': 1.0, 'fast': 3.0, 'slow': 1.0}  # fast in iterations, slow in seconds
+    for name, runs in curves.items():
+        for k, curve in enumerate(runs):
+            records = [{'iter': 10 * i, 'val_loss': v, 'elapsed_s': seconds_per_eval[name] * i, 'tokens': 64 * i,
+                        'ms_per_iter': 10.0 if i else None} for i, v in enumerate(curve)]
+            fabricated_run(workdir, out, name, flags[name], 1337 + k, curve[-1], None, records=records)
+    code, _, err = report_here(workdir, out, f'--custom={flags}', '--seeds=3', '--extrapolation=',
+                               monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, err
+    md = (out / 'results.md').read_text(encoding='utf-8')
+    rows, header = table_rows(md), tables(md)[0][0]
+    iters, seconds = header.index("iters to vanilla's loss"), header.index('seconds to it')
+    assert header[seconds] == 'seconds to it'
+    assert rows['vanilla'][iters] == '25 ± 7, 1 not reached'  # its seeds: 30, 20, and 2.1 > 2.0; no p on itself
+    p = welch([10, 20, 10], [30, 20])['p']
+    assert rows['fast'][iters] == f"13 ± 6 (p {p:.2g}{' ≈' if p >= 0.05 else ''})"
+    p = welch([3.0, 6.0, 3.0], [3.0, 2.0])['p']
+    assert rows['fast'][seconds] == f"4 ± 2 (p {p:.2g}{' ≈' if p >= 0.05 else ''})"
+    assert rows['slow'][iters] == '30 (1 seed), 2 not reached'  # one seed at 2.0; its p needs two
 
 
 def test_each_difference_gets_welchs_p_and_noise_is_marked(tmp_path, monkeypatch, capsys):
