@@ -53,13 +53,15 @@ n_kv_heads = ''  # for the kv group, e.g. '1,2,4'
 learning_rates = '1e-3,3e-3,1e-2,3e-2'  # for the stability group
 adamw_lrs = '3e-4,1e-3,3e-3'  # for the optimizer group: AdamW's peak rates
 muon_lrs = '0.005,0.01,0.02,0.04'  # for the optimizer group: Muon's (AdamW keeps the recipe's for the rest)
-target = ''  # a variant whose final val loss the "reaches" column times each variant to; '' the reference
+target = ''  # a variant whose mean final val loss is the target the "iters to" and "seconds to it" columns time each variant to; '' the reference
 custom = ''  # e.g. "{'tiny_rope': {'pos': 'rope', 'rope_theta': 500.0}}"
 train_args = ''  # passed to every train.py run, e.g. '--max_iters=20 --eval_interval=10'
 recall_widths = '32,64,128'  # the recall group's n_embd (n_head = n_embd // 32: heads 32 wide)
 recall_lengths = '32,64,128'  # the recall group's seq_len L: the dataset data/recall_<L> (num_pairs L / 8)
 recall_pairs = ''  # the recall group's pair counts at every L, e.g. '4,8' ('' is L / 8); others read data/recall_<L>_p<P>
 recall_archs = 'global,DDDG,D,L,mla'  # the recall group's architectures: global, mla, or a layers pattern (KKKG, S, ...)
+recall_depths = ''  # the recall group's n_layer, e.g. '2,4' ('' the recipe's); a longer pattern keeps each kind once ('DDDG' at 2 is 'DG')
+recall_lrs = ''  # the recall group's learning rates, e.g. '3e-4,1e-3,3e-3' ('' the recipe's): the table gives the best rate's accuracy
 extrapolation = 'plain'  # methods of the length table: plain, linear, dynamic, yarn, window; '' for none
 extrapolation_iters = 20  # batches per length and method
 parallel = 1  # runs at once

@@ -106,8 +106,12 @@ def pattern_flags(base, modern, pattern, settings, window=None):
 
 def recall_members(base, settings):
     """Zoology's figure: every architecture at every width, sequence length L and pair count, each (L, pairs) its
-    own dataset. A variant is named '<arch>_d=<width>_L=<L>', with '_P=<pairs>' where pairs is not L / 8."""
+    own dataset, and Zoology's protocol where asked: at each depth (recall_depths) and learning rate (recall_lrs).
+    A variant is named '<arch>_d=<width>_L=<L>', with '_P=<pairs>' where pairs is not L / 8, '_n=<layers>' and
+    '_lr=<rate>' where those are swept."""
     recall_archs, recall_pairs = settings['recall_archs'], settings['recall_pairs']
+    depths = int_list(settings['recall_depths'], 'recall_depths') if settings['recall_depths'].strip() else [None]
+    rates = float_list(settings['recall_lrs'], 'recall_lrs') if settings['recall_lrs'].strip() else [None]
     archs = [a.strip() for a in recall_archs.split(',') if a.strip()]
     letters = ''.join(LAYER_KINDS)
     bad = [a for a in archs if a not in ('global', 'mla') and not (set(a) <= set(letters))]
@@ -123,15 +127,37 @@ def recall_members(base, settings):
         for pairs in int_list(recall_pairs, 'recall_pairs') if recall_pairs.strip() else [default_pairs(length)]:
             dataset = recall_dataset(length, pairs, settings)
             tag = '' if pairs == default_pairs(length) else f' P={pairs}'
-            for width in int_list(settings['recall_widths'], 'recall_widths'):
-                sizes = {'block_size': length - 1, 'n_embd': width, 'n_head': max(1, width // 32)}
+            for width, depth in ((w, d) for w in int_list(settings['recall_widths'], 'recall_widths') for d in depths):
+                sizes = {'block_size': length - 1, 'n_embd': width, 'n_head': max(1, width // 32),
+                         **({'n_layer': depth} if depth else {})}
                 sized = {**base, **sizes}
                 modern = {**sizes, **swap_flags('modern', sized)}
                 for name in archs:
                     flags = (modern if name == 'global' else mla_flags(sized, modern, gqa_cache=True) if name == 'mla'
-                             else pattern_flags(sized, modern, name, settings, window=max(1, length // 4)))
-                    members.append((f'{name} d={width} L={length}{tag}', {'dataset': dataset, **flags}))
+                             else pattern_flags(sized, modern, pattern_at_depth(name, sized['n_layer']), settings,
+                                                window=max(1, length // 4)))
+                    for rate in rates:
+                        label = f"{name} d={width} L={length}{tag}{f' n={depth}' if depth else ''}" + \
+                            (f' lr={rate:g}' if rate else '')
+                        members.append((label, {'dataset': dataset, **flags, **rate_flags(base, rate)}))
     return members
+
+
+def pattern_at_depth(pattern, depth):
+    """A layers pattern at a depth: as it is where it fits (the model tiles it), else each of its kinds once in
+    order, so that the 3:1 hybrid 'DDDG' at 2 layers is its 1:1 form 'DG' (a pattern is at most n_layer long)."""
+    if len(pattern) <= depth:
+        return pattern
+    kinds = ''.join(dict.fromkeys(pattern))
+    if len(kinds) > depth:
+        die(f"recall_depths: {depth} layers cannot hold the {len(kinds)} kinds of recall_archs pattern {pattern!r}; "
+            f"give depths of at least {len(kinds)} or a pattern of fewer kinds")
+    return kinds
+
+
+def rate_flags(base, rate):
+    """A learning rate of the sweep, its floor at the recipe's ratio (min_lr / learning_rate); {} for the recipe's."""
+    return {'learning_rate': rate, 'min_lr': rate * base['min_lr'] / base['learning_rate']} if rate else {}
 
 
 def default_pairs(length):

@@ -118,15 +118,30 @@ def lengths_table(variants, runs, reference, extrapolation_iters):
 
 
 def recall_points(variants):
-    """{name: (architecture, (L, pairs), width)} of the recall group's variants ('<arch>_d=<width>_L=<L>[_P=<pairs>]',
-    pairs L / 8 where the name has none)."""
+    """{name: (row, (L, pairs), width, rate)} of the recall group's variants
+    ('<arch>_d=<width>_L=<L>[_P=<pairs>][_n=<layers>][_lr=<rate>]'; pairs L / 8 where the name has none, rate None
+    where not swept); row is the architecture with its depth where depths are swept ('global n=2')."""
     points = {}
     for name in variants:
-        match = re.fullmatch(r'(.+)_d=(\d+)_L=(\d+)(?:_P=(\d+))?', name)
+        match = re.fullmatch(r'(.+)_d=(\d+)_L=(\d+)(?:_P=(\d+))?(?:_n=(\d+))?(?:_lr=([\d.e+-]+))?', name)
         if match:
             length = int(match[3])
-            points[name] = (match[1], (length, int(match[4] or default_pairs(length))), int(match[2]))
+            row = match[1] + (f' n={match[5]}' if match[5] else '')
+            points[name] = (row, (length, int(match[4] or default_pairs(length))), int(match[2]),
+                            float(match[6]) if match[6] else None)
     return points
+
+
+def recall_best(variants, runs):
+    """{(row, task, width): (rate, accuracies of its seeds)}: at each point the learning rate whose mean accuracy
+    is highest (Zoology's protocol: the best of a sweep; the first of a tie), or the one rate run."""
+    best = {}
+    for name, (row, task, width, rate) in recall_points(variants).items():
+        accuracies = seed_values(runs, name, 'accuracy')
+        held = best.get((row, task, width))
+        if accuracies and (held is None or statistics.mean(accuracies) > statistics.mean(held[1])):
+            best[(row, task, width)] = (rate, accuracies)
+    return best
 
 
 def task_label(task):
@@ -135,54 +150,64 @@ def task_label(task):
     return f'L={length}' + ('' if pairs == default_pairs(length) else f' P={pairs}')
 
 
+def global_row(row):
+    """The row an architecture's figures are tested against: global attention at the same depth."""
+    return 'global' + row[len(row.split(' n=')[0]):]
+
+
 def recall_table(variants, runs):
     """Zoology's figure as a table: each architecture's recall accuracy at every (L, pairs, width), tested against
-    all global attention of the same shape, the architecture that solves it."""
+    all global attention of the same shape, the architecture that solves it; the best rate's where rates are swept."""
     points = recall_points(variants)
     if not points:
         return []
-    shapes = sorted({(task, width) for _, task, width in points.values()})
+    best = recall_best(variants, runs)
+    swept = any(rate is not None for *_, rate in points.values())
+    shapes = sorted({(task, width) for _, task, width, _ in points.values()})
     lines = ['', "Recall accuracy (val, the last evaluation; mean ± std over seeds) at each sequence length L (P: pairs "
-                 "where not L / 8) and width d; p: Welch's test against global attention at the same L, P and d (≈: "
-                 "p >= 0.05, noise could explain it). Chance is 1/num_pairs among the values of an example.", '',
+                 "where not L / 8) and width d; p: Welch's test against global attention at the same L, P, d "
+                 "(and depth n) (≈: p >= 0.05, noise could explain it). Chance is 1/num_pairs among the values of "
+                 "an example." + (" At each point the learning rate with the best mean accuracy (@ its rate, as "
+                                  "Zoology reports; every rate's figure is a variant of results.json)." if swept
+                                  else ''), '',
              '| architecture | ' + ' | '.join(f'{task_label(task)} d={width}' for task, width in shapes) + ' |',
              '|' + ' --- |' * (1 + len(shapes))]
-    names = {point: name for name, point in points.items()}
-    for arch in dict.fromkeys(a for a, _, _ in points.values()):
+    for row in dict.fromkeys(r for r, *_ in points.values()):
         cells = []
         for task, width in shapes:
-            accuracies = seed_values(runs, names.get((arch, task, width)), 'accuracy')
-            if not accuracies:
+            if (row, task, width) not in best:
                 cells.append('-')
                 continue
+            rate, accuracies = best[(row, task, width)]
             cell = f"{statistics.mean(accuracies):.3f}" + (
-                f" ± {statistics.stdev(accuracies):.3f}" if len(accuracies) > 1 else ' (1 seed)')
-            reference = names.get(('global', task, width))
-            test = welch(accuracies, seed_values(runs, reference, 'accuracy')) if arch != 'global' else None
+                f" ± {statistics.stdev(accuracies):.3f}" if len(accuracies) > 1 else ' (1 seed)') + \
+                (f" @{rate:g}" if rate is not None else '')
+            reference = best.get((global_row(row), task, width))
+            test = welch(accuracies, reference[1]) if reference and row != global_row(row) else None
             cells.append(cell + (f" (p {test['p']:.2g}{' ≈' if test['p'] >= 0.05 else ''})" if test else ''))
-        lines.append(f"| {arch} | " + ' | '.join(cells) + ' |')
+        lines.append(f"| {row} | " + ' | '.join(cells) + ' |')
     return lines
 
 
 def plot_recall(variants, runs, path):
-    """accuracy_vs_width.png: a panel per sequence length and pair count, a line per architecture (mean, ± std)."""
-    points = recall_points(variants)
-    tasks = sorted({task for _, task, _ in points.values()})
+    """accuracy_vs_width.png: a panel per sequence length and pair count, a line per architecture (mean, ± std;
+    the best rate's where rates are swept)."""
+    best = recall_best(variants, runs)
+    tasks = sorted({task for _, task, _ in best})
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 4), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         # past matplotlib's 10 colours the lines repeat one: a marker per decade tells them apart
-        for i, arch in enumerate(dict.fromkeys(a for a, _, _ in points.values())):
-            at = sorted((w, seed_values(runs, n, 'accuracy')) for n, (a, t, w) in points.items()
-                        if a == arch and t == task and seed_values(runs, n, 'accuracy'))
+        for i, row in enumerate(dict.fromkeys(r for r, _, _ in best)):
+            at = sorted((w, v) for (r, t, w), (_, v) in best.items() if r == row and t == task)
             if at:
                 ax.errorbar([w for w, _ in at], [statistics.mean(v) for _, v in at], marker='osD^v'[i // 10 % 5], capsize=3,
-                            yerr=[statistics.stdev(v) if len(v) > 1 else 0 for _, v in at], label=arch)
+                            yerr=[statistics.stdev(v) if len(v) > 1 else 0 for _, v in at], label=row)
         title = f'L={task[0]}, {task[1]} pairs'
         ax.set(xscale='log', xlabel='width (n_embd)', ylabel='recall accuracy', title=title, ylim=(0, 1.05))
-        ax.set_xticks(sorted({w for _, t, w in points.values() if t == task}))
+        ax.set_xticks(sorted({w for _, t, w in best if t == task}))
         ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # only the widths run are labelled
         ax.grid(alpha=0.3)
@@ -426,7 +451,7 @@ def write_report(out, order, failed, cwd, n_layer, settings):
         goal_loss = goal_of(variants, reference, settings)[1]
         plot(variants, 0, 'iteration', os.path.join(out, 'val_loss_vs_iter.png'), settings, goal_loss)
         plot(variants, 2, 'time (s)', os.path.join(out, 'val_loss_vs_time.png'), settings, goal_loss)
-    if recall_points(variants):
+    if recall_best(variants, runs):
         plot_recall(variants, runs, os.path.join(out, 'accuracy_vs_width.png'))
     print(f"report: {os.path.join(out, 'results.md')} ({len(runs)} finished runs of {len(variants)} variants)")
     return reported

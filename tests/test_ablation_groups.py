@@ -3,6 +3,8 @@ about equal parameters where they say so); a group whose data is missing is one 
 
 import json
 
+import pytest
+
 from ablation.groups import base_vocab, model_args
 from ablation.report import recall_points
 from conftest import ablate_grid, ablate_here, make_workdir
@@ -222,8 +224,32 @@ def test_the_recall_group_takes_pair_counts_each_its_own_dataset(tmp_path, monke
     assert list(variants) == ['global_d=64_L=32', 'D_d=64_L=32', 'global_d=64_L=32_P=8', 'D_d=64_L=32_P=8']
     assert variants['D_d=64_L=32_P=8'] == {**variants['D_d=64_L=32'], 'dataset': 'recall_32_p8'}
     assert recall_points(variants) == {
-        'global_d=64_L=32': ('global', (32, 4), 64), 'D_d=64_L=32': ('D', (32, 4), 64),
-        'global_d=64_L=32_P=8': ('global', (32, 8), 64), 'D_d=64_L=32_P=8': ('D', (32, 8), 64)}
+        'global_d=64_L=32': ('global', (32, 4), 64, None), 'D_d=64_L=32': ('D', (32, 4), 64, None),
+        'global_d=64_L=32_P=8': ('global', (32, 8), 64, None), 'D_d=64_L=32_P=8': ('D', (32, 8), 64, None)}
+
+
+def test_the_recall_group_sweeps_depths_and_learning_rates_as_zoology_does(tmp_path, monkeypatch, capsys):
+    """recall_depths sets n_layer, a pattern longer than the depth keeping each kind once ('DDDG' at 2 layers is
+    'DG'); recall_lrs sets the peak rate and its floor at the recipe's ratio; a depth that cannot hold a pattern's
+    kinds is one line."""
+    workdir = make_workdir(tmp_path)
+    (workdir / 'data' / 'recall_32').mkdir(parents=True)
+    (workdir / 'data' / 'recall_32' / 'meta.json').write_text(json.dumps(
+        {'example_length': 32, 'settings': {'num_pairs': 4}}))
+    args = (f'--run_dir={workdir}', '--grid=recall', '--recall_lengths=32', '--recall_widths=64',
+            '--recall_archs=global,DDDG', '--recall_depths=2,4', '--recall_lrs=1e-3,3e-3')
+    _, base, variants = ablate_grid(monkeypatch, *args)
+    assert list(variants) == [f'{a}_d=64_L=32_n={n}_lr={r}' for n in (2, 4) for a in ('global', 'DDDG')
+                              for r in ('0.001', '0.003')]
+    hybrid_2, hybrid_4 = variants['DDDG_d=64_L=32_n=2_lr=0.003'], variants['DDDG_d=64_L=32_n=4_lr=0.001']
+    assert hybrid_2['layers'] == 'DG' and hybrid_2['n_layer'] == 2 and hybrid_4['layers'] == 'DDDG'
+    ratio = base['min_lr'] / base['learning_rate']
+    assert hybrid_2['learning_rate'] == 0.003 and hybrid_2['min_lr'] == pytest.approx(0.003 * ratio)
+    assert variants['global_d=64_L=32_n=4_lr=0.001']['n_layer'] == 4
+    assert recall_points(variants)['DDDG_d=64_L=32_n=2_lr=0.003'] == ('DDDG n=2', (32, 4), 64, 0.003)
+    code, err = ablate_here(workdir, tmp_path / 'out', *args[1:4], '--recall_archs=DLG', '--recall_depths=2',
+                            monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "2 layers cannot hold the 3 kinds of" in err
 
 
 def test_what_a_recall_run_would_fail_on_is_refused_at_the_start(tmp_path, monkeypatch, capsys):

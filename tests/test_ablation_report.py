@@ -135,6 +135,39 @@ def test_the_recall_group_is_a_table_of_accuracy_by_length_and_width_tested_agai
     assert png.startswith(b'\x89PNG') and len(png) > 10_000
 
 
+def test_a_swept_recall_point_reports_its_best_rate_tested_against_globals_best_at_that_depth(
+        tmp_path, monkeypatch, capsys):
+    """Zoology's protocol: a row per architecture and depth, each cell the best rate's accuracy (by its mean over
+    seeds) naming the rate, tested against global attention's best rate at the same depth."""
+    from stats import welch
+    workdir = make_workdir(tmp_path)
+    out = tmp_path / 'out'
+    accuracies = {('global', 2, '0.001'): [0.4, 0.5, 0.3], ('global', 2, '0.003'): [1.0, 0.99, 1.0],
+                  ('global', 4, '0.001'): [0.3, 0.35, 0.4], ('global', 4, '0.003'): [0.2, 0.25, 0.3],
+                  ('DDDG', 2, '0.001'): [0.9, 0.95, 1.0], ('DDDG', 2, '0.003'): [0.8, 0.7, 0.9],
+                  ('DDDG', 4, '0.001'): [1.0, 1.0, 1.0]}  # its other rate never ran
+    custom = {}
+    for (arch, depth, rate), values in accuracies.items():
+        name = f'{arch}_d=64_L=32_n={depth}_lr={rate}'
+        custom[name] = {'n_layer': depth, 'learning_rate': float(rate), **({'layers': 'DG'} if arch != 'global' else {})}
+        for k, seed in enumerate((1337, 1338, 1339)):
+            fabricated_run(workdir, out, name, custom[name], seed, 1.0, values[k])
+    code, _, err = report_here(workdir, out, f'--custom={custom}', '--seeds=3', '--extrapolation=',
+                               monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, err
+    md = (out / 'results.md').read_text(encoding='utf-8')
+    assert 'the learning rate with the best mean accuracy' in md
+    rows = {cells[0]: cells[1] for cells in next(t for t in tables(md) if t[0][0] == 'architecture')[1:]}
+    assert list(rows) == ['global n=2', 'global n=4', 'DDDG n=2', 'DDDG n=4']
+    assert rows['global n=2'] == '0.997 ± 0.006 @0.003' and rows['global n=4'] == '0.350 ± 0.050 @0.001'
+    p = welch(accuracies[('DDDG', 2, '0.001')], accuracies[('global', 2, '0.003')])['p']
+    assert rows['DDDG n=2'] == f"0.950 ± 0.050 @0.001 (p {p:.2g}{' ≈' if p >= 0.05 else ''})"
+    p = welch(accuracies[('DDDG', 4, '0.001')], accuracies[('global', 4, '0.001')])['p']
+    assert rows['DDDG n=4'] == f"1.000 ± 0.000 @0.001 (p {p:.2g}{' ≈' if p >= 0.05 else ''})"
+    saved = json.loads((out / 'results.json').read_text())['variants']
+    assert len(saved) == len(accuracies)  # every rate's figure is kept
+
+
 def test_a_length_table_without_rows_is_one_line_not_an_empty_table(tmp_path, monkeypatch, capsys):
     """The copy group's runs (a task: no windows of text to score at 2x..8x) asked for --extrapolation=plain: the
     report says there is nothing to show and where the lengths are, instead of an empty table (issue 44.15)."""
