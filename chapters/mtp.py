@@ -272,6 +272,79 @@ def draft(model, hidden, window, cached, n):
 
 
 @torch.no_grad()
+class SpeculativeRows:
+    """What each row of a speculative batch holds: its window (its tokens in the cache, then the pending one;
+    right-padded), its cached tokens' final hidden states, its window's length, the tokens made so far and
+    whether its cache is empty (the start, a context shift)."""
+
+    def __init__(self, idx, block_size, length, max_new_tokens):
+        B, device = idx.size(0), idx.device
+        self.keep = max(1, block_size // 2)
+        window = idx if idx.size(1) <= block_size else idx[:, -self.keep:]
+        self.windows = torch.cat((window, window.new_zeros(B, length + 1 - window.size(1))), dim=1)
+        self.hidden = None  # (B, length, n_embd) once a forward gives the dtype
+        self.lengths = torch.full((B,), window.size(1), device=device)
+        self.made = torch.zeros(B, dtype=torch.long, device=device)
+        self.fresh = torch.ones(B, dtype=torch.bool, device=device)
+        self.out = idx.new_zeros(B, max_new_tokens)
+
+    def store_hidden(self, rows, positions, h):
+        if self.hidden is None:
+            self.hidden = h.new_zeros(self.windows.size(0), self.windows.size(1) - 1, h.size(-1))
+        self.hidden[rows, positions] = h
+
+    def shift_contexts(self, active, block_size):
+        """Rows past block_size keep their newest half, their cache rebuilt from it (generate's context shift)."""
+        for r in active[self.lengths[active] > block_size].tolist():
+            self.windows[r, :self.keep] = self.windows[r, self.lengths[r] - self.keep:self.lengths[r]].clone()
+            self.lengths[r], self.fresh[r] = self.keep, True
+
+
+def prefill_fresh(model, stores, s, active, together):
+    """Rows whose cache is empty and whose window has tokens for it: a prefill, the rows of one length together."""
+    B, device = s.windows.size(0), s.windows.device
+    empty = active[s.fresh[active] & (s.lengths[active] > 1)] if bool(s.fresh.any()) else active[:0]
+    for size in s.lengths[empty].unique().tolist():
+        these = empty[s.lengths[empty] == size]
+        h = forward_rows(model, stores, None if len(these) == B else these, s.windows[these, :size - 1],
+                         torch.zeros(len(these), dtype=torch.long, device=device), together)
+        s.store_hidden(these[:, None], torch.arange(size - 1, device=device), h)
+
+
+def speculative_round(model, stores, s, active, together, max_new_tokens, vocab_limit, stats):
+    """One forward of the active rows: each verifies its pending token and drafts, keeps the drafts it would have
+    chosen itself plus its own next token; its cache slots past them are taken back (rewritten before read)."""
+    block_size, depth = model.config.block_size, model.config.mtp_depth
+    rows = None if len(active) == s.windows.size(0) else active
+    pick = (lambda t: t) if rows is None else (lambda t: t[active])
+    sizes = pick(s.lengths)
+    pos = sizes - 1  # tokens each row's cache holds: its window but the pending last one
+    # drafts that fit: a window may pass block_size only with the round's last token, as generate's does
+    n = torch.minimum(torch.minimum(pos, block_size - sizes), max_new_tokens - 1 - pick(s.made)).clamp(0, depth)
+    width = int(n.max())
+    pending = s.windows[active, pos][:, None]  # (b, 1)
+    drafts = pending.new_zeros(len(active), 0)
+    if width:
+        L = int(pos.max())
+        drafts = draft(model, pick(s.hidden[:, :L]), pick(s.windows[:, :L + 1]), pos, width)
+    h = forward_rows(model, stores, rows, torch.cat((pending, drafts), dim=1), pos, together)
+    chosen = model.logits(h)[..., :vocab_limit].argmax(dim=-1)  # (b, width + 1): the model's own choices
+    steps = torch.arange(width + 1, device=pos.device)
+    accepted = ((chosen[:, :width] == drafts) & (steps[:width] < n[:, None])).int().cumprod(dim=1).sum(dim=1)
+    kept = steps <= accepted[:, None]  # (b, width + 1): the pending token's successor and the drafts kept
+    at = active[:, None].expand_as(kept)[kept]
+    into = (pos[:, None] + steps)[kept]  # the positions of the inputs kept: pos[r], pos[r] + 1, ..
+    s.store_hidden(at, into, h[kept])  # the pending token's and the kept drafts' states, at their positions
+    s.windows[at, into + 1] = chosen[kept]
+    s.out[at, (s.made[active][:, None] + steps)[kept]] = chosen[kept]
+    s.made[active] += accepted + 1
+    s.lengths[active] += accepted + 1
+    s.fresh[active] = False
+    for key, value in (('rounds', 1), ('row_rounds', len(active)), ('drafted', int(n.sum())),
+                       ('accepted', int(accepted.sum()))):
+        stats[key] += value
+
+
 def generate_speculative(model, idx, max_new_tokens, vocab_limit=None, report=None):
     """Greedy decoding (temperature 0) with the MTP modules as drafters: each round they draft up to mtp_depth
     tokens a row, the model verifies each row's pending token and drafts in one forward of the batch, and each row
@@ -284,76 +357,21 @@ def generate_speculative(model, idx, max_new_tokens, vocab_limit=None, report=No
     problem = speculation_problem(model)
     if problem:
         raise ValueError(problem)
-    B, device = idx.size(0), idx.device
-    block_size, depth = model.config.block_size, model.config.mtp_depth
-    keep = max(1, block_size // 2)
     length = speculative_cache_length(model)
-    stores = KVCache(model, B, length, cache_dtype(model), device).stores
+    stores = KVCache(model, idx.size(0), length, cache_dtype(model), idx.device).stores
     together = rows_apart(model)
-    # each row's window (its tokens in the cache, then the pending one; right-padded) and its cached tokens' final
-    # hidden states; what each row holds and has made so far
-    window = idx if idx.size(1) <= block_size else idx[:, -keep:]
-    windows = torch.cat((window, window.new_zeros(B, length + 1 - window.size(1))), dim=1)
-    hidden = None  # (B, length, n_embd) once a forward gives the dtype
-    lengths = torch.full((B,), window.size(1), device=device)  # tokens in each row's window
-    made = torch.zeros(B, dtype=torch.long, device=device)
-    fresh = torch.ones(B, dtype=torch.bool, device=device)  # nothing of the row's window in the cache yet
-    out = idx.new_zeros(B, max_new_tokens)
+    s = SpeculativeRows(idx, model.config.block_size, length, max_new_tokens)
     stats = {'drafted': 0, 'accepted': 0, 'rounds': 0, 'row_rounds': 0}
-    steps = torch.arange(depth + 1, device=device)
     while True:
-        active = (made < max_new_tokens).nonzero().squeeze(1)
+        active = (s.made < max_new_tokens).nonzero().squeeze(1)
         if not len(active):
             break
-        rows = None if len(active) == B else active
-        # rows whose cache is empty (the start, a context shift) and whose window has tokens for it: a prefill,
-        # the rows of one length together
-        empty = active[fresh[active] & (lengths[active] > 1)] if bool(fresh.any()) else active[:0]
-        for size in lengths[empty].unique().tolist():
-            these = empty[lengths[empty] == size]
-            h = forward_rows(model, stores, None if len(these) == B else these, windows[these, :size - 1],
-                             torch.zeros(len(these), dtype=torch.long, device=device), together)
-            if hidden is None:
-                hidden = h.new_zeros(B, length, h.size(-1))
-            hidden[these, :size - 1] = h
-        sizes = lengths if rows is None else lengths[active]
-        pos = sizes - 1  # tokens each row's cache holds: its window but the pending last one
-        # drafts that fit: a window may pass block_size only with the round's last token, as generate's does
-        n = torch.minimum(torch.minimum(pos, block_size - sizes), max_new_tokens - 1 - (made if rows is None else
-                                                                                         made[active]))
-        n = n.clamp(min=0, max=depth)
-        width = int(n.max())
-        pending = windows[active, pos][:, None]  # (b, 1)
-        drafts = pending.new_zeros(len(active), 0)
-        if width:
-            L = int(pos.max())
-            drafts = draft(model, hidden[:, :L] if rows is None else hidden[active, :L],
-                           windows[:, :L + 1] if rows is None else windows[active, :L + 1], pos, width)
-        h = forward_rows(model, stores, rows, torch.cat((pending, drafts), dim=1), pos, together)
-        chosen = model.logits(h)[..., :vocab_limit].argmax(dim=-1)  # (b, width + 1): the model's own choices
-        counted = steps[:width] < n[:, None]  # each row's own drafts
-        accepted = ((chosen[:, :width] == drafts) & counted).int().cumprod(dim=1).sum(dim=1)
-        kept = steps[:width + 1] <= accepted[:, None]  # (b, width + 1): the pending token's successor and the drafts
-        at = active[:, None].expand_as(kept)[kept]
-        into = (pos[:, None] + steps[:width + 1])[kept]  # the positions of the inputs kept: pos[r], pos[r] + 1, ..
-        if hidden is None:
-            hidden = h.new_zeros(B, length, h.size(-1))
-        hidden[at, into] = h[kept]  # the pending token's and the kept drafts' states, at their positions
-        windows[at, into + 1] = chosen[kept]
-        out[at, (made[active][:, None] + steps[:width + 1])[kept]] = chosen[kept]
-        made[active] += accepted + 1
-        lengths[active] += accepted + 1  # the slots past them in the cache are taken back (rewritten before read)
-        fresh[active] = False
-        stats['rounds'] += 1
-        stats['row_rounds'] += len(active)
-        stats['drafted'] += int(n.sum())
-        stats['accepted'] += int(accepted.sum())
-        for r in active[lengths[active] > block_size].tolist():  # its context shifts: the newest half, its cache
-            windows[r, :keep] = windows[r, lengths[r] - keep:lengths[r]].clone()  # rebuilt from it
-            lengths[r], fresh[r] = keep, True
+        prefill_fresh(model, stores, s, active, together)
+        speculative_round(model, stores, s, active, together, max_new_tokens, vocab_limit, stats)
+        s.shift_contexts(active, model.config.block_size)
         if report is not None:
-            report(int(made.min()))
-    return torch.cat((idx, out), dim=1), stats
+            report(int(s.made.min()))
+    return torch.cat((idx, s.out), dim=1), stats
 
 
 FEATURES.append(MultiTokenPrediction)
