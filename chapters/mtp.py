@@ -271,7 +271,6 @@ def draft(model, hidden, window, cached, n):
     return torch.stack(drafts, dim=1)
 
 
-@torch.no_grad()
 class SpeculativeRows:
     """What each row of a speculative batch holds: its window (its tokens in the cache, then the pending one;
     right-padded), its cached tokens' final hidden states, its window's length, the tokens made so far and
@@ -345,6 +344,7 @@ def speculative_round(model, stores, s, active, together, max_new_tokens, vocab_
         stats[key] += value
 
 
+@torch.no_grad()
 def generate_speculative(model, idx, max_new_tokens, vocab_limit=None, report=None):
     """Greedy decoding (temperature 0) with the MTP modules as drafters: each round they draft up to mtp_depth
     tokens a row, the model verifies each row's pending token and drafts in one forward of the batch, and each row
