@@ -94,8 +94,9 @@ def recording_residual(model):
 
 
 def massive_activation(x):
-    """The largest |value| of a (B, T, C) residual stream, where it is, the median |value| and the ratio."""
-    a = x.float().abs()
+    """The largest |value| of a (B, T, C) residual stream, where it is, the median |value| and the ratio; a stream
+    of copies (B, T, n, C) (hyper-connections) is read as (B, T, n*C), its channel counted across the copies."""
+    a = x.float().abs().flatten(2)
     top = int(a.argmax())
     _, T, C = a.shape
     median = a.median().item()

@@ -92,6 +92,18 @@ def test_massive_activations_find_a_planted_value():
     assert math.isclose(summarize(report)['massive_max'], max(m['max'] for m in report['massive']))
 
 
+def test_massive_activations_read_every_copy_of_a_wider_stream():
+    """Hyper-connections carry (B, T, n, C) between blocks: the probe reads the copies side by side (the crash an
+    ablation of hc_mult met after its first mHC run)."""
+    model = tiny(hc_mult=4, pos='rope', norm='rms')
+    model.transformer.wte.weight.data[7, 5] = 1000.0
+    idx = tokens() % 7
+    idx[1, 4] = 7
+    for layer in probe(model, idx)['massive']:
+        assert layer['max'] == pytest.approx(1000.0, rel=0.05)
+        assert layer['position'] == 4 and layer['channel'] % 16 == 5 and layer['ratio'] > 100
+
+
 def test_too_few_tokens_is_refused_by_name():
     with pytest.raises(ValueError, match="more than skip=4 tokens"):
         probe(tiny(), tokens(T=4))
