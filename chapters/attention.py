@@ -69,12 +69,13 @@ class Config:
 def with_sink(q, k, v, mask, sinks, scale):
     """Attention sinks as SDPA inputs: one more key that every query sees, with a zero value, whose logit is the
     head's sink. q gains dims holding sink / scale, the keys dims holding 0 (the sink key: 1), so the real logits
-    are unchanged and the sink's is the sink; padded to a multiple of 8 dims for the fused kernels."""
+    are unchanged and the sink's is the sink; padded to a multiple of 8 dims for the fused kernels. sinks: one per
+    query head (H,), or any shape that broadcasts to (B, H, T, 1) (MLA's absorbed decoding: one per query row)."""
     B, H, T, D = q.shape
     Hk, S = k.size(1), k.size(2)
     pad = 8 - D % 8
-    q = torch.cat((q, (sinks / scale).to(q.dtype).view(1, H, 1, 1).expand(B, H, T, 1), q.new_zeros(B, H, T, pad - 1)),
-                  dim=-1)
+    sinks = sinks.view(1, H, 1, 1) if sinks.dim() == 1 else sinks
+    q = torch.cat((q, (sinks / scale).to(q.dtype).expand(B, H, T, 1), q.new_zeros(B, H, T, pad - 1)), dim=-1)
     sink_key = k.new_zeros(B, Hk, 1, D + pad)
     sink_key[..., D] = 1
     k = torch.cat((torch.cat((k, k.new_zeros(B, Hk, S, pad)), dim=-1), sink_key), dim=2)
@@ -82,7 +83,7 @@ def with_sink(q, k, v, mask, sinks, scale):
     if isinstance(mask, bool):  # causal: query i is the (S - T + i)-th key
         causal, mask = mask, torch.ones(T, S, dtype=torch.bool, device=q.device)
         mask = mask.tril(S - T) if causal else mask
-    return q, k, v, torch.cat((mask, mask.new_ones(T, 1)), dim=-1)
+    return q, k, v, F.pad(mask, (0, 1), value=True)  # the sink key: seen by every query, whatever the mask's shape
 
 
 def attend_with_sinks(q, k, v, mask, dropout_p=0.0, scale=None, sinks=None):

@@ -11,6 +11,7 @@ not. The stream is (B, T, hc_mult, n_embd) between the blocks; each branch still
   denominator); the copies become post * F(u) + comb^T x. A doubly stochastic mix cannot grow the stream, which is
   what the paper claims stabilises deep stacks.
 - 'ihc', independent (HY-V4): the same collapse and spread, the copies carried on unmixed: post * F(u) + x.
+  HY-V4 adds the epsilon to the spread weights too (hc_post_eps).
 The final collapse, before the last norm, is a learned weighting of the copies (hc_final='learned': DeepSeek-V4,
 HY-V4) or their mean ('mean': GLM-5.3-Flash). The projections run in fp32. Nothing of it is cached: the copies
 are per token. Qwen4-Exp's gated residual (per-copy grouped norms, low-rank collapse weights) is not here yet.
@@ -23,11 +24,11 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from model import FEATURES, NON_NEGATIVE_NUMBER, POSITIVE_NUMBER, RESIDUALS, Add, Feature, changed, is_int, one_of
+from model import BOOL, FEATURES, NON_NEGATIVE_NUMBER, POSITIVE_NUMBER, RESIDUALS, Add, Feature, changed, is_int, one_of
 
 HC_KINDS = ('mhc', 'ihc')
 HC_FINALS = ('learned', 'mean')
-HC_FIELDS = ('hc_kind', 'hc_sinkhorn_iters', 'hc_eps', 'hc_post_scale', 'hc_final')
+HC_FIELDS = ('hc_kind', 'hc_sinkhorn_iters', 'hc_eps', 'hc_post_scale', 'hc_final', 'hc_post_eps')
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Config:
     hc_eps: float = 1e-6  # added to the collapse weights and to each Sinkhorn denominator
     hc_post_scale: float = 2.0  # the spread weights are this times a sigmoid (DeepSeek-V4: 2; HY-V4's hc_magnitude)
     hc_final: str = 'learned'  # the copies' last collapse: 'learned' weights (DeepSeek-V4, HY-V4) or their 'mean' (GLM-5.3-Flash)
+    hc_post_eps: bool = False  # hc_eps added to the spread weights as well as the collapse weights (HY-V4); False: to the collapse weights only (DeepSeek-V4)
 
     FIELD_TYPES = {
         'hc_mult': (lambda v, c: is_int(v, 0), 'an int >= 0'),
@@ -46,6 +48,7 @@ class Config:
         'hc_eps': NON_NEGATIVE_NUMBER,
         'hc_post_scale': POSITIVE_NUMBER,
         'hc_final': one_of(HC_FINALS),
+        'hc_post_eps': BOOL,
     }
     CHECKS = [
         (lambda c: changed(c, HC_FIELDS) and c.hc_mult <= 1,
@@ -76,6 +79,7 @@ class HyperConnection(nn.Module):
         super().__init__()
         n = self.n = config.hc_mult
         self.mixed, self.iters, self.eps, self.post_scale = mixed, config.hc_sinkhorn_iters, config.hc_eps, config.hc_post_scale
+        self.post_eps = config.hc_eps if config.hc_post_eps else 0.0  # HY-V4's spread weights take the epsilon too
         self.norm_eps = config.norm_eps
         outputs = (2 + n) * n if mixed else 2 * n  # [pre | post | comb]
         # HY-V4's init: weights near zero, so the copies start as one stream: the collapse a mean (sigmoid of
@@ -92,7 +96,7 @@ class HyperConnection(nn.Module):
         bases = self.base.float().split([n, n, n * n] if self.mixed else [n, n])
         logits = [part * scale + base for part, scale, base in zip(parts, self.scale.float().unbind(0), bases)]
         pre = torch.sigmoid(logits[0]) + self.eps
-        post = self.post_scale * torch.sigmoid(logits[1])
+        post = self.post_scale * torch.sigmoid(logits[1]) + self.post_eps
         if not self.mixed:
             return pre, post, None
         comb = torch.softmax(logits[2].unflatten(-1, (n, n)), dim=-1) + self.eps

@@ -3,7 +3,8 @@ Multi-head latent attention (attn='mla'; DeepSeek-V2, V3, Kimi): keys and values
 latent vector per token (kv_lora_rank), so the cache keeps that latent and one rotated key shared by all heads,
 a fraction of GQA's; queries may pass through a bottleneck of their own (q_lora_rank). Cached decoding uses the
 absorbed form (the up-projections folded into the query and the output). The widths default to DeepSeek-V2's
-proportions to the head width.
+proportions to the head width. Attention's sinks (attn_sinks) and output gate (attn_gate: sigmoid of a projection
+of the block input, per value dim) apply to it as to softmax attention (HY-V4 has both).
 """
 
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from chapters import attention
 from chapters.long_context import yarn_mscale
 import model
 from model import ATTENTIONS, RMSNorm, TokenMixer, apply_rope, changed, flag_list, is_int, kinds
@@ -20,8 +22,7 @@ MLA_FIELDS = ('kv_lora_rank', 'q_lora_rank', 'qk_nope_head_dim', 'qk_rope_head_d
 
 def mla_cannot(c):
     """The flags of attention that MLA, which makes its own keys and values, cannot apply."""
-    return changed(c, ('n_kv_head', 'head_dim', 'qk_norm', 'qkv_bias', 'rope_fraction', 'attn_sinks', 'attn_gate',
-                       'attn_scale'))
+    return changed(c, ('n_kv_head', 'head_dim', 'qk_norm', 'qkv_bias', 'rope_fraction', 'attn_scale'))
 
 
 @dataclass
@@ -104,6 +105,9 @@ class LatentAttention(TokenMixer):
         self.kv_norm = RMSNorm(self.latent_dim, config, eps=1e-6)
         self.kv_b = nn.Linear(self.latent_dim, H * (self.nope_dim + self.v_dim), bias=False)  # per head [k_nope | v]
         self.c_proj = nn.Linear(H * self.v_dim, d, bias=config.bias)
+        # attention.py's switches: a sink logit per head, the output gated per value dim (HY-V4's, without a bias)
+        self.sinks = nn.Parameter(torch.zeros(H)) if getattr(config, 'attn_sinks', False) else None
+        self.c_gate = nn.Linear(d, H * self.v_dim, bias=False) if getattr(config, 'attn_gate', False) else None
         self.resid_dropout = nn.Dropout(config.dropout)
         self.dropout = config.dropout
         # the softmax scale follows the query/key width, sharpened as YaRN's DeepSeek form asks
@@ -152,8 +156,12 @@ class LatentAttention(TokenMixer):
             q = torch.cat((q_nope, q_rope), dim=-1)
             if self.indexer is not None:
                 self.indexer.learn(q, k, self.scale)
-            y = model.attend(q, k, v, mask, self.dropout if self.training else 0.0, self.scale)
-        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, H * self.v_dim)))
+            y = attention.attend_with_sinks(q, k, v, mask, self.dropout if self.training else 0.0, self.scale,
+                                           self.sinks)
+        y = y.transpose(1, 2).reshape(B, T, H * self.v_dim)
+        if self.c_gate is not None:
+            y = y * torch.sigmoid(self.c_gate(x))
+        return self.resid_dropout(self.c_proj(y))
 
     def _absorbed(self, q_nope, q_rope, keys, mask):
         """q.k = (q_nope W_uk) . latent + q_rope . k_rope, and att.v = (att . latent) W_uv^T; keys: the cached
@@ -163,7 +171,10 @@ class LatentAttention(TokenMixer):
         # one query per head at the same position: the heads become the queries of one shared "head", so the
         # cache is read once, not repeated per head
         q = torch.cat((q_latent, q_rope), dim=-1).transpose(1, 2)  # (B, 1, H, latent + rope)
-        y = model.attend(q, keys, keys[..., :self.latent_dim], mask, scale=self.scale).transpose(1, 2)
+        # the sinks, one per head, are one per query row here
+        sinks = self.sinks.view(1, 1, -1, 1) if self.sinks is not None else None
+        y = attention.attend_with_sinks(q, keys, keys[..., :self.latent_dim], mask, scale=self.scale, sinks=sinks)
+        y = y.transpose(1, 2)
         return y @ w[:, self.nope_dim:].transpose(1, 2)  # (B, H, 1, v)
 
 

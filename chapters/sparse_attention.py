@@ -15,10 +15,11 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from model import FEATURES, LAYER_KINDS, NON_NEGATIVE_NUMBER, OPTIONAL_POSITIVE_INT, POSITIVE_INT, Feature, \
-    apply_rope, changed, flag_list, kinds, one_of
+    apply_rope, changed, flag_list, is_number, kinds, one_of
 
 INDEX_STAGES = ('dense', 'sparse')
-INDEX_FIELDS = ('index_n_heads', 'index_head_dim', 'index_stage', 'index_loss_coef', 'index_share')  # with index_topk only
+# with index_topk only
+INDEX_FIELDS = ('index_n_heads', 'index_head_dim', 'index_stage', 'index_loss_coef', 'index_share', 'index_norm_eps')
 
 
 def indexed_kinds():
@@ -42,6 +43,7 @@ class Config:
     index_head_dim: int = 32  # width of the indexer's query heads and of its one key per token; the first rope_dim dims rotate (DeepSeek-V3.2: 128)
     index_stage: str = 'sparse'  # 'dense': warm-up, attention reads every past token while the indexer learns to score them; 'sparse': it reads the top-k
     index_loss_coef: float = 1.0  # the indexer's KL loss toward the main attention, times this, joins the training loss; 0: the indexer does not learn
+    index_norm_eps: float = 1e-6  # the epsilon of the LayerNorm on the indexer's keys (DeepSeek-V3.2: 1e-6; HY-V4: its rms_norm_eps)
     index_share: str | None = None  # IndexCache (GLM-5), tiled over the layers: 'F' a layer's own indexer, 'S' reuses the top-k of the nearest earlier indexer (no weights of its own); None: all 'F'
 
     FIELD_TYPES = {
@@ -49,6 +51,7 @@ class Config:
         **kinds('index_n_heads index_head_dim', POSITIVE_INT),
         'index_stage': one_of(INDEX_STAGES),
         'index_loss_coef': NON_NEGATIVE_NUMBER,
+        'index_norm_eps': (lambda v, c: is_number(v) and v > 0, 'a positive number'),
         'index_share': (lambda v, c: v is None or (isinstance(v, str) and v and not set(v) - set('FS')
                                                    and len(v) <= c.n_layer),
                         lambda c: f"None or a string of 'F' (own indexer) and 'S' (shares an earlier one's top-k) at "
@@ -128,7 +131,7 @@ class LightningIndexer(nn.Module):
         self.dense, self.loss_coef = config.index_stage == 'dense', config.index_loss_coef
         self.wq = nn.Linear(query_width, self.n_head * self.head_dim, bias=False)
         self.wk = nn.Linear(config.n_embd, self.head_dim, bias=False)
-        self.k_norm = nn.LayerNorm(self.head_dim, eps=1e-6)  # DeepSeek's: a LayerNorm with a bias
+        self.k_norm = nn.LayerNorm(self.head_dim, eps=config.index_norm_eps)  # DeepSeek's: a LayerNorm with a bias
         self.weights = nn.Linear(config.n_embd, self.n_head, bias=False)
         self.register_buffer('losses', torch.zeros(2), persistent=False)  # KL summed, forwards
         self.loss = None  # what this forward adds to the training loss (times index_loss_coef)

@@ -41,13 +41,16 @@ class HFFamily:
     # one tensor holds parts of several of ours (Qwen3-Next's q_proj holds q and the output gate)
     unpack: callable = None  # (hf_state, config) -> hf_state
     pack: callable = None  # (hf_state, config) -> hf_state
+    # flags that, as the MoE settings, a dense model of this family leaves at their defaults and an MoE model must
+    # set as `carries` says (HY-V4's experts' clamp: its dense layers have none)
+    moe_only: tuple = ()
 
     def blocked(self, config):
         """{flag: value} of config this family cannot represent (a dense model's MoE settings, which change
         nothing, aside)."""
         out = {}
         for f in fields(config):
-            if f.name in _MOE_SETTINGS and config.mlp != 'moe':
+            if (f.name in _MOE_SETTINGS or f.name in self.moe_only) and config.mlp != 'moe':
                 continue
             value, allowed = getattr(config, f.name), self.carries.get(f.name, (f.default,))
             if allowed is not ANY and not (allowed(value) if callable(allowed) else value in allowed):

@@ -1,5 +1,5 @@
 """Tests for chapters/hyper_connections.py: one hyper-connection against the formula written out and against
-transformers' DeepSeek-V4 module on the same weights, the doubly stochastic mix, a model's decoding through the
+transformers' DeepSeek-V4 and HY-V4 modules on the same weights, the doubly stochastic mix, a model's decoding through the
 cache, compiled decoding, its FLOPs as torch counts them, its parameters, training, and the checks."""
 import math
 
@@ -86,6 +86,34 @@ def test_a_hyper_connection_and_the_head_are_deepseek_v4s_on_the_same_weights():
     torch.testing.assert_close(head(x), their_head(x), rtol=0, atol=1e-6)
 
 
+@torch.no_grad()
+def test_an_independent_hyper_connection_and_the_head_are_hy_v4s_on_the_same_weights():
+    """ihc with hc_post_eps (the epsilon on the spread weights too, here a large one so it shows) and HY-V4's
+    hc_magnitude as hc_post_scale: transformers' HY-V4 connection and head, the same weights; without
+    hc_post_eps the spread weights differ by the epsilon."""
+    transformers = pytest.importorskip('transformers')
+    from transformers.models.hy_v4 import modeling_hy_v4 as HY
+    theirs_config = transformers.HYV4Config(hidden_size=N_EMBD, hc_mult=4, rms_norm_eps=1e-5, hc_eps=0.01,
+                                            hc_magnitude=1.5)
+    flags = {**FLAGS, 'hc_kind': 'ihc', 'hc_eps': 0.01, 'hc_post_scale': 1.5, 'hc_post_eps': True}
+    ours = randomized(hc.HyperConnection(GPTConfig(**flags), mixed=False), 12)
+    theirs = HY.HYV4HyperConnection(theirs_config)
+    theirs.load_state_dict({'fn': ours.fn, 'base': ours.base, 'scale': ours.scale})
+    x = torch.randn(2, 5, 4, N_EMBD, generator=torch.Generator().manual_seed(13))
+    post, collapsed = theirs(x)
+    pre, our_post, comb = ours.weights(x)
+    assert comb is None
+    torch.testing.assert_close(our_post, post, rtol=0, atol=1e-6)
+    torch.testing.assert_close((pre.unsqueeze(-1) * x).sum(2), collapsed, rtol=0, atol=1e-6)
+    plain = hc.HyperConnection(GPTConfig(**{**flags, 'hc_post_eps': False}), mixed=False)
+    plain.load_state_dict(ours.state_dict())
+    torch.testing.assert_close(plain.weights(x)[1] + 0.01, post, rtol=0, atol=1e-6)
+    head = randomized(hc.HyperHead(GPTConfig(**flags)), 14)
+    their_head = HY.HYV4HyperHead(theirs_config)
+    their_head.load_state_dict(head.state_dict())
+    torch.testing.assert_close(head(x), their_head(x), rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize('kind, final', [('mhc', 'learned'), ('mhc', 'mean'), ('ihc', 'learned')])
 @torch.no_grad()
 def test_a_model_of_copies_decodes_through_the_cache_as_without_it(kind, final):
@@ -160,6 +188,7 @@ def test_a_model_of_copies_trains_and_every_part_learns():
 
 @pytest.mark.parametrize('overrides, fragment', [
     (dict(hc_mult=1, hc_kind='ihc'), "hc_kind apply to hyper-connections: set hc_mult >= 2"),
+    (dict(hc_mult=1, hc_post_eps=True), "hc_post_eps apply to hyper-connections: set hc_mult >= 2"),
     (dict(hc_kind='gated'), "hc_kind must be one of 'mhc', 'ihc'"),
     (dict(norm_position='post'), "norm_position='post' normalizes the stream itself"),
     (dict(mtp_depth=1), 'not supported yet'),

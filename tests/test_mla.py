@@ -15,7 +15,9 @@ pytestmark = pytest.mark.usefixtures('single_thread')
 
 def mla_reference(attn, x, tables):
     """MLA written out per head in float64: queries (through the bottleneck when there is one), keys and
-    values rebuilt from the normalized latent, the rotated parts, causal softmax at scale 1/sqrt(dn + dr)."""
+    values rebuilt from the normalized latent, the rotated parts, causal softmax at scale 1/sqrt(dn + dr); with
+    sinks, each head's sink one more logit in its softmax (with no value); with the gate, the heads' output times
+    sigmoid(c_gate(x)) before c_proj."""
     x = x.double()
     H, dn, dr, dv, r = attn.n_head, attn.nope_dim, attn.rope_dim, attn.v_dim, attn.latent_dim
     rms = lambda t, w: t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
@@ -35,13 +37,21 @@ def mla_reference(attn, x, tables):
         kh = torch.cat((kh, rotate(k_rope)), -1)
         scores = qh @ kh.transpose(-1, -2) / math.sqrt(dn + dr)
         scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float('-inf'))
-        heads.append(scores.softmax(-1) @ vh)
-    return lin(torch.cat(heads, -1), attn.c_proj).float()
+        if attn.sinks is not None:
+            sink = attn.sinks[h].double().expand(*scores.shape[:-1], 1)
+            heads.append(torch.cat((scores, sink), -1).softmax(-1)[..., :T] @ vh)
+        else:
+            heads.append(scores.softmax(-1) @ vh)
+    y = torch.cat(heads, -1)
+    if attn.c_gate is not None:
+        y = y * torch.sigmoid(lin(x, attn.c_gate))
+    return lin(y, attn.c_proj).float()
 
 
-@pytest.mark.parametrize('q_lora', [None, 12])
-def test_latent_attention_matches_the_written_out_reference(q_lora):
-    cfg = tiny_config(attn='mla', pos='rope', q_lora_rank=q_lora, v_head_dim=6, bias=True)
+@pytest.mark.parametrize('q_lora, switches', [(None, {}), (12, {}), (12, dict(attn_sinks=True, attn_gate=True))],
+                         ids=['direct', 'bottleneck', 'sinks+gate'])
+def test_latent_attention_matches_the_written_out_reference(q_lora, switches):
+    cfg = tiny_config(attn='mla', pos='rope', q_lora_rank=q_lora, v_head_dim=6, bias=True, **switches)
     torch.manual_seed(70)
     attn = mla.LatentAttention(cfg).eval()
     with torch.no_grad():
@@ -54,8 +64,14 @@ def test_latent_attention_matches_the_written_out_reference(q_lora):
 
 
 @torch.no_grad()
-def test_absorbed_decoding_equals_rebuilding_keys_and_values():
-    model = build(attn='mla', pos='rope', norm='rms', q_lora_rank=16)
+@pytest.mark.parametrize('switches', [{}, dict(attn_sinks=True, attn_gate=True)], ids=['plain', 'sinks+gate'])
+def test_absorbed_decoding_equals_rebuilding_keys_and_values(switches):
+    """The absorbed step (each head a query row of one shared head, its sink that row's) decodes what rebuilding
+    every key and value does; the sinks here away from zero, so a sink on the wrong row would show."""
+    model = build(attn='mla', pos='rope', norm='rms', q_lora_rank=16, **switches)
+    for block in model.transformer.h:
+        if block.attn.sinks is not None:
+            block.attn.sinks.copy_(torch.linspace(-2.0, 2.0, block.attn.sinks.numel()))
     prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(71))
     absorbed = generate_recording_logits(model, prompt, 30, use_cache=True)
     for block in model.transformer.h:
@@ -95,8 +111,6 @@ def test_mla_without_positions_is_blind_to_order_and_decodes(rope_width):
     (dict(attn='mla', qk_rope_head_dim=4), 'qk_rope_head_dim'),  # with learned positions
     (dict(attn='mla', pos='rope', qk_rope_head_dim=5), 'qk_rope_head_dim'),
     (dict(attn='mla', kv_lora_rank=0), 'kv_lora_rank'),
-    (dict(attn='mla', attn_sinks=True), 'attn_sinks'),
-    (dict(attn='mla', pos='rope', attn_gate=True), 'attn_gate'),
 ], ids=config_id)
 def test_invalid_configs_raise_value_error_naming_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):

@@ -278,11 +278,27 @@ def test_training_logs_the_index_loss_apart_and_resumes_exactly(workdir, run):
     (dict(index_topk=4, index_loss_coef=-1.0), "index_loss_coef must be a number >= 0, got -1.0"),
     (dict(index_topk=4, index_head_dim=4, pos='rope', head_dim=16), "index_head_dim (4) must be at least the rotated"),
     (dict(index_topk=4, layers='L', sliding_window=4), "index_topk=4 picks keys in global attention layers"),
+    (dict(index_norm_eps=1e-5), "index_norm_eps=1e-05 apply to sparse attention only: set index_topk"),
+    (dict(index_topk=4, index_norm_eps=0.0), "index_norm_eps must be a positive number, got 0.0"),
 ])
 def test_bad_sparse_settings_are_one_line_each(flags, fragment):
     with pytest.raises(ValueError) as e:
         tiny_config(**flags)
     assert fragment in str(e.value) and '\n' not in str(e.value)
+
+
+@torch.no_grad()
+def test_the_key_norms_epsilon_is_index_norm_eps():
+    """The indexer's key LayerNorm takes index_norm_eps (HY-V4 gives it the model's rms_norm_eps): on keys
+    projected tiny, where the epsilon dominates the variance, its keys and scores are not the default's."""
+    model, default = sparse('gqa', index_norm_eps=1e-2), sparse('gqa')
+    assert {block.attn.indexer.k_norm.eps for block in model.transformer.h} == {1e-2}
+    indexer, other = model.transformer.h[0].attn.indexer, default.transformer.h[0].attn.indexer
+    other.load_state_dict(indexer.state_dict())
+    x = torch.randn(1, 6, model.config.n_embd, generator=torch.Generator().manual_seed(5))
+    indexer.wk.weight.mul_(1e-2)
+    other.wk.weight.mul_(1e-2)
+    assert (indexer.keys(x, None, None) - other.keys(x, None, None)).abs().max() > 0.1
 
 
 def test_export_refuses_sparse_attention_where_no_family_carries_it():
