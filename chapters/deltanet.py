@@ -37,14 +37,15 @@ class Config:
     linear_value_dim: int | None = None  # width of each value head; None: the attention's head width
     linear_conv_kernel: int = 4  # the causal depthwise convolution over q, k and v, in tokens
     linear_chunk_size: int = 64  # training and prefill work in chunks of this many tokens, parallel inside one
-    kda_rank: int | None = None  # width of the low-rank projections making a 'K' layer's decay and output gate; None: linear_key_dim's value
+    kda_rank: int | None = None  # width of the low-rank projections making a 'K' layer's decay and output gate; None: linear_key_dim's value; 0: one full-rank projection each (BailingHybrid)
     kda_lower_bound: float | None = None  # 'K' layers' safe gate: log-decay L * sigmoid(A (f(x) + dt_bias)), never below L (BailingHybrid, GLM-5.3-Flash: -5); None: KDA's -A softplus(...)
     linear_neg_eigval: bool = False  # beta = 2 sigmoid(b(x)), in [0, 2]: a write may flip what the state holds for a key (negative eigenvalues of I - beta k k^T)
     linear_norm_eps: float | None = None  # epsilon of the RMSNorm on a 'D'/'K' layer's output; None: norm_eps (OLMo hybrid: 1e-5)
     linear_norm_position: str | None = None  # the norm placement (norm_position's values) of blocks with a 'D'/'K' layer; None: norm_position (OLMo hybrid: 'pre', its attention blocks 'after')
 
     FIELD_TYPES = {
-        **kinds('linear_n_key_head linear_n_value_head linear_key_dim linear_value_dim kda_rank', OPTIONAL_POSITIVE_INT),
+        **kinds('linear_n_key_head linear_n_value_head linear_key_dim linear_value_dim', OPTIONAL_POSITIVE_INT),
+        'kda_rank': (lambda v, c: v is None or is_int(v, 0), 'None or an int >= 0'),
         **kinds('linear_conv_kernel linear_chunk_size', (lambda v, c: is_int(v), 'an int >= 1')),
         'linear_neg_eigval': BOOL,
         'kda_lower_bound': (lambda v, c: v is None or (is_number(v) and v < 0), 'None or a negative number'),
@@ -308,8 +309,9 @@ def _channel_decayed_dots(queries, b, g):
 class KimiDeltaAttention(GatedDeltaNet):
     """Kimi Delta Attention (Kimi Linear), a 'K' layer: a Gated DeltaNet whose state forgets at a rate per key
     channel instead of one per head, g = -exp(A_log) softplus(f(x) + dt_bias), with f a low-rank projection
-    (n_embd -> kda_rank -> heads * key dim), A per head and dt_bias per channel; its output gate is
-    sigmoid(a low-rank projection) instead of silu(z(x)). The rest is the 'D' layer's: the short convolution
+    (n_embd -> kda_rank -> heads * key dim; kda_rank=0: one full-rank n_embd -> heads * key dim, BailingHybrid's),
+    A per head and dt_bias per channel; its output gate is sigmoid(a projection of the same form) instead of
+    silu(z(x)). The rest is the 'D' layer's: the short convolution
     over q, k and v, L2-normalized q and k, beta = sigmoid(b(x)), the RMS-normalized output, the cache, and
     the chunked and recurrent forms (gated_delta_chunked takes a decay per channel)."""
     decay_per_channel = True
@@ -317,25 +319,33 @@ class KimiDeltaAttention(GatedDeltaNet):
     def __init__(self, config, layer=0):
         super().__init__(config, layer)
         del self.in_proj_z, self.in_proj_a  # the 'D' layer's gate and decay, per head: replaced by low-rank ones
-        d, rank = config.n_embd, config.kda_rank or self.k_dim
+        d = config.n_embd
+        rank = self.k_dim if config.kda_rank is None else config.kda_rank
         self.lower_bound = config.kda_lower_bound
         self.A_log, self.dt_bias = decay_parameters(self.v_heads, self.v_heads * self.k_dim)
-        self.decay_a = nn.Linear(d, rank, bias=False)
-        self.decay_b = nn.Linear(rank, self.v_heads * self.k_dim, bias=False)
-        self.gate_a = nn.Linear(d, rank, bias=False)
-        self.gate_b = nn.Linear(rank, self.v_heads * self.v_dim, bias=False)
+        # rank 0 (BailingHybrid): no bottleneck, decay_b and gate_b read the token itself
+        self.decay_a = nn.Linear(d, rank, bias=False) if rank else None
+        self.decay_b = nn.Linear(rank or d, self.v_heads * self.k_dim, bias=False)
+        self.gate_a = nn.Linear(d, rank, bias=False) if rank else None
+        self.gate_b = nn.Linear(rank or d, self.v_heads * self.v_dim, bias=False)
+
+    @staticmethod
+    def _projected(x, a, b):
+        """b(a(x)), or b(x) where there is no bottleneck (kda_rank=0)."""
+        return b(x if a is None else a(x))
 
     def decay(self, x):
         """Each token's log-decay per value head and key channel (B, Hv, T, dk)."""
         B, T, _ = x.size()
-        f = (self.decay_b(self.decay_a(x)).float() + self.dt_bias.float()).view(B, T, self.v_heads, self.k_dim)
+        f = self._projected(x, self.decay_a, self.decay_b).float() + self.dt_bias.float()
+        f = f.view(B, T, self.v_heads, self.k_dim)
         rate = self.A_log.float().exp()[:, None]
         if self.lower_bound is not None:  # the safe gate: a decay per step of at least e^L, whatever f says
             return (self.lower_bound * torch.sigmoid(rate * f)).transpose(1, 2)
         return (-rate * F.softplus(f)).transpose(1, 2)
 
     def output_gate(self, x):
-        return torch.sigmoid(self.gate_b(self.gate_a(x)).float())
+        return torch.sigmoid(self._projected(x, self.gate_a, self.gate_b).float())
 
 
 # ----------------------------------------------------------------------------- maintained CUDA kernels (flash-linear-attention)

@@ -15,7 +15,7 @@ import torch.nn as nn
 from chapters import attention
 from chapters.long_context import yarn_mscale
 import model
-from model import ATTENTIONS, RMSNorm, TokenMixer, apply_rope, changed, flag_list, is_int, kinds
+from model import ATTENTIONS, BOOL, RMSNorm, TokenMixer, apply_rope, changed, flag_list, is_int, kinds
 
 MLA_FIELDS = ('kv_lora_rank', 'q_lora_rank', 'qk_nope_head_dim', 'qk_rope_head_dim', 'v_head_dim')
 
@@ -32,10 +32,12 @@ class Config:
     qk_nope_head_dim: int | None = None  # per head, the query/key part without rotation; None: n_embd / n_head
     qk_rope_head_dim: int | None = None  # the rotated part, one key shared by all heads; None: half the above
     v_head_dim: int | None = None  # per head, the value width; None: n_embd / n_head
+    mla_head_gate: bool = False  # each head's output times sigmoid(a projection of the block input), one gate per head (Ling 3 / BailingHybrid)
 
     FIELD_TYPES = {  # a query bottleneck and a rotated part may be absent (0)
         **kinds('kv_lora_rank qk_nope_head_dim v_head_dim', (lambda v, c: v is None or is_int(v), 'None or an int >= 0')),
         **kinds('q_lora_rank qk_rope_head_dim', (lambda v, c: v is None or is_int(v, 0), 'None or an int >= 0')),
+        'mla_head_gate': BOOL,
     }
     CHECKS = [
         (lambda c: c.attn == 'mla' and mla_cannot(c),
@@ -50,6 +52,12 @@ class Config:
          lambda c: f"{', '.join(k for k in MLA_FIELDS if getattr(c, k) is not None)} apply to attn='mla' only, got "
                    f"attn={c.attn!r} (set --attn=mla, or "
                    f"{' '.join(f'--{k}=None' for k in MLA_FIELDS if getattr(c, k) is not None)})"),
+        (lambda c: c.mla_head_gate and c.attn != 'mla',
+         lambda c: f"mla_head_gate=True gates the heads of attn='mla', got attn={c.attn!r} (set --attn=mla, or "
+                   f"--attn_gate=True for a gate per head dim)"),
+        (lambda c: c.mla_head_gate and c.attn_gate,
+         lambda c: "mla_head_gate=True and attn_gate=True are two gates on the same heads' output (one per head, one "
+                   "per head dim): set one of them"),
         (lambda c: c.attn == 'mla' and c.rope_qk_norm,
          lambda c: "rope_qk_norm and nope_temperature apply to attn='mha' only (MLA makes its own queries and keys)"),
     ]
@@ -105,9 +113,11 @@ class LatentAttention(TokenMixer):
         self.kv_norm = RMSNorm(self.latent_dim, config, eps=1e-6)
         self.kv_b = nn.Linear(self.latent_dim, H * (self.nope_dim + self.v_dim), bias=False)  # per head [k_nope | v]
         self.c_proj = nn.Linear(H * self.v_dim, d, bias=config.bias)
-        # attention.py's switches: a sink logit per head, the output gated per value dim (HY-V4's, without a bias)
+        # attention.py's switches: a sink logit per head; the output gated per value dim (attn_gate, HY-V4's,
+        # without a bias) or per head (mla_head_gate, Ling 3's): sigmoid(c_gate(x)), broadcast over each head
         self.sinks = nn.Parameter(torch.zeros(H)) if getattr(config, 'attn_sinks', False) else None
-        self.c_gate = nn.Linear(d, H * self.v_dim, bias=False) if getattr(config, 'attn_gate', False) else None
+        gate_width = H * self.v_dim if getattr(config, 'attn_gate', False) else H if config.mla_head_gate else 0
+        self.c_gate = nn.Linear(d, gate_width, bias=False) if gate_width else None
         self.resid_dropout = nn.Dropout(config.dropout)
         self.dropout = config.dropout
         # the softmax scale follows the query/key width, sharpened as YaRN's DeepSeek form asks
@@ -158,10 +168,10 @@ class LatentAttention(TokenMixer):
                 self.indexer.learn(q, k, self.scale)
             y = attention.attend_with_sinks(q, k, v, mask, self.dropout if self.training else 0.0, self.scale,
                                            self.sinks)
-        y = y.transpose(1, 2).reshape(B, T, H * self.v_dim)
-        if self.c_gate is not None:
-            y = y * torch.sigmoid(self.c_gate(x))
-        return self.resid_dropout(self.c_proj(y))
+        y = y.transpose(1, 2)  # (B, T, H, v)
+        if self.c_gate is not None:  # one gate per value dim or per head
+            y = y * torch.sigmoid(self.c_gate(x).float()).to(y.dtype).view(B, T, H, -1)
+        return self.resid_dropout(self.c_proj(y.reshape(B, T, H * self.v_dim)))
 
     def _absorbed(self, q_nope, q_rope, keys, mask):
         """q.k = (q_nope W_uk) . latent + q_rope . k_rope, and att.v = (att . latent) W_uv^T; keys: the cached

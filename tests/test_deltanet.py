@@ -181,7 +181,7 @@ def test_kda_cache_is_the_deltanets_whatever_the_length():
 @pytest.mark.parametrize('overrides, field', [
     (dict(kda_rank=4), 'kda_rank'),  # no 'K' layer
     (dict(layers='DG', kda_rank=4), 'kda_rank'),
-    (dict(layers='KG', kda_rank=0), 'kda_rank'),
+    (dict(layers='KG', kda_rank=-1), 'kda_rank'),
     (dict(layers='KG', linear_n_key_head=2, linear_n_value_head=3), 'linear_n_value_head'),
     (dict(layers='KG', pos='bogus'), 'pos'),
 ])
@@ -212,6 +212,24 @@ def test_the_safe_gate_bounds_each_decay_and_is_its_formula():
         tiny_config(layers='DG', kda_lower_bound=-5.0)
     with pytest.raises(ValueError, match='kda_lower_bound must be None or a negative number'):
         tiny_config(layers='KG', pos='none', kda_lower_bound=2.0)
+
+@torch.no_grad()
+def test_kda_rank_zero_projects_decay_and_gate_at_full_rank():
+    """kda_rank=0 (BailingHybrid): no bottleneck, decay_b and gate_b read the token itself (n_embd -> heads * key
+    dim), with the safe gate or without; it decodes through the cache as full forwards do."""
+    for bound in (None, -5.0):
+        model = build(**KDA, kda_rank=0, kda_lower_bound=bound)
+        layer = model.transformer.h[0].attn
+        assert layer.decay_a is None and layer.gate_a is None
+        assert layer.decay_b.weight.shape == (layer.v_heads * layer.k_dim, N_EMBD) == layer.gate_b.weight.shape
+        x = torch.randn(2, 6, N_EMBD, generator=torch.Generator().manual_seed(33))
+        f = (layer.decay_b(x) + layer.dt_bias).view(2, 6, layer.v_heads, layer.k_dim)
+        rate = layer.A_log.exp()[:, None]
+        expected = -rate * torch.nn.functional.softplus(f) if bound is None else bound * torch.sigmoid(rate * f)
+        assert_close(layer.decay(x), expected.transpose(1, 2), atol=1e-6)
+        assert_close(layer.output_gate(x), torch.sigmoid(layer.gate_b(x)), atol=1e-6)
+        check_cache_logits(model)
+
 
 def test_kimi_delta_chunked_stays_finite_where_decays_are_strong():
     """Decays summing to -1000 inside a chunk: no factor e^-G overflows (NaN), and the forms still agree."""

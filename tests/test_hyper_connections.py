@@ -200,11 +200,13 @@ def test_bad_hyper_connection_settings_are_one_line(overrides, fragment):
     assert fragment in str(e.value) and '\n' not in str(e.value)
 
 
-def test_only_deepseek_v4_carries_copies():
-    """A model with copies that is otherwise not DeepSeek-V4's is refused, naming deepseek_v4 as the family that
-    carries hc_mult."""
+def test_a_model_with_copies_that_fits_no_family_names_the_families_that_carry_them():
+    """A model with copies that is otherwise neither DeepSeek-V4's nor HY-V4's is refused, naming the nearer of
+    the families that carry hc_mult and what else it needs."""
     pytest.importorskip('transformers')
     from export import hf_family
     with pytest.raises(ValueError) as e:
         hf_family(GPTConfig(**FLAGS))
-    assert 'hc_mult=4' in str(e.value) and 'deepseek_v4' in str(e.value)
+    message = str(e.value)
+    assert 'hc_mult=4 is carried by' in message and ('deepseek_v4' in message or 'hy_v4' in message)
+    assert 'which also needs' in message

@@ -7,8 +7,8 @@ import torch
 
 import model as M
 from chapters import mla
-from tiny_models import (N_EMBD, VOCAB, assert_close, build, check_cache_logits, config_id, generate_recording_logits,
-                         rope_tables, tiny_config)
+from tiny_models import (N_EMBD, N_HEAD, VOCAB, assert_close, build, check_cache_logits, config_id,
+                         generate_recording_logits, rope_tables, tiny_config)
 
 pytestmark = pytest.mark.usefixtures('single_thread')
 
@@ -64,6 +64,26 @@ def test_latent_attention_matches_the_written_out_reference(q_lora, switches):
 
 
 @torch.no_grad()
+def test_the_head_gate_scales_each_heads_output_and_decodes_absorbed():
+    """mla_head_gate (Ling 3): each head's output times sigmoid(c_gate(x)), one per head and token, before
+    c_proj: the ungated layer's heads, scaled; cached (absorbed) decoding equals full forwards."""
+    model = build(attn='mla', pos='rope', norm='rms', q_lora_rank=16, mla_head_gate=True)
+    attn = model.transformer.h[0].attn
+    x = torch.randn(2, 7, N_EMBD, generator=torch.Generator().manual_seed(72))
+    tables = rope_tables(M.Rotary(model.config), 0, 7)
+    gated = attn(x, tables)
+    c_gate, c_proj = attn.c_gate, attn.c_proj
+    assert c_gate.weight.shape == (N_HEAD, N_EMBD)
+    attn.c_gate, attn.c_proj = None, torch.nn.Identity()
+    heads = attn(x, tables).view(2, 7, N_HEAD, -1)  # each head's ungated output
+    attn.c_gate, attn.c_proj = c_gate, c_proj
+    expected = c_proj((heads * torch.sigmoid(c_gate(x))[..., None]).flatten(2))
+    assert_close(gated, expected, atol=1e-6)
+    assert (gated - c_proj(heads.flatten(2))).abs().max() > 1e-3  # the gate does something
+    check_cache_logits(model)
+
+
+@torch.no_grad()
 @pytest.mark.parametrize('switches', [{}, dict(attn_sinks=True, attn_gate=True)], ids=['plain', 'sinks+gate'])
 def test_absorbed_decoding_equals_rebuilding_keys_and_values(switches):
     """The absorbed step (each head a query row of one shared head, its sink that row's) decodes what rebuilding
@@ -111,6 +131,8 @@ def test_mla_without_positions_is_blind_to_order_and_decodes(rope_width):
     (dict(attn='mla', qk_rope_head_dim=4), 'qk_rope_head_dim'),  # with learned positions
     (dict(attn='mla', pos='rope', qk_rope_head_dim=5), 'qk_rope_head_dim'),
     (dict(attn='mla', kv_lora_rank=0), 'kv_lora_rank'),
+    (dict(mla_head_gate=True), 'mla_head_gate'),  # with attn='mha'
+    (dict(attn='mla', pos='rope', attn_gate=True, mla_head_gate=True), 'mla_head_gate'),  # one gate or the other
 ], ids=config_id)
 def test_invalid_configs_raise_value_error_naming_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):
