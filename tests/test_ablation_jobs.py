@@ -41,6 +41,25 @@ def test_a_run_whose_folder_went_away_fails_alone(tmp_path, monkeypatch, returnc
     assert 'went away' in why and str(path) in why and log.closed
 
 
+def test_a_run_whose_summary_fails_fails_alone_with_its_files_kept(tmp_path, monkeypatch):
+    """train.py finished but its summary raised (a checkpoint made by newer code than the running ablate.py read,
+    as happened when a chapter gained a flag mid-grid): one FAILED line naming the error, the run's files kept."""
+    from types import SimpleNamespace
+    ablate_module = import_ablate(monkeypatch)
+    path = tmp_path / 'runs' / 'v' / 'seed1337'
+    path.mkdir(parents=True)
+    (path / 'log.jsonl').write_text('{}\n')
+    log = open(path / 'train.log', 'w')
+
+    def unreadable(*args):
+        raise TypeError("GPTConfig.__init__() got an unexpected keyword argument 'new_flag'")
+    monkeypatch.setattr(ablation.jobs, 'summarize_run', unreadable)
+    why = ablation.jobs.finish(('v', {}, 1337, str(path)), SimpleNamespace(returncode=0), log, 1.0, str(tmp_path),
+                               ablate_module.settings)
+    assert why.startswith('(exit 0): its summary failed: TypeError') and 'new_flag' in why and log.closed
+    assert sorted(p.name for p in path.iterdir()) == ['log.jsonl', 'train.log']
+
+
 def test_a_run_finished_between_the_look_and_the_claim_is_not_retrained(tmp_path, monkeypatch):
     path = tmp_path / 'runs' / 'v' / 'seed1337'
     path.mkdir(parents=True)
