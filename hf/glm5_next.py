@@ -60,6 +60,7 @@ def _glm5_next_read(c):
                  tie_embeddings=bool(c.tie_word_embeddings), ffn_hidden=t.intermediate_size, layers=_tiling(kinds),
                  kv_lora_rank=t.kv_lora_rank, q_lora_rank=t.q_lora_rank, qk_nope_head_dim=t.qk_nope_head_dim,
                  qk_rope_head_dim=0, v_head_dim=t.v_head_dim,
+                 mla_norm_eps=None if t.rms_norm_eps == 1e-6 else float(t.rms_norm_eps),  # its latents' norms too
                  hc_mult=t.hc_mult, hc_kind='mhc', hc_sinkhorn_iters=t.hc_sinkhorn_iters, hc_eps=float(t.hc_eps),
                  hc_final='mean',
                  mlp='moe', n_expert=t.n_routed_experts, n_expert_active=t.num_experts_per_tok,
@@ -86,6 +87,10 @@ def _glm5_next_write(cfg):
         raise ValueError(f"glm5_next has one head count and width for keys and values: linear_n_key_head "
                          f"{linear['k_heads']} / linear_n_value_head {linear['v_heads']}, linear_key_dim "
                          f"{linear['k_dim']} / linear_value_dim {linear['v_dim']}")
+    latent_eps = 1e-6 if cfg.mla_norm_eps is None else cfg.mla_norm_eps
+    if latent_eps != cfg.norm_eps:
+        raise ValueError(f"glm5_next normalizes MLA's latents with rms_norm_eps: mla_norm_eps={latent_eps} must equal "
+                         f"norm_eps={cfg.norm_eps}")
     shares = cfg.index_shares if cfg.index_topk is not None else [False] * cfg.n_layer
     for i, s in enumerate(shares):
         if s and (kinds[i - 1] != 'G' or shares[i - 1]):
@@ -160,6 +165,7 @@ HF_FAMILIES['glm5_next'] = HFFamily(
      'first_dense_layers': ANY, 'moe_bias_update_rate': ANY, 'swiglu_limit': lambda v: v is not None,
      'swiglu_form': ('plain_all',), 'kv_lora_rank': ANY, 'q_lora_rank': lambda v: bool(v),
      'qk_nope_head_dim': ANY, 'qk_rope_head_dim': (0,), 'v_head_dim': ANY,
+     'mla_norm_eps': ANY,
      'index_topk': lambda v: v is not None, 'index_n_heads': ANY, 'index_head_dim': ANY, 'index_stage': ('sparse',),
      'index_loss_coef': ANY, 'index_share': ANY, 'index_block_size': lambda v: v is not None,
      'index_block_pool': ('learned',), 'index_local_blocks': (0,), 'index_tail': ('keep',),
