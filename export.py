@@ -60,6 +60,7 @@ def to_hf(model, bos_token_id=None, eos_token_id=None, family=None):
     """The transformers model computing the same logits as our GPT (fp32, eval mode); its special token ids are
     the tokenizer's (by default GPT-2's <|endoftext|> where the vocabulary has it, else none). family: a model_type
     of hf.HF_FAMILIES, or None for pick_family's choice."""
+    import torch
     import transformers
 
     from hf import ours_to_hf
@@ -73,7 +74,13 @@ def to_hf(model, bos_token_id=None, eos_token_id=None, family=None):
     hf_state = ours_to_hf(model, hf.state_dict(), family)
     missing, unexpected = hf.load_state_dict(hf_state, strict=False)
     missing = [k for k in missing if not (config.tie_embeddings and k == 'lm_head.weight')
-               and not k.endswith('.attn.bias')]  # GPT-2's causal-mask buffer
+               and not k.endswith('.attn.bias')  # GPT-2's causal-mask buffer
+               and not k.startswith(family.left_out or '\0')]  # what is no part of our model (a vision tower)
+    if family.left_out:  # zeros, so that nothing random passes for weights
+        with torch.no_grad():
+            for name, tensor in hf.state_dict().items():
+                if name.startswith(family.left_out):
+                    tensor.zero_()
     if missing or unexpected:
         raise RuntimeError(f"export to {family.hf_class} left weights unmatched: missing {missing}, "
                            f"unexpected {unexpected}")

@@ -25,8 +25,8 @@ chapter's (hyper_connections.py), its sliding window layer_kinds.py's, its sinks
 - Hash routing (hash_moe_layers): the first MoE layers take each token's experts from a frozen table by its id
   (random here, k distinct experts per id), weighted by the router's scores renormalised.
 - The clamped SwiGLU of DeepSeek-V4 (swiglu_form='plain' with swiglu_limit L): silu(min(gate, L)) * clamp(up, -L,
-  L), on the routed and the shared experts ('plain_routed': on the routed experts only, HY-V4's); gpt-oss's form
-  (moe.py) is another.
+  L), on the routed and the shared experts ('plain_routed': on the routed experts only, HY-V4's; 'plain_all': on
+  the dense MLPs of an MoE model's other layers as well, GLM-5.3-Flash's); gpt-oss's form (moe.py) is another.
 
 DeepSeek-V4 rotates the last dims of each head in pairs; these rotate the first in halves, as every chapter here
 does: the same model with its head dims in another order (hf/deepseek_v4.py reorders the weights).
@@ -56,7 +56,7 @@ CSA_FIELDS = ('csa_rate', 'csa_topk', 'csa_index_heads', 'csa_index_dim', 'csa_i
 COMPRESSED_KINDS = ('H', 'I')
 ROUTER_SCORES = (None, 'sqrtsoftplus')
 RUNTIME_FLAGS = ('csa_index_loss_coef',)  # changes no weight
-SWIGLU_FORMS = ('gpt-oss', 'plain', 'plain_routed')
+SWIGLU_FORMS = ('gpt-oss', 'plain', 'plain_routed', 'plain_all')
 
 
 def defaults(c, names):
@@ -70,7 +70,7 @@ class Config:
     o_groups: int = 1  # attn='shared_kv' with o_lora_rank: the heads fall into this many groups, each projected apart (DeepSeek-V4: 8)
     o_lora_rank: int | None = None  # attn='shared_kv': each group of heads projected to this width, then all groups to n_embd (DeepSeek-V4: 1024); None: one projection
     router_score: str | None = None  # router='sigmoid': 'sqrtsoftplus' scores the experts by sqrt(softplus(logit)) in place of the sigmoid (DeepSeek-V4); None: the sigmoid
-    swiglu_form: str = 'gpt-oss'  # how swiglu_limit L clamps: 'gpt-oss' (moe.py's); 'plain': silu(min(gate, L)) * clamp(up, -L, L), routed and shared experts (DeepSeek-V4: L = 10); 'plain_routed': the routed experts only (HY-V4)
+    swiglu_form: str = 'gpt-oss'  # how swiglu_limit L clamps: 'gpt-oss' (moe.py's); 'plain': silu(min(gate, L)) * clamp(up, -L, L), routed and shared experts (DeepSeek-V4: L = 10); 'plain_routed': the routed experts only (HY-V4); 'plain_all': routed, shared and the dense layers' MLP (GLM-5.3-Flash)
     hash_moe_layers: int = 0  # the first k MoE layers route by the token id: each id's experts from a frozen random table, weighted by the router's scores (DeepSeek-V4: 3)
     hca_rate: int = 128  # 'H' layers (heavily compressed attention): every m tokens pooled into one entry the queries read beside their window (DeepSeek-V4: 128)
     csa_rate: int = 4  # 'I' layers (compressed sparse attention): an entry every m tokens pooled over 2m, the windows overlapping by half (DeepSeek-V4: 4)
@@ -497,7 +497,7 @@ class ClampedExperts(Experts):
 
 
 class ClampedGatedMLP(GatedMLP):
-    """The shared experts with DeepSeek-V4's clamped SwiGLU."""
+    """The shared experts with DeepSeek-V4's clamped SwiGLU (and, swiglu_form='plain_all', the dense layers' MLP)."""
 
     def __init__(self, config, hidden=None):
         super().__init__(config, hidden)
@@ -517,9 +517,9 @@ class DeepseekV4MoE(MoE):
     def __init__(self, config):
         super().__init__(config)
         self.sqrt_softplus = config.router_score == 'sqrtsoftplus'
-        if config.swiglu_form in ('plain', 'plain_routed'):  # built anew in the clamped form (the same shapes)
+        if config.swiglu_form in ('plain', 'plain_routed', 'plain_all'):  # built anew clamped (the same shapes)
             self.experts = ClampedExperts(config)
-            if self.shared is not None and config.swiglu_form == 'plain':
+            if self.shared is not None and config.swiglu_form in ('plain', 'plain_all'):
                 self.shared = ClampedGatedMLP(config, config.n_shared_expert * config.expert_hidden)
 
     def score(self, logits):
@@ -585,7 +585,7 @@ class HashMoE(DeepseekV4MoE):
 
 class DeepseekV4Experts(Feature):
     """The MoE layers in DeepSeek-V4's form where its router score or clamp is set, the first hash_moe_layers of
-    them routed by the token id."""
+    them routed by the token id; with swiglu_form='plain_all', the dense layers' MLP clamped too."""
     config_class = Config
 
     @staticmethod
@@ -593,6 +593,8 @@ class DeepseekV4Experts(Feature):
         return config.mlp == 'moe' and bool(changed(config, ('router_score', 'swiglu_form', 'hash_moe_layers')))
 
     def build_block(self, block, layer):
+        if type(block.mlp) is M.GatedMLP and self.config.swiglu_form == 'plain_all':  # a dense layer (GLM-5.3-Flash)
+            block.mlp = ClampedGatedMLP(self.config)
         if type(block.mlp) is not MoE:
             return
         if layer in self.config.hash_layers:

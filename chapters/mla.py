@@ -15,7 +15,7 @@ import torch.nn as nn
 from chapters import attention
 from chapters.long_context import yarn_mscale
 import model
-from model import ATTENTIONS, BOOL, RMSNorm, TokenMixer, apply_rope, changed, flag_list, is_int, kinds
+from model import ATTENTIONS, BOOL, POSITIVE_NUMBER, RMSNorm, TokenMixer, apply_rope, changed, flag_list, is_int, kinds
 
 MLA_FIELDS = ('kv_lora_rank', 'q_lora_rank', 'qk_nope_head_dim', 'qk_rope_head_dim', 'v_head_dim')
 
@@ -32,12 +32,14 @@ class Config:
     qk_nope_head_dim: int | None = None  # per head, the query/key part without rotation; None: n_embd / n_head
     qk_rope_head_dim: int | None = None  # the rotated part, one key shared by all heads; None: half the above
     v_head_dim: int | None = None  # per head, the value width; None: n_embd / n_head
+    mla_norm_eps: float | None = None  # epsilon of the RMSNorms on the latents (queries' and keys'); None: 1e-6, DeepSeek's (GLM-5.3-Flash: its rms_norm_eps)
     mla_head_gate: bool = False  # each head's output times sigmoid(a projection of the block input), one gate per head (Ling 3 / BailingHybrid)
 
     FIELD_TYPES = {  # a query bottleneck and a rotated part may be absent (0)
         **kinds('kv_lora_rank qk_nope_head_dim v_head_dim', (lambda v, c: v is None or is_int(v), 'None or an int >= 0')),
         **kinds('q_lora_rank qk_rope_head_dim', (lambda v, c: v is None or is_int(v, 0), 'None or an int >= 0')),
         'mla_head_gate': BOOL,
+        'mla_norm_eps': POSITIVE_NUMBER,
     }
     CHECKS = [
         (lambda c: c.attn == 'mla' and mla_cannot(c),
@@ -52,6 +54,9 @@ class Config:
          lambda c: f"{', '.join(k for k in MLA_FIELDS if getattr(c, k) is not None)} apply to attn='mla' only, got "
                    f"attn={c.attn!r} (set --attn=mla, or "
                    f"{' '.join(f'--{k}=None' for k in MLA_FIELDS if getattr(c, k) is not None)})"),
+        (lambda c: c.mla_norm_eps is not None and c.attn != 'mla',
+         lambda c: f"mla_norm_eps={c.mla_norm_eps} is the epsilon of attn='mla''s latent norms, got attn={c.attn!r} "
+                   f"(set --attn=mla or --mla_norm_eps=None)"),
         (lambda c: c.mla_head_gate and c.attn != 'mla',
          lambda c: f"mla_head_gate=True gates the heads of attn='mla', got attn={c.attn!r} (set --attn=mla, or "
                    f"--attn_gate=True for a gate per head dim)"),
@@ -102,15 +107,16 @@ class LatentAttention(TokenMixer):
         self.n_head, self.latent_dim, self.nope_dim, self.rope_dim, self.v_dim = (
             config.n_head, dims['latent'], dims['nope'], dims['rope'], dims['v'])
         H, d = self.n_head, config.n_embd
+        latent_eps = 1e-6 if config.mla_norm_eps is None else config.mla_norm_eps  # DeepSeek's latents: eps 1e-6
         if dims['q_latent']:
             self.q_a = nn.Linear(d, dims['q_latent'], bias=config.bias)
-            self.q_a_norm = RMSNorm(dims['q_latent'], config, eps=1e-6)  # DeepSeek's latents: eps 1e-6
+            self.q_a_norm = RMSNorm(dims['q_latent'], config, eps=latent_eps)
             self.q_b = nn.Linear(dims['q_latent'], H * (self.nope_dim + self.rope_dim), bias=False)
             self.q_proj = None
         else:
             self.q_proj = nn.Linear(d, H * (self.nope_dim + self.rope_dim), bias=False)
         self.kv_a = nn.Linear(d, self.latent_dim + self.rope_dim, bias=config.bias)  # [latent | shared rotated key]
-        self.kv_norm = RMSNorm(self.latent_dim, config, eps=1e-6)
+        self.kv_norm = RMSNorm(self.latent_dim, config, eps=latent_eps)
         self.kv_b = nn.Linear(self.latent_dim, H * (self.nope_dim + self.v_dim), bias=False)  # per head [k_nope | v]
         self.c_proj = nn.Linear(H * self.v_dim, d, bias=config.bias)
         # attention.py's switches: a sink logit per head; the output gated per value dim (attn_gate, HY-V4's,

@@ -44,6 +44,12 @@ class HFFamily:
     # flags that, as the MoE settings, a dense model of this family leaves at their defaults and an MoE model must
     # set as `carries` says (HY-V4's experts' clamp: its dense layers have none)
     moe_only: tuple = ()
+    # the transformers auto class that loads a checkpoint of it (GLM-5.3-Flash's text generation class is
+    # image-text-to-text: AutoModelForImageTextToText)
+    auto_class: str = 'AutoModelForCausalLM'
+    # prefixes of HF weights that are no part of our model, left out on import and left as transformers' class
+    # builds them (zeros) on export: GLM-5.3-Flash's vision tower, which a text model never runs
+    left_out: tuple = ()
 
     def blocked(self, config):
         """{flag: value} of config this family cannot represent (a dense model's MoE settings, which change
@@ -103,7 +109,8 @@ def hf_to_ours(hf_state, model, family):
         state['lm_head.weight'] = state['transformer.wte.weight']
         used.add('lm_head.weight')
     # causal-mask buffers of older GPT-2 checkpoints and rotary tables are not weights
-    unused = {k for k in hf_state if k not in used and not k.endswith(('.attn.bias', '.attn.masked_bias', 'inv_freq'))}
+    unused = {k for k in hf_state if k not in used and not k.endswith(('.attn.bias', '.attn.masked_bias', 'inv_freq'))
+              and not k.startswith(family.left_out or '\0')}
     return state, unused
 
 
@@ -127,7 +134,8 @@ def ours_to_hf(model, hf_state, family):
 def from_pretrained(name_or_path, override_args=None):
     """Our GPT holding a Hugging Face checkpoint (a hub name or a local directory) of one of HF_FAMILIES, in the
     config that computes the same logits (GPT.from_pretrained calls this)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    import transformers
+    from transformers import AutoConfig
     override_args = dict(override_args or {})
     unknown = set(override_args) - {'dropout'}
     if unknown:
@@ -140,7 +148,7 @@ def from_pretrained(name_or_path, override_args=None):
         raise ValueError(f"{name_or_path}: model_type {hf_config.model_type!r} is not supported "
                          f"({', '.join(map(repr, HF_FAMILIES))})")
     model = GPT(GPTConfig(**{**family.read_config(hf_config), **override_args}))
-    hf_state = AutoModelForCausalLM.from_pretrained(name_or_path).state_dict()
+    hf_state = getattr(transformers, family.auto_class).from_pretrained(name_or_path).state_dict()
     state, unused = hf_to_ours(hf_state, model, family)
     if unused:
         raise ValueError(f"{name_or_path}: weights this model has no place for: {sorted(unused)[:5]}")
