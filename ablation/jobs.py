@@ -148,9 +148,10 @@ def finish(job, proc, log, duration, cwd, settings):
         return _finish(job, proc, duration, cwd, settings)
     except FileNotFoundError as e:  # its folder was deleted while it ran: that run alone failed
         return f"(exit {proc.returncode}): its folder went away while it ran ('{e.filename}' is missing)"
-    except Exception as e:  # its summary could not be made (e.g. a checkpoint this code cannot read): that run
-        # alone failed, its files kept, and the grid goes on
-        return f"(exit {proc.returncode}): its summary failed: {type(e).__name__}: {e}"
+    except (Exception, SystemExit) as e:  # its summary could not be made (e.g. a checkpoint this code cannot read,
+        # which the loader reports as one line and an exit): that run alone failed, its files kept, the grid goes on
+        what = f"{type(e).__name__}: {e}" if isinstance(e, Exception) else 'the error line above'
+        return f"(exit {proc.returncode}): its summary failed: {what}"
 
 
 def _finish(job, proc, duration, cwd, settings):

@@ -9,6 +9,10 @@
 #   python data/recall/prepare.py --seq_len 32 --num_pairs 8 --vocab_size 64 --out_dir data/recall_32_p8
 #   python ablate.py config/ablate_recall_cpu.py --recall_widths=64 --recall_pairs=8 \
 #       --recall_archs=global,DDDG,VVVG,D,V,SSSG,S,KKKG,K
+# Zoology's protocol (issue 48): each point at 2 and 4 layers and three learning rates, the best rate reported;
+# global attention at 8 pairs, as docs/results.md ran it (18 runs, one at a time: about 75 minutes here):
+#   python ablate.py config/ablate_recall_cpu.py --recall_widths=64 --recall_pairs=8 --recall_archs=global \
+#       --recall_depths=2,4 --recall_lrs=3e-4,1e-3,3e-3 --out_dir=out-ablate-recall-zoology
 out_dir = 'out-ablate-recall'
 train_config = 'config/recall_cpu.py'
 grid = 'recall'

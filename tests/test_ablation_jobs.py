@@ -58,6 +58,12 @@ def test_a_run_whose_summary_fails_fails_alone_with_its_files_kept(tmp_path, mon
                                ablate_module.settings)
     assert why.startswith('(exit 0): its summary failed: TypeError') and 'new_flag' in why and log.closed
     assert sorted(p.name for p in path.iterdir()) == ['log.jsonl', 'train.log']
+    # the checkpoint loader's way: one error line, then an exit
+    from common.errors import die
+    monkeypatch.setattr(ablation.jobs, 'summarize_run', lambda *args: die("checkpoint 'ckpt.pt': unreadable"))
+    why = ablation.jobs.finish(('v', {}, 1337, str(path)), SimpleNamespace(returncode=0), open(path / 'x.log', 'w'),
+                               1.0, str(tmp_path), ablate_module.settings)
+    assert why == '(exit 0): its summary failed: the error line above'
 
 
 def test_a_run_finished_between_the_look_and_the_claim_is_not_retrained(tmp_path, monkeypatch):
