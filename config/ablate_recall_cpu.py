@@ -10,7 +10,8 @@
 #   python ablate.py config/ablate_recall_cpu.py --recall_widths=64 --recall_pairs=8 \
 #       --recall_archs=global,DDDG,VVVG,D,V,SSSG,S,KKKG,K
 # Zoology's protocol (issue 48): each point at 2 and 4 layers and three learning rates, the best rate reported;
-# global attention at 8 pairs, as docs/results.md ran it (18 runs, one at a time: about 75 minutes here):
+# global attention at 8 pairs, as docs/results.md ran it (18 runs, one at a time: about 75 minutes here; then
+# --recall_archs=global,DDDG --recall_depths=2 adds the 1:1 hybrid DG, 9 runs more):
 #   python ablate.py config/ablate_recall_cpu.py --recall_widths=64 --recall_pairs=8 --recall_archs=global \
 #       --recall_depths=2,4 --recall_lrs=3e-4,1e-3,3e-3 --out_dir=out-ablate-recall-zoology
 out_dir = 'out-ablate-recall'
