@@ -6,7 +6,7 @@ transformers' model (nor of ours): a checkpoint's are left out of both."""
 
 from .deepseek import _DEEPSEEK_NAMES
 from .engine import ANY, HF_FAMILIES, HFFamily
-from .shared import _MOE, _ROPE, _SIZES, _llama_like_read, _llama_like_write, _made_of, _tiling
+from .shared import _MOE, _ROPE, _SIZES, _dense_first, _llama_like_read, _llama_like_write, _made_of, _tiling
 
 _LAYER_TYPES = {'linear_attention': 'K', 'full_attention': 'G'}
 
@@ -31,11 +31,7 @@ def _bailing_hybrid_read(c):
         flags.update(linear_n_key_head=c.linear_num_heads, linear_key_dim=c.linear_head_dim,
                      linear_value_dim=c.linear_head_dim, linear_conv_kernel=c.linear_conv_kernel_dim, kda_rank=0,
                      kda_lower_bound=float(c.kda_lower_bound) if c.kda_safe_gate else None)
-    dense = [t == 'dense' for t in c.mlp_layer_types[:n]]
-    first_sparse = dense.index(False) if False in dense else n
-    if any(dense[first_sparse:]):
-        raise ValueError(f"dense layers other than the first ones (mlp_layer_types={c.mlp_layer_types}) are not "
-                         f"supported")
+    first_sparse = _dense_first(c)
     if first_sparse < n:
         if not c.n_shared_experts:
             raise ValueError("n_shared_experts=0 is not supported (bailing_hybrid's MoE layers have shared experts)")

@@ -5,19 +5,10 @@ from types import SimpleNamespace
 
 from .deepseek import _DEEPSEEK_NAMES, _deepseek_read, _deepseek_write, _rope_rows
 from .engine import _TRANSFORMS, ANY, HF_FAMILIES, HFFamily
-from .shared import _tiling
+from .shared import _dense_first, _tiling
 
 
 # ----- DeepSeek-V3.2: DeepSeek-V3 with a lightning indexer in every layer (DeepSeek Sparse Attention, index_topk)
-
-def _dense_first(c):
-    """How many layers lead with a dense MLP, from mlp_layer_types; refused unless all the dense ones come first."""
-    types = list(c.mlp_layer_types[:c.num_hidden_layers])
-    dense = next((i for i, t in enumerate(types) if t != 'dense'), len(types))
-    if types != ['dense'] * dense + ['sparse'] * (len(types) - dense):
-        raise ValueError(f"mlp_layer_types with dense layers other than the first ones ({types}) are not supported")
-    return dense
-
 
 def _deepseek_v32_read(c):
     # DeepSeek-V3's config under V3.2's names: its experts are V3's (sigmoid router, groups)

@@ -10,9 +10,8 @@ Glm5NextForConditionalGeneration (lm_head over Glm5NextTextModel), so that is wh
 takes its text model and lm_head and leaves the vision tower out; export writes the class with the smallest
 vision tower its config allows, all zeros (a placeholder: the model reads no images)."""
 
-from .deepseek_v32 import _dense_first
 from .engine import ANY, HF_FAMILIES, HFFamily
-from .shared import _MOE, _SIZES, _made_of, _tiling
+from .shared import _MOE, _SIZES, _dense_first, _made_of, _tiling
 
 _LAYER_TYPES = {'linear_attention': 'K', 'indexed_attention': 'G'}
 # the smallest vision tower Glm5NextVisionConfig builds, for export: nothing of it is ours
@@ -50,7 +49,8 @@ def _glm5_next_read(c):
                          "unfinished last block: index_tail='keep')")
     if t.hc_mult < 2:
         raise ValueError(f"hc_mult={t.hc_mult} is not supported (hyper-connections of 2 copies or more)")
-    if n - _dense_first(t) == 0:
+    dense = _dense_first(t)
+    if dense == n:
         raise ValueError("glm5_next without MoE layers is not supported (its clamped SwiGLU is an MoE model's flag)")
     if not t.n_shared_experts:
         raise ValueError("n_shared_experts=0 is not supported (glm5_next's MoE layers have shared experts)")
@@ -67,7 +67,7 @@ def _glm5_next_read(c):
                  moe_hidden=t.moe_intermediate_size, n_shared_expert=t.n_shared_experts, router='sigmoid',
                  router_norm_topk=bool(t.norm_topk_prob), n_expert_group=t.n_group or 1,
                  topk_group=(t.topk_group or 1) if (t.n_group or 1) > 1 else 1,
-                 routed_scaling=float(t.routed_scaling_factor), first_dense_layers=_dense_first(t),
+                 routed_scaling=float(t.routed_scaling_factor), first_dense_layers=dense,
                  swiglu_limit=float(t.swiglu_limit), swiglu_form='plain_all')
     if 'G' in kinds:
         flags.update(index_topk=t.index_topk, index_n_heads=t.index_n_heads, index_head_dim=t.index_head_dim,

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import torch
 
 from .deepseek import _DEEPSEEK_NAMES, _deepseek_read, _deepseek_write
-from .deepseek_v32 import _DSA, _dense_first
+from .deepseek_v32 import _DSA
 from .engine import _TRANSFORMS, ANY, HF_FAMILIES, HFFamily
-from .shared import _tiling
+from .shared import _dense_first, _tiling
 
 
 def _hy_v4_read(c):

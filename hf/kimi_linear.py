@@ -2,7 +2,7 @@
 
 from .deepseek import _DEEPSEEK_NAMES
 from .engine import _TRANSFORMS, ANY, HF_FAMILIES, HFFamily
-from .shared import _MOE, _SIZES, _made_of, _tiling
+from .shared import _MOE, _SIZES, _dense_first, _made_of, _tiling
 
 
 _KIMI_LAYER_TYPES = {'linear_attention': 'K', 'full_attention': 'G'}
@@ -25,11 +25,7 @@ def _kimi_linear_read(c):
     if 'K' in kinds:
         flags.update(linear_n_key_head=c.linear_num_heads, linear_key_dim=c.linear_head_dim,
                      linear_value_dim=c.linear_head_dim, linear_conv_kernel=c.linear_conv_kernel_dim)
-    dense = [t == 'dense' for t in c.mlp_layer_types[:n]]
-    first_sparse = dense.index(False) if False in dense else n
-    if any(dense[first_sparse:]):
-        raise ValueError(f"dense layers other than the first ones (mlp_layer_types={c.mlp_layer_types}) are not "
-                         f"supported")
+    first_sparse = _dense_first(c)
     if first_sparse < n:
         groups = c.num_expert_group or 1
         flags.update(mlp='moe', n_expert=c.num_experts, n_expert_active=c.num_experts_per_token,

@@ -206,3 +206,12 @@ _LLAMA_NAMES = _LLAMA_ATTN_NAMES + [
 ]
 
 _MOE = {k: ANY for k in ('n_expert', 'n_expert_active', 'moe_hidden', 'moe_aux_loss_coef', 'moe_z_loss_coef')}
+
+
+def _dense_first(c):
+    """How many layers lead with a dense MLP, from mlp_layer_types; refused unless all the dense ones come first."""
+    types = list(c.mlp_layer_types[:c.num_hidden_layers])
+    dense = next((i for i, t in enumerate(types) if t != 'dense'), len(types))
+    if types != ['dense'] * dense + ['sparse'] * (len(types) - dense):
+        raise ValueError(f"mlp_layer_types with dense layers other than the first ones ({types}) are not supported")
+    return dense
