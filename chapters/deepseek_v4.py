@@ -517,7 +517,7 @@ class DeepseekV4MoE(MoE):
     def __init__(self, config):
         super().__init__(config)
         self.sqrt_softplus = config.router_score == 'sqrtsoftplus'
-        if config.swiglu_form in ('plain', 'plain_routed', 'plain_all'):  # built anew clamped (the same shapes)
+        if config.swiglu_form != 'gpt-oss':  # a plain form: built anew clamped (the same shapes)
             self.experts = ClampedExperts(config)
             if self.shared is not None and config.swiglu_form in ('plain', 'plain_all'):
                 self.shared = ClampedGatedMLP(config, config.n_shared_expert * config.expert_hidden)
@@ -593,7 +593,7 @@ class DeepseekV4Experts(Feature):
         return config.mlp == 'moe' and bool(changed(config, ('router_score', 'swiglu_form', 'hash_moe_layers')))
 
     def build_block(self, block, layer):
-        if type(block.mlp) is M.GatedMLP and self.config.swiglu_form == 'plain_all':  # a dense layer (GLM-5.3-Flash)
+        if type(block.mlp) is GatedMLP and self.config.swiglu_form == 'plain_all':  # a dense layer (GLM-5.3-Flash)
             block.mlp = ClampedGatedMLP(self.config)
         if type(block.mlp) is not MoE:
             return

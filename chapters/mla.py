@@ -121,8 +121,8 @@ class LatentAttention(TokenMixer):
         self.c_proj = nn.Linear(H * self.v_dim, d, bias=config.bias)
         # attention.py's switches: a sink logit per head; the output gated per value dim (attn_gate, HY-V4's,
         # without a bias) or per head (mla_head_gate, Ling 3's): sigmoid(c_gate(x)), broadcast over each head
-        self.sinks = nn.Parameter(torch.zeros(H)) if getattr(config, 'attn_sinks', False) else None
-        gate_width = H * self.v_dim if getattr(config, 'attn_gate', False) else H if config.mla_head_gate else 0
+        self.sinks = nn.Parameter(torch.zeros(H)) if config.attn_sinks else None
+        gate_width = H * self.v_dim if config.attn_gate else H if config.mla_head_gate else 0
         self.c_gate = nn.Linear(d, gate_width, bias=False) if gate_width else None
         self.resid_dropout = nn.Dropout(config.dropout)
         self.dropout = config.dropout
