@@ -152,7 +152,8 @@ def task_label(task):
 
 def global_row(row):
     """The row an architecture's figures are tested against: global attention at the same depth."""
-    return 'global' + row[len(row.split(' n=')[0]):]
+    _, _, depth = row.partition(' n=')
+    return 'global' + (f' n={depth}' if depth else '')
 
 
 def recall_table(variants, runs):
