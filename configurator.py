@@ -35,7 +35,9 @@ MODEL_PY = os.path.join(HERE, 'model.py')
 CHAPTERS_DIR = os.path.join(HERE, 'chapters')
 
 SETTING_TYPES = (bool, int, float, str, type(None))
-# settings that were renamed, so an old command line or config file is told what replaced them:
+# Renamed flags, old name -> (new name, {old value: new value}): an old command line or config file is told what
+# replaced them, and old checkpoints load (upgrade_args).
+RENAMED_FLAGS = {'prenorm': ('norm_position', {True: 'pre', False: 'post'})}
 _TYPE_NAMES = {'bool': bool, 'int': int, 'float': float, 'str': str}
 
 
@@ -127,9 +129,14 @@ def model_flags(runtime_only=False):
     return {k: v for k, v in flags.items() if k in runtime} if runtime_only else flags
 
 
-def renamed_flags():
-    """model.py's RENAMED_FLAGS (old name -> (new name, {old value: new value})), read from its source."""
-    return next(ast.literal_eval(value) for name, value, _, _ in _assignments(MODEL_PY) if name == 'RENAMED_FLAGS')
+def upgrade_args(args):
+    """A saved config's flags under today's names (checkpoints from before norm_position said prenorm)."""
+    args = dict(args)
+    for old, (new, values) in RENAMED_FLAGS.items():
+        if old in args:
+            value = args.pop(old)
+            args.setdefault(new, values.get(value, value))
+    return args
 
 
 def script_defaults(path):
@@ -181,7 +188,7 @@ def _descriptions(prog):
 
 def _renamed(key, value, on_command_line):
     """What replaced a renamed setting, written as the user would write it there (--new=value, or new = 'value')."""
-    new_key, values = renamed_flags()[key]
+    new_key, values = RENAMED_FLAGS[key]
     if isinstance(value, str) and value.lower() in ('true', 'false'):
         value = value.lower() == 'true'
     new_value = values.get(value) if isinstance(value, (bool, int, float, str)) else None
@@ -195,8 +202,7 @@ def _renamed(key, value, on_command_line):
 def _check(defaults, key, value, raw=None, kinds=None):
     """Return `value` as the type of defaults[key] (for a None default: None, or the type kinds[key] names,
     else any literal), or raise ConfigError."""
-    renamed = renamed_flags()
-    if key in renamed and key not in defaults and renamed[key][0] in defaults:
+    if key in RENAMED_FLAGS and key not in defaults and RENAMED_FLAGS[key][0] in defaults:
         raise ConfigError(_renamed(key, value, on_command_line=raw is not None))
     if key not in defaults:
         close = difflib.get_close_matches(key, list(defaults), n=1)

@@ -8,15 +8,13 @@ into a LLaMA/Qwen-style one, so vanilla and modern blocks train side by side.
     n_kv_head None        -> n_head/2      attend (K/V heads shared by query heads), CausalSelfAttention
     pos       'learned'   -> 'rope'        LearnedPositions; Rotary, apply_rope (POSITIONS)
 
-With every default the model is nanoGPT's GPT-2, parameter names included, so its checkpoints and GPT-2's
-weights load. This file runs alone. The later chapters are files of their own in chapters/ and plug in through
-the extension points here: the registries (NORMS, POSITIONS, ATTENTIONS, MLPS, LAYER_KINDS, RESIDUALS),
-GPTConfig's derived properties, and Feature; `from chapters import GPT, GPTConfig` gives every chapter.
-generate.py (decoding) and optim.py (the optimizers) build on this file.
+With every default the model is nanoGPT's GPT-2, parameter names included. This file runs alone; the later
+chapters (chapters/, `from chapters import GPT, GPTConfig`) plug into its registries, GPTConfig's derived
+properties and Feature. generate.py (decoding) and optim.py (the optimizers) build on it.
 """
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -135,57 +133,25 @@ class GPTConfig:
     def positions_follow_length(self):  # the tables change with the length reached: no static decoding step
         return False
 
-    @classmethod
-    def from_dict(cls, d):
-        """Build from a dict that may hold extra keys (a training config): only our fields are used."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in upgrade_args(d).items() if k in names})
-
 
 # Flags that change no weight, which the scripts take from the run (chapters add theirs: chapters.RUNTIME_FLAGS).
 RUNTIME_FLAGS = ('block_size', 'dropout')
 
-# Renamed flags, old name -> (new name, {old value: new value}): old checkpoints load, configurator.py explains.
-RENAMED_FLAGS = {'prenorm': ('norm_position', {True: 'pre', False: 'post'})}
-
-
-def upgrade_args(args):
-    """A saved config's flags under today's names (checkpoints from before norm_position said prenorm)."""
-    args = dict(args)
-    for old, (new, values) in RENAMED_FLAGS.items():
-        if old in args:
-            value = args.pop(old)
-            args.setdefault(new, values.get(value, value))
-    return args
-
 
 # ----------------------------------------------------------------------------- norm
 
-class LayerNorm(nn.Module):
-    """LayerNorm with an optional bias (PyTorch's has no bias=False before 2.1)."""
+class LayerNorm(nn.LayerNorm):
+    """GPT-2's norm: (x - mean) / std * g + b, the bias only with config.bias."""
 
     def __init__(self, ndim, config):
-        super().__init__()
-        self.shape = (ndim,)
-        self.weight = nn.Parameter(torch.ones(ndim)) if config.norm_weights else None
-        self.bias = nn.Parameter(torch.zeros(ndim)) if config.bias and config.norm_weights else None
-        self.eps = config.norm_eps
-
-    def forward(self, x):
-        return F.layer_norm(x, self.shape, self.weight, self.bias, self.eps)
+        super().__init__(ndim, config.norm_eps, elementwise_affine=config.norm_weights, bias=config.bias)
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(nn.RMSNorm):
     """x / RMS(x) * g: no mean-centering and no bias."""
 
     def __init__(self, ndim, config, eps=None):
-        super().__init__()
-        self.shape = (ndim,)
-        self.weight = nn.Parameter(torch.ones(ndim)) if config.norm_weights else None
-        self.eps = config.norm_eps if eps is None else eps
-
-    def forward(self, x):
-        return F.rms_norm(x, self.shape, self.weight, self.eps)
+        super().__init__(ndim, config.norm_eps if eps is None else eps, elementwise_affine=config.norm_weights)
 
 
 NORMS = {'layernorm': LayerNorm, 'rms': RMSNorm}
@@ -268,15 +234,6 @@ POSITIONS = {'learned': LearnedPositions, 'rope': Rotary}
 
 # ----------------------------------------------------------------------------- attention
 
-# SDPA shares K/V heads itself since torch 2.5 (enable_gqa); older versions get an explicit repeat
-try:
-    F.scaled_dot_product_attention(torch.zeros(1, 2, 1, 2), torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2),
-                                   enable_gqa=True)
-    _SDPA_HAS_GQA = True
-except TypeError:
-    _SDPA_HAS_GQA = False
-
-
 def attend(q, k, v, mask, dropout_p=0.0, scale=None):
     """softmax(q k^T * scale) v over (B, heads, T, dim) tensors; k and v may have fewer heads than q, each shared
     by consecutive query heads (GQA). mask: a boolean tensor of what each query sees, or True for causal
@@ -289,14 +246,19 @@ def attend(q, k, v, mask, dropout_p=0.0, scale=None):
         return _attend_one_query(q, k, v, mask, scale)
     gqa = {}
     if k.size(1) != q.size(1):
-        # CUDA's fused kernels take enable_gqa only in half precision (flash); fp32 would fall back to math
-        if _SDPA_HAS_GQA and (q.device.type == 'cpu' or q.dtype in (torch.float16, torch.bfloat16)):
+        if _sdpa_shares_heads(q):
             gqa = {'enable_gqa': True}
         else:
             k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
             v = v.repeat_interleave(q.size(1) // v.size(1), dim=1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=None if isinstance(mask, bool) else mask,
                                           is_causal=mask is True, dropout_p=dropout_p, scale=scale, **gqa)
+
+
+def _sdpa_shares_heads(q):
+    """Whether SDPA should share K/V heads itself (enable_gqa): CUDA's fused kernels take it in half precision
+    only (flash), and fp32 would fall back to the math kernel."""
+    return q.device.type == 'cpu' or q.dtype in (torch.float16, torch.bfloat16)
 
 
 def _attend_one_query(q, k, v, mask, scale):
@@ -337,9 +299,8 @@ def window_mask(queries, keys, window, chunked=False):
 
 
 class TokenMixer(nn.Module):
-    """What mixes a layer's tokens, one class per kind of layer (LAYER_KINDS), declaring what the rest of the
-    model asks of it: Block builds it, GPT hands it its positions and mask, a cache (generate.py) keeps what it
-    declares. The defaults are a mixer with no positions, no window and nothing cached."""
+    """What mixes a layer's tokens, one class per kind of layer (LAYER_KINDS), declaring what GPT hands it and what
+    a cache (generate.py) keeps for it. The defaults: no positions, no window, nothing cached."""
     positions = None  # the key of the per-forward tables it reads (GPT.embed's): 'rope', or None for none
     window = None  # a query sees at most this many tokens (itself included); None: all the past
     chunked = False  # the window is a chunk: a query sees the tokens of its own chunk only
@@ -347,31 +308,27 @@ class TokenMixer(nn.Module):
     mixes = True  # False: a layer without a token mixer, its MLP alone
 
     def cache_entries(self):
-        """What a cache keeps per past token: {name: (heads, dim)}; a window keeps its last `window` only, in a
-        ring."""
+        """What a cache keeps per past token: {name: (heads, dim)} (a window: its last `window`, in a ring)."""
         return {}
 
     def cache_states(self):
-        """What a cache keeps whatever the length (a recurrent state): {name: (shape without the batch, dtype,
-        or None for the cache's)}, zeros at the start of a sequence."""
+        """What a cache keeps whatever the length (a recurrent state, zeros at first): {name: (shape without the
+        batch, dtype or None for the cache's)}."""
         return {}
 
     def cache_blocks(self):
-        """What a cache keeps per block of positions (a compressed entry per `every` tokens): {name: (every, shape
-        of an entry, dtype or None)}, a store of ceil(length / every) entries that the mixer writes itself (its
-        part of a cache's .start: the position of its first new token)."""
+        """What a cache keeps per block of `every` positions (compressed entries the mixer writes itself, from its
+        cache's .start): {name: (every, shape of an entry, dtype or None)}."""
         return {}
 
     def token_flops(self, seq_len):
-        """Forward + backward FLOPs per token of its matmuls that are not Linears (Linears are counted apart),
-        over sequences of seq_len tokens."""
+        """Forward + backward FLOPs per token of its matmuls other than Linears', at seq_len tokens."""
         return 0
 
     def forward(self, x, rope=None, mask=None, cache=None):
-        """x (B, T, n_embd) -> (B, T, n_embd). rope: the table of its positions' kind, or None; mask: which keys
-        each query sees (attend's); cache: this layer's part of a cache (generate.py): .stores {name: tensor} as
-        declared, .update(**entries) for the entries (B, heads, T, dim), which returns every cached entry the
-        new tokens see, .fresh (nothing stored yet)."""
+        """x (B, T, n_embd) -> (B, T, n_embd). rope: its positions' table or None; mask: attend's; cache: its part
+        of a cache: .stores {name: tensor}, .update(**entries (B, heads, T, dim)) -> every entry the new tokens
+        see, .fresh (nothing stored yet)."""
         raise NotImplementedError
 
 
@@ -538,9 +495,8 @@ class Block(nn.Module):
 
 
 class Feature:
-    """What a chapter adds around the blocks, each a hook GPT calls at one place; the defaults do nothing. A
-    feature class is entered in FEATURES; GPT makes one of each whose applies(config) is true when it is built,
-    in FEATURES' order, and hands each hook the model."""
+    """What a chapter adds around the blocks: hooks GPT calls, each at one place, doing nothing by default. GPT
+    makes one of each class in FEATURES whose applies(config) is true, in that order."""
     config_class = object  # the config class whose fields it reads (its chapter's Config): others never have it
 
     def __init__(self, config):
@@ -560,19 +516,17 @@ class Feature:
         """After the weights' init: initialize what the defaults do not."""
 
     def embed(self, model, idx, x, start, tables):
-        """The first block's input x (B, T, n_embd) from the tokens idx at positions start.. (an int, or in a
-        decoding step a (1,) tensor), after positions; tables: what every layer may read in this forward (rotary
-        tables by kind, inputs per layer), to add to."""
+        """The first block's input x (B, T, n_embd), after positions, from the tokens idx at positions start..;
+        tables: what every layer may read in this forward (GPT.embed's), to add to."""
         return x
 
     def cache_states(self):
-        """What a cache keeps for it whatever the length, {name: (shape without the batch, dtype or None for the
-        cache's)}, zeros at a sequence's start (the last token's id, its embedding): its embed and after_block read
-        and write them in tables['cache'] (None without a cache). Names unique across features."""
+        """What a cache keeps for it whatever the length, as TokenMixer.cache_states (the last token's id): its
+        hooks read and write them in tables['cache'] (None without a cache). Names unique across features."""
         return {}
 
     def caches(self, model, caches):
-        """Each layer's part of a cache as its mixer gets it (None without a cache): what one layer hands another."""
+        """Each layer's part of a cache as its mixer gets it (None without one): what one layer hands another."""
         return caches
 
     def after_block(self, model, layer, x, tables):
@@ -595,8 +549,7 @@ class Feature:
         return 0
 
     def progress(self, model, fraction):
-        """In training (train.py): before each step, fraction the share of the run done, and 1.0 before each
-        evaluation, so what it schedules (windows that grow) is evaluated and saved at its end."""
+        """In training, before each step (fraction: the share of the run done) and each evaluation (1.0)."""
 
 
 FEATURES = []  # the Feature classes, in the order their hooks run

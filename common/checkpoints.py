@@ -12,7 +12,7 @@ import torch
 from common.errors import critical, die, first_line
 from common.files import tmp_path
 from chapters import GPT, RUNTIME_FLAGS, GPTConfig
-from model import upgrade_args
+from configurator import upgrade_args
 
 CKPT_FORMAT = 'nanoswap-ckpt-1'
 

@@ -304,7 +304,7 @@ def attention_reference(attn, x, n_head, n_kv, rope_theta=None):
 @pytest.mark.parametrize('rope', [False, True], ids=['norope', 'rope'])
 @pytest.mark.parametrize('n_kv', [1, 2, 4])
 def test_attention_matches_explicit_reference(n_kv, rope, sdpa_gqa, monkeypatch):
-    monkeypatch.setattr(M, '_SDPA_HAS_GQA', sdpa_gqa)
+    monkeypatch.setattr(M, '_sdpa_shares_heads', lambda q: sdpa_gqa)
     theta = 10000.0
     cfg = tiny_config(n_kv_head=n_kv, bias=True, pos='rope' if rope else 'learned', rope_theta=theta)
     torch.manual_seed(10)
@@ -329,7 +329,7 @@ def test_gqa_fallback_path_matches_sdpa_gqa_in_model_and_cache(n_kv, monkeypatch
     with torch.no_grad():
         logits_native = model(idx)[0]
         gen_native = model.generate(prompt, 30, temperature=0.0, use_cache=True)
-        monkeypatch.setattr(M, '_SDPA_HAS_GQA', False)
+        monkeypatch.setattr(M, '_sdpa_shares_heads', lambda q: False)
         logits_fallback = model(idx)[0]
         gen_fallback = model.generate(prompt, 30, temperature=0.0, use_cache=True)
     assert_close(logits_fallback, logits_native, atol=1e-5)
@@ -680,9 +680,9 @@ def test_layer_kinds_tile_the_pattern_and_default_to_the_window():
     cfg = tiny_config(n_layer=4, pos='rope', layers='LGNG', sliding_window=4)
     assert [cfg.window_of(i) for i in range(4)] == [4, None, None, None]
     # checkpoints saved before norm_position said prenorm
-    assert M.upgrade_args({'prenorm': False, 'n_layer': 2}) == {'norm_position': 'post', 'n_layer': 2}
-    old = {k: v for k, v in vars(tiny_config()).items() if k != 'norm_position'}
-    assert GPTConfig.from_dict({**old, 'prenorm': False}).norm_position == 'post'
+    from configurator import upgrade_args
+    assert upgrade_args({'prenorm': False, 'n_layer': 2}) == {'norm_position': 'post', 'n_layer': 2}
+    assert upgrade_args({'prenorm': True, 'norm_position': 'sandwich'})['norm_position'] == 'sandwich'
 
 
 def test_every_field_is_checked_by_a_table():
