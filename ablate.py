@@ -59,7 +59,7 @@ train_args = ''  # passed to every train.py run, e.g. '--max_iters=20 --eval_int
 recall_widths = '32,64,128'  # the recall group's n_embd (n_head = n_embd // 32: heads 32 wide)
 recall_lengths = '32,64,128'  # the recall group's seq_len L: the dataset data/recall_<L> (num_pairs L / 8)
 recall_pairs = ''  # the recall group's pair counts at every L, e.g. '4,8' ('' is L / 8); others read data/recall_<L>_p<P>
-recall_archs = 'global,DDDG,D,L,mla'  # the recall group's architectures: global, mla, or a layers pattern (KKKG, S, ...)
+recall_archs = 'global,DDDG,D,L,mla'  # the recall group's architectures: global, mla, dsa, blocks (an indexer reading L/4 keys: tokens, or 4 blocks), or a layers pattern (KKKG, S, ...)
 recall_depths = ''  # the recall group's n_layer, e.g. '2,4' ('' the recipe's); a longer pattern keeps each kind once ('DDDG' at 2 is 'DG')
 recall_lrs = ''  # the recall group's learning rates, e.g. '3e-4,1e-3,3e-3' ('' the recipe's): the table gives the best rate's accuracy
 extrapolation = 'plain'  # methods of the length table: plain, linear, dynamic, yarn, window; '' for none

@@ -114,10 +114,10 @@ def recall_members(base, settings):
     rates = float_list(settings['recall_lrs'], 'recall_lrs') if settings['recall_lrs'].strip() else [None]
     archs = [a.strip() for a in recall_archs.split(',') if a.strip()]
     letters = ''.join(LAYER_KINDS)
-    bad = [a for a in archs if a not in ('global', 'mla') and not (set(a) <= set(letters))]
+    bad = [a for a in archs if a not in RECALL_NAMED and not (set(a) <= set(letters))]
     if bad or not archs:
-        die(f"recall_archs must be a comma-separated list of global, mla or layers patterns of {letters!r} "
-            f"(e.g. global,DDDG,KKKG); got {recall_archs!r}")
+        die(f"recall_archs must be a comma-separated list of {', '.join(RECALL_NAMED)} or layers patterns of "
+            f"{letters!r} (e.g. global,DDDG,KKKG); got {recall_archs!r}")
     for width in int_list(settings['recall_widths'], 'recall_widths'):
         if width < 1 or width % max(1, width // 32):
             die(f"recall_widths: n_embd {width} does not split into heads 32 wide (n_head = n_embd // 32 = "
@@ -133,14 +133,24 @@ def recall_members(base, settings):
                 sized = {**base, **sizes}
                 modern = {**sizes, **swap_flags('modern', sized)}
                 for name in archs:
-                    flags = (modern if name == 'global' else mla_flags(sized, modern, gqa_cache=True) if name == 'mla'
-                             else pattern_flags(sized, modern, pattern_at_depth(name, sized['n_layer']), settings,
-                                                window=max(1, length // 4)))
+                    flags = RECALL_NAMED[name](sized, modern) if name in RECALL_NAMED else pattern_flags(
+                        sized, modern, pattern_at_depth(name, sized['n_layer']), settings, window=max(1, length // 4))
                     for rate in rates:
                         label = f"{name} d={width} L={length}{tag}{f' n={depth}' if depth else ''}" + \
                             (f' lr={rate:g}' if rate else '')
                         members.append((label, {'dataset': dataset, **flags, **rate_flags(base, rate)}))
     return members
+
+
+# the recall group's architectures by name (others are layers patterns), each (sized recipe, its modern flags) ->
+# flags: the indexers read a quarter of the sequence, single tokens or as four blocks (MiniMax-M3's max scoring)
+RECALL_NAMED = {
+    'global': lambda sized, modern: modern,
+    'mla': lambda sized, modern: mla_flags(sized, modern, gqa_cache=True),
+    'dsa': lambda sized, modern: indexed_flags(sized, modern, max(1, (sized['block_size'] + 1) // 4)),
+    'blocks': lambda sized, modern: indexed_flags(sized, modern, max(1, (sized['block_size'] + 1) // 4),
+                                                  block=max(1, (sized['block_size'] + 1) // 16)),
+}
 
 
 def pattern_at_depth(pattern, depth):
@@ -272,14 +282,35 @@ def chunked_members(base, modern, settings):
         for p, kind in (('CCCN', 'attention_chunk_size'), ('LLLN', 'sliding_window'))]
 
 
+def indexed_flags(base, modern, topk, coef=1.0, block=None, pool='max'):
+    """modern with DeepSeek's lightning indexer picking topk keys per query (its KL loss weighted coef): single
+    tokens, or blocks of `block` keys, scored as MiniMax-M3 does ('max' of its tokens' scores, the query's own
+    block always read) or by one pooled key each ('mean': Qwen4-Exp's QSA, 'learned': GLM-5.3-Flash's KPool, the
+    unfinished block always read, as both do)."""
+    rotated = GPTConfig(**{**model_args(base), **modern}).rope_dim
+    flags = {**modern, 'index_topk': topk, 'index_loss_coef': coef, 'index_head_dim': max(32, rotated)}
+    if block:
+        flags.update(index_block_size=block, index_block_pool=pool,
+                     **({} if pool == 'max' else {'index_tail': 'keep', 'index_local_blocks': 0}))
+    return flags
+
+
 def sparse_members(base, modern, settings):
     # DeepSeek Sparse Attention: each query reads a quarter or an eighth of block_size, the indexer trained by its
     # KL loss or not at all
-    rotated = GPTConfig(**{**model_args(base), **modern}).rope_dim
-    dsa = lambda k, coef: {**modern, 'index_topk': k, 'index_loss_coef': coef, 'index_head_dim': max(32, rotated)}
-    return [('modern', modern)] + [(f"dsa_topk={k}{'' if coef else '_no_kl'}", dsa(k, coef))
+    return [('modern', modern)] + [(f"dsa_topk={k}{'' if coef else '_no_kl'}", indexed_flags(base, modern, k, coef))
                                    for k in (max(1, base['block_size'] // 4), max(1, base['block_size'] // 8))
                                    for coef in (1.0, 0.0)]
+
+
+def block_sparse_members(base, modern, settings):
+    # dense, token selection (DSA) and block selection reading the same quarter of block_size, as four blocks, by
+    # each family's scoring; --extrapolation=plain adds the val loss at 1x to 8x block_size
+    topk = max(1, base['block_size'] // 4)
+    block = max(1, topk // 4)
+    return [('modern', modern), (f'dsa_topk={topk}', indexed_flags(base, modern, topk))] + [
+        (f'blocks={block}_{pool}', indexed_flags(base, modern, topk, block=block, pool=pool))
+        for pool in ('max', 'mean', 'learned')]
 
 
 def kv_sharing_members(base, modern, settings):
@@ -382,6 +413,7 @@ GROUPS = {
     'hybrid': hybrid_members,
     'chunked': chunked_members,
     'sparse': sparse_members,
+    'block_sparse': block_sparse_members,
     # DeepSeek-V3's multi-token prediction, one and two tokens further
     'mtp': lambda base, modern, settings: [('modern', modern)] + [(f'mtp_depth={d}', {**modern, 'mtp_depth': d})
                                                                   for d in (1, 2)],

@@ -4,6 +4,7 @@ about equal parameters where they say so); a group whose data is missing is one 
 import json
 
 import pytest
+import torch
 
 from ablation.groups import base_vocab, model_args
 from ablation.report import recall_points
@@ -173,6 +174,29 @@ def test_the_evidence_groups(tmp_path, monkeypatch, capsys):
         GPTConfig(**{**model_args(base), **{k: v for k, v in flags.items() if k != 'dataset'}})
 
 
+def test_the_block_sparse_group_reads_the_same_keys_as_tokens_and_as_blocks_by_each_scoring(monkeypatch):
+    """block_sparse: dense, DSA and block selection all reading a quarter of block_size (blocks: four of them), the
+    blocks scored as MiniMax-M3 (max, the own block kept), QSA (mean) and KPool (learned), the pooled ones reading
+    the unfinished block always as both families do; every variant a model the recipe builds and trains."""
+    _, base, variants = ablate_grid(monkeypatch, '--grid=block_sparse')
+    topk = base['block_size'] // 4
+    block = topk // 4
+    assert list(variants) == ['modern', f'dsa_topk={topk}'] + [f'blocks={block}_{p}' for p in ('max', 'mean', 'learned')]
+    dsa = variants[f'dsa_topk={topk}']
+    assert dsa == {**variants['modern'], 'index_topk': topk, 'index_loss_coef': 1.0, 'index_head_dim': dsa['index_head_dim']}
+    assert variants[f'blocks={block}_max'] == {**dsa, 'index_block_size': block, 'index_block_pool': 'max'}
+    for pool in ('mean', 'learned'):
+        assert variants[f'blocks={block}_{pool}'] == {**dsa, 'index_block_size': block, 'index_block_pool': pool,
+                                                      'index_tail': 'keep', 'index_local_blocks': 0}
+    from chapters import GPT, GPTConfig
+    torch.manual_seed(0)
+    idx = torch.randint(0, 65, (2, base['block_size']))
+    for name, flags in variants.items():
+        model = GPT(GPTConfig(**{**model_args(base), 'vocab_size': 65, **flags}))
+        loss = model(idx, idx)[1]
+        assert torch.isfinite(loss), name
+
+
 def test_the_recall_group_takes_any_layer_pattern_at_about_equal_parameters(tmp_path, monkeypatch, capsys):
     """recall_archs: Kimi Delta Attention, Mamba-2, the short convolution (issue 31's recall question) beside global
     attention, each width's models within 1% of its global one; a pattern of unknown letters is one line."""
@@ -192,6 +216,12 @@ def test_the_recall_group_takes_any_layer_pattern_at_about_equal_parameters(tmp_
                  .get_num_params() for a in ('global', 'KKKG', 'S', 'VVVG')]
         assert max(sizes) < 1.01 * sizes[0] and min(sizes) > 0.99 * sizes[0], sizes
     assert variants['S_d=64_L=32']['layers'] == 'S' and variants['S_d=64_L=32']['n_embd'] == 64
+    # the indexers by name: a quarter of the 32 tokens, as single tokens or as four blocks of two
+    _, _, variants = ablate_grid(monkeypatch, f'--run_dir={workdir}', '--grid=recall', '--recall_widths=64',
+                                 '--recall_lengths=32', '--recall_archs=global,dsa,blocks')
+    dsa, blocks = variants['dsa_d=64_L=32'], variants['blocks_d=64_L=32']
+    assert dsa['index_topk'] == 8 and 'index_block_size' not in dsa
+    assert blocks == {**dsa, 'index_block_size': 2, 'index_block_pool': 'max'}
 
 
 def test_the_recall_group_takes_pair_counts_each_its_own_dataset(tmp_path, monkeypatch, capsys):
