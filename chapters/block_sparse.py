@@ -50,6 +50,9 @@ class Config:
          c.index_local_blocks > c.index_topk // c.index_block_size,
          lambda c: f"index_local_blocks={c.index_local_blocks} is more than the {c.index_topk // c.index_block_size} "
                    f"blocks each query reads (index_topk / index_block_size): lower it or raise index_topk"),
+        (lambda c: c.index_block_size is not None and c.index_block_pool != 'max' and c.index_score != 'weighted_relu',
+         lambda c: f"index_score={c.index_score!r} scores tokens per group, which index_block_pool="
+                   f"{c.index_block_pool!r} does not pool: set --index_block_pool=max (MiniMax-M3's)"),
         (lambda c: c.index_block_size is not None and c.index_block_pool != 'max' and c.index_tail == 'score',
          lambda c: f"index_block_pool={c.index_block_pool!r} pools the keys of finished blocks, so the unfinished one "
                    f"has no key to score: set --index_tail=keep (GLM-5.3-Flash, Qwen4-Exp) or "
@@ -195,8 +198,8 @@ class BlockIndexer(LightningIndexer):
             S = k.size(2)
             visible = visible_keys(mask, T, S, x.device)
             pos, finished, candidates, forced = self.geometry(visible)
-            self._scores = tokens = self.weigh(q, w, k)  # (B, T, S), what it learns from
-            nb = candidates.size(-1)  # the unseen tokens out, the slots padded (or cut) to whole blocks
+            self._scores = tokens = self.weigh(q, w, k)  # (B, T, S), what it learns from; per group (B * G, T, S)
+            B, nb = tokens.size(0), candidates.size(-1)  # the unseen tokens out, the slots padded (or cut) to whole blocks
             tokens = F.pad(tokens.masked_fill(~visible, float('-inf')), (0, nb * self.block - S), value=float('-inf'))
             scores = tokens.view(B, T, nb, self.block).amax(-1)
         else:
@@ -213,14 +216,14 @@ class BlockIndexer(LightningIndexer):
         picked = top_k_earliest(ranked, min(self.blocks, nb)) & candidates  # (B, T, nb)
         self._block_reads = picked
         if step:
-            return self.slots(picked[:, 0], pos, finished, S)
+            return self.grouped(*self.slots(picked[:, 0], pos, finished, S))
         positions = torch.arange(S, device=x.device)
         of_block = positions // self.block
         reads = picked.gather(-1, of_block.clamp(max=nb - 1).expand(B, T, S)) & (of_block < nb) & visible
         if self.keep_tail:
             reads = reads | (visible & (positions >= (finished * self.block)[:, None]))
         self._reads = reads
-        return reads[:, None], None
+        return self.grouped(reads[:, None])
 
     def slots(self, picked, pos, finished, S):
         """A decoding step's read: the picked blocks' slots in order (B, n * block), then the tail's (block - 1),

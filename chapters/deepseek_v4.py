@@ -26,7 +26,9 @@ chapter's (hyper_connections.py), its sliding window layer_kinds.py's, its sinks
   (random here, k distinct experts per id), weighted by the router's scores renormalised.
 - The clamped SwiGLU of DeepSeek-V4 (swiglu_form='plain' with swiglu_limit L): silu(min(gate, L)) * clamp(up, -L,
   L), on the routed and the shared experts ('plain_routed': on the routed experts only, HY-V4's; 'plain_all': on
-  the dense MLPs of an MoE model's other layers as well, GLM-5.3-Flash's); gpt-oss's form (moe.py) is another.
+  the dense MLPs of an MoE model's other layers as well, GLM-5.3-Flash's); gpt-oss's form (moe.py) is another,
+  on the routed experts alone ('gpt-oss') or on the shared experts and the dense layers' MLP too ('gpt-oss_all',
+  MiniMax-M3's).
 
 DeepSeek-V4 rotates the last dims of each head in pairs; these rotate the first in halves, as every chapter here
 does: the same model with its head dims in another order (hf/deepseek_v4.py reorders the weights).
@@ -42,7 +44,7 @@ from torch.nn import functional as F
 import model as M
 from chapters import attention
 from chapters.layer_kinds import WINDOWED
-from chapters.moe import Experts, MoE
+from chapters.moe import Experts, MoE, oss_swiglu
 from chapters.sparse_attention import top_k_earliest, visible_keys
 from model import ATTENTIONS, FEATURES, LAYER_KINDS, NON_NEGATIVE_NUMBER, OPTIONAL_POSITIVE_INT, POSITIVE_INT, \
     Feature, GatedMLP, LayerKind, RMSNorm, TokenMixer, apply_rope, changed, flag_list, is_int, kinds, one_of
@@ -56,7 +58,8 @@ CSA_FIELDS = ('csa_rate', 'csa_topk', 'csa_index_heads', 'csa_index_dim', 'csa_i
 COMPRESSED_KINDS = ('H', 'I')
 ROUTER_SCORES = (None, 'sqrtsoftplus')
 RUNTIME_FLAGS = ('csa_index_loss_coef',)  # changes no weight
-SWIGLU_FORMS = ('gpt-oss', 'plain', 'plain_routed', 'plain_all')
+SWIGLU_FORMS = ('gpt-oss', 'plain', 'plain_routed', 'plain_all', 'gpt-oss_all')
+CLAMPS_ALL = ('plain_all', 'gpt-oss_all')  # the forms that clamp the dense layers' MLP too
 
 
 def defaults(c, names):
@@ -70,7 +73,7 @@ class Config:
     o_groups: int = 1  # attn='shared_kv' with o_lora_rank: the heads fall into this many groups, each projected apart (DeepSeek-V4: 8)
     o_lora_rank: int | None = None  # attn='shared_kv': each group of heads projected to this width, then all groups to n_embd (DeepSeek-V4: 1024); None: one projection
     router_score: str | None = None  # router='sigmoid': 'sqrtsoftplus' scores the experts by sqrt(softplus(logit)) in place of the sigmoid (DeepSeek-V4); None: the sigmoid
-    swiglu_form: str = 'gpt-oss'  # how swiglu_limit L clamps: 'gpt-oss' (moe.py's); 'plain': silu(min(gate, L)) * clamp(up, -L, L), routed and shared experts (DeepSeek-V4: L = 10); 'plain_routed': the routed experts only (HY-V4); 'plain_all': routed, shared and the dense layers' MLP (GLM-5.3-Flash)
+    swiglu_form: str = 'gpt-oss'  # how swiglu_limit L clamps: 'gpt-oss' (moe.py's); 'plain': silu(min(gate, L)) * clamp(up, -L, L), routed and shared experts (DeepSeek-V4: L = 10); 'plain_routed': the routed experts only (HY-V4); 'plain_all': routed, shared and the dense layers' MLP (GLM-5.3-Flash); 'gpt-oss_all': gpt-oss's form there too (MiniMax-M3)
     hash_moe_layers: int = 0  # the first k MoE layers route by the token id: each id's experts from a frozen random table, weighted by the router's scores (DeepSeek-V4: 3)
     hca_rate: int = 128  # 'H' layers (heavily compressed attention): every m tokens pooled into one entry the queries read beside their window (DeepSeek-V4: 128)
     csa_rate: int = 4  # 'I' layers (compressed sparse attention): an entry every m tokens pooled over 2m, the windows overlapping by half (DeepSeek-V4: 4)
@@ -488,6 +491,11 @@ def clamped_swiglu(gate, up, limit):
     return F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
 
 
+def swiglu_of(form):
+    """The clamped SwiGLU (gate, up, limit) -> hidden of a swiglu_form: gpt-oss's or DeepSeek-V4's."""
+    return oss_swiglu if form.startswith('gpt-oss') else clamped_swiglu
+
+
 class ClampedExperts(Experts):
     """The experts with DeepSeek-V4's clamped SwiGLU."""
 
@@ -497,30 +505,32 @@ class ClampedExperts(Experts):
 
 
 class ClampedGatedMLP(GatedMLP):
-    """The shared experts with DeepSeek-V4's clamped SwiGLU (and, swiglu_form='plain_all', the dense layers' MLP)."""
+    """The shared experts with DeepSeek-V4's clamped SwiGLU (and, swiglu_form='plain_all', the dense layers' MLP);
+    with 'gpt-oss_all', gpt-oss's (MiniMax-M3)."""
 
     def __init__(self, config, hidden=None):
         super().__init__(config, hidden)
-        self.limit = config.swiglu_limit
+        self.limit, self.swiglu = config.swiglu_limit, swiglu_of(config.swiglu_form)
 
     def forward(self, x):
         gate, up = self.c_fc(x).chunk(2, dim=-1)
-        return self.dropout(self.c_proj(clamped_swiglu(gate, up, self.limit)))
+        return self.dropout(self.c_proj(self.swiglu(gate, up, self.limit)))
 
 
 class DeepseekV4MoE(MoE):
     """The MoE of moe.py with DeepSeek-V4's router score (sqrt(softplus(logit)): the experts chosen by the top-k of
     score + the balancing bias, weighted by their scores renormalised, times routed_scaling) and clamped SwiGLU
-    (swiglu_form='plain', routed and shared experts; 'plain_routed', routed only). Its weights and names are the
-    MoE's."""
+    (swiglu_form='plain', routed and shared experts; 'plain_routed', routed only; 'gpt-oss_all', gpt-oss's on the
+    shared experts too). Its weights and names are the MoE's."""
 
     def __init__(self, config):
         super().__init__(config)
         self.sqrt_softplus = config.router_score == 'sqrtsoftplus'
-        if config.swiglu_form != 'gpt-oss':  # a plain form: built anew clamped (the same shapes)
+        if config.swiglu_form.startswith('plain'):  # a plain form: built anew clamped (the same shapes)
             self.experts = ClampedExperts(config)
-            if self.shared is not None and config.swiglu_form in ('plain', 'plain_all'):
-                self.shared = ClampedGatedMLP(config, config.n_shared_expert * config.expert_hidden)
+        # the shared experts clamped in the same form, but gpt-oss's (routed only) and HY-V4's
+        if self.shared is not None and config.swiglu_form not in ('gpt-oss', 'plain_routed'):
+            self.shared = ClampedGatedMLP(config, config.n_shared_expert * config.expert_hidden)
 
     def score(self, logits):
         """Each expert's score: sqrt(softplus(logit)), or the router's sigmoid or softmax."""
@@ -593,7 +603,7 @@ class DeepseekV4Experts(Feature):
         return config.mlp == 'moe' and bool(changed(config, ('router_score', 'swiglu_form', 'hash_moe_layers')))
 
     def build_block(self, block, layer):
-        if type(block.mlp) is GatedMLP and self.config.swiglu_form == 'plain_all':  # a dense layer (GLM-5.3-Flash)
+        if type(block.mlp) is GatedMLP and self.config.swiglu_form in CLAMPS_ALL:  # a dense layer (GLM-5.3-Flash)
             block.mlp = ClampedGatedMLP(self.config)
         if type(block.mlp) is not MoE:
             return

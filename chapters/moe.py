@@ -101,6 +101,12 @@ def _fused_grouped_mm(x, widths):
         and grouped_mm_fits(widths)
 
 
+def oss_swiglu(gate, up, limit):
+    """gpt-oss's clamped SwiGLU: g * sigmoid(1.702 g) * (clamp(up, -L, L) + 1), g = min(gate, L)."""
+    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return gate * torch.sigmoid(1.702 * gate) * (up + 1)
+
+
 class Experts(nn.Module):
     """n_expert SwiGLU experts as stacked weights: c_fc (E, 2*hidden, d) as [gate | up], c_proj (E, d, hidden)."""
 
@@ -121,8 +127,7 @@ class Experts(nn.Module):
         gate, up = gate_up.chunk(2, dim=-1)
         if self.limit is None:
             return (F.gelu(gate, approximate='tanh') if self.gelu else F.silu(gate)) * up
-        gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
-        return gate * torch.sigmoid(1.702 * gate) * (up + 1)
+        return oss_swiglu(gate, up, self.limit)
 
     def per_expert(self):
         """Parameters of one expert (from the shapes: a sharded stack needs no gathering)."""

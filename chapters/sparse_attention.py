@@ -5,7 +5,9 @@ head), and the layer's attention reads only the index_topk highest, so a decodin
 of the whole context. The indexer learns from its own loss (the KL divergence to the main attention's
 distribution, on detached inputs); index_stage='dense' is the warm-up that trains it while attention still reads
 every key. GLM-5's IndexCache (index_share): layers marked 'S' reuse the nearest earlier indexer's picks.
-Indexers go on the global attention layers of every kind (with MHA or MLA).
+Indexers go on the global attention layers of every kind (with MHA or MLA), but those index_dense_layers marks 'D'
+(MiniMax-M3 mixes dense and sparse layers). MiniMax-M3's scorer (index_score='dot_per_group'): each indexer head's
+plain dot product of RMS-normed queries and keys, each head picking the keys of its own K/V group.
 """
 
 from dataclasses import dataclass
@@ -15,11 +17,13 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from model import FEATURES, LAYER_KINDS, NON_NEGATIVE_NUMBER, OPTIONAL_POSITIVE_INT, POSITIVE_INT, Feature, \
-    apply_rope, changed, flag_list, is_number, kinds, one_of
+    RMSNorm, apply_rope, changed, flag_list, is_number, kinds, one_of
 
 INDEX_STAGES = ('dense', 'sparse')
+INDEX_SCORES = ('weighted_relu', 'dot_per_group')
 # with index_topk only
-INDEX_FIELDS = ('index_n_heads', 'index_head_dim', 'index_stage', 'index_loss_coef', 'index_share', 'index_norm_eps')
+INDEX_FIELDS = ('index_n_heads', 'index_head_dim', 'index_stage', 'index_loss_coef', 'index_share', 'index_norm_eps',
+                'index_score', 'index_dense_layers')
 
 
 def indexed_kinds():
@@ -27,9 +31,15 @@ def indexed_kinds():
     return [letter for letter, kind in LAYER_KINDS.items() if kind.attention and kind.full]
 
 
+def _indexed(c):
+    """Per layer, whether it has an indexer (or shares one): a global attention layer index_dense_layers leaves
+    sparse."""
+    return [kind in indexed_kinds() and not dense for kind, dense in zip(c.layer_kinds, c.index_dense)]
+
+
 def _unshared(c):
     """The first layer marked 'S' in index_share with no indexer before it to share, or on a layer without one."""
-    indexed = [kind in indexed_kinds() for kind in c.layer_kinds]
+    indexed = _indexed(c)
     for i, shares in enumerate(c.index_shares):
         if shares and (not indexed[i] or not any(indexed[j] and not c.index_shares[j] for j in range(i))):
             return i
@@ -45,6 +55,8 @@ class Config:
     index_loss_coef: float = 1.0  # the indexer's KL loss toward the main attention, times this, joins the training loss; 0: the indexer does not learn
     index_norm_eps: float = 1e-6  # the epsilon of the LayerNorm on the indexer's keys (DeepSeek-V3.2: 1e-6; HY-V4: its rms_norm_eps)
     index_share: str | None = None  # IndexCache (GLM-5), tiled over the layers: 'F' a layer's own indexer, 'S' reuses the top-k of the nearest earlier indexer (no weights of its own); None: all 'F'
+    index_dense_layers: str | None = None  # tiled over the layers: 'D' a global layer without an indexer, reading every key; 'I' one with (MiniMax-M3's full_attention and sparse layers); None: all 'I'
+    index_score: str = 'weighted_relu'  # 'weighted_relu': sum over heads of w_h(t) * ReLU(q_h.k) / sqrt(D), one pick for all heads (DeepSeek-V3.2); 'dot_per_group': each head's plain q_h.k, queries and keys RMS-normed, head g picking for K/V group g (MiniMax-M3)
 
     FIELD_TYPES = {
         'index_topk': OPTIONAL_POSITIVE_INT,
@@ -56,6 +68,11 @@ class Config:
                                                    and len(v) <= c.n_layer),
                         lambda c: f"None or a string of 'F' (own indexer) and 'S' (shares an earlier one's top-k) at "
                                   f"most n_layer={c.n_layer} long, tiled over the layers"),
+        'index_dense_layers': (lambda v, c: v is None or (isinstance(v, str) and v and not set(v) - set('DI')
+                                                          and len(v) <= c.n_layer),
+                               lambda c: f"None or a string of 'D' (no indexer) and 'I' (an indexer) at most "
+                                         f"n_layer={c.n_layer} long, tiled over the layers"),
+        'index_score': one_of(INDEX_SCORES),
     }
     CHECKS = [
         (lambda c: changed(c, INDEX_FIELDS) and c.index_topk is None,
@@ -65,9 +82,15 @@ class Config:
          lambda c: f"index_topk={c.index_topk} picks keys in global attention layers "
                    f"({', '.join(map(repr, indexed_kinds()))}) and layers={c.layers!r} has none: add one or set "
                    f"--index_topk=None"),
+        (lambda c: c.index_topk is not None and not any(_indexed(c)),
+         lambda c: f"index_dense_layers={c.index_dense_layers!r} leaves no global layer an indexer: mark one 'I' or set "
+                   f"--index_topk=None"),
         (lambda c: c.index_topk is not None and c.index_share is not None and _unshared(c) is not None,
          lambda c: f"index_share={c.index_share!r} marks layer {_unshared(c)} 'S' but it has no earlier global layer "
-                   f"with an indexer of its own to share (or is no global layer): make it 'F'"),
+                   f"with an indexer of its own to share (or is no global layer with an indexer): make it 'F'"),
+        (lambda c: c.index_score == 'dot_per_group' and (c.attn != 'mha' or c.index_n_heads != c.kv_heads),
+         lambda c: f"index_score='dot_per_group' picks keys per K/V group, one indexer head each: index_n_heads "
+                   f"({c.index_n_heads}) must equal the K/V heads ({c.kv_heads}) of attn='mha', got attn={c.attn!r}"),
         (lambda c: c.index_topk is not None and c.pos == 'rope' and c.index_head_dim < c.rope_dim,
          lambda c: f"index_head_dim ({c.index_head_dim}) must be at least the rotated width of a head ({c.rope_dim}): "
                    f"the indexer rotates its first dims with the attention's tables"),
@@ -78,6 +101,12 @@ class Config:
         """Per layer, whether it reuses an earlier layer's top-k (index_share 'S')."""
         pattern = self.index_share or 'F'
         return [pattern[i % len(pattern)] == 'S' for i in range(self.n_layer)]
+
+    @property
+    def index_dense(self):
+        """Per layer, whether index_dense_layers leaves it without an indexer ('D')."""
+        pattern = self.index_dense_layers or 'I'
+        return [pattern[i % len(pattern)] == 'D' for i in range(self.n_layer)]
 
     @property
     def index_selection(self):
@@ -123,16 +152,27 @@ class LightningIndexer(nn.Module):
     heads, renormalized, outside the gradient) to the softmax of its scores, over the keys the attention reads.
     Its inputs are detached, so the loss moves the indexer alone and the language-model loss the rest.
     index_stage='dense' is the warm-up: the attention reads every past token while the indexer learns to score
-    them; 'sparse' reads the top-k."""
+    them; 'sparse' reads the top-k.
+
+    index_score='dot_per_group' (MiniMax-M3): queries and keys RMS-normed (per head) before the rotation, no head
+    weights, score_h(t, s) = q_h(t).k(s) alone; head g picks the keys of K/V group g. Its scores and picks keep the
+    groups folded into the batch, (B * G, T, S), so one selection code serves both; `grouped` unfolds them."""
 
     def __init__(self, config, query_width, positions='rope'):
         super().__init__()
         self.n_head, self.head_dim, self.topk = config.index_n_heads, config.index_head_dim, config.index_topk
         self.dense, self.loss_coef = config.index_stage == 'dense', config.index_loss_coef
+        self.per_group = config.index_score == 'dot_per_group'
+        self.group = config.n_head // self.n_head  # query heads per indexer head (per_group: per K/V group)
         self.wq = nn.Linear(query_width, self.n_head * self.head_dim, bias=False)
         self.wk = nn.Linear(config.n_embd, self.head_dim, bias=False)
-        self.k_norm = nn.LayerNorm(self.head_dim, eps=config.index_norm_eps)  # DeepSeek's: a LayerNorm with a bias
-        self.weights = nn.Linear(config.n_embd, self.n_head, bias=False)
+        if self.per_group:  # MiniMax-M3: RMSNorms on its queries and keys, no head weights
+            self.q_norm = RMSNorm(self.head_dim, config, eps=config.index_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config, eps=config.index_norm_eps)
+            self.weights = None
+        else:
+            self.k_norm = nn.LayerNorm(self.head_dim, eps=config.index_norm_eps)  # DeepSeek's: a LayerNorm with a bias
+            self.weights = nn.Linear(config.n_embd, self.n_head, bias=False)
         self.register_buffer('losses', torch.zeros(2), persistent=False)  # KL summed, forwards
         self.loss = None  # what this forward adds to the training loss (times index_loss_coef)
         self._scores = self._reads = None  # this forward's, for learn
@@ -146,7 +186,7 @@ class LightningIndexer(nn.Module):
         weight of every Linear: the indexer's inputs are detached, so its Linears take no input gradient (4 per
         weight), and without its loss (index_loss_coef=0) nothing of it runs backward (2)."""
         learns = bool(self.loss_coef)
-        weights = sum(m.weight.numel() for m in (self.wq, self.wk, self.weights))
+        weights = sum(m.weight.numel() for m in (self.wq, self.wk, self.weights) if m is not None)
         scores = (3 if learns else 1) * 2 * self.n_head * self.head_dim * seq_len
         target = 2 * qk_width * seq_len if learns else 0
         return scores + target - (2 if learns else 4) * weights
@@ -157,11 +197,14 @@ class LightningIndexer(nn.Module):
         return self.weigh(q, w, self.keys(x, rope, cache))
 
     def queries(self, x, q_in, rope):
-        """Its query heads (B, H, T, D), rotated, and their weights per token (B, T, H)."""
+        """Its query heads (B, H, T, D), rotated, and their weights per token (B, T, H; None per group)."""
         B, T, _ = x.shape
-        q = self.wq(q_in.detach()).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        q = self.wq(q_in.detach()).view(B, T, self.n_head, self.head_dim)
+        q = (self.q_norm(q) if self.per_group else q).transpose(1, 2)
         if rotates(rope):  # the tables' width: the first rope_dim dims turn, the rest pass
             q = apply_rope(q, *rope)
+        if self.per_group:
+            return q, None
         return q, self.weights(x.detach()).float() * self.n_head ** -0.5
 
     def keys(self, x, rope, cache):
@@ -174,8 +217,11 @@ class LightningIndexer(nn.Module):
         return k
 
     def weigh(self, q, w, k):
-        """(B, T, S): sum over heads h of w_h(t) * ReLU(q_h(t).k(s)) / sqrt(D), for keys k (B, 1, S, D)."""
+        """(B, T, S): sum over heads h of w_h(t) * ReLU(q_h(t).k(s)) / sqrt(D), for keys k (B, 1, S, D); per group
+        (B * H, T, S): each head's q_h(t).k(s), its group folded into the batch."""
         B, H, T, D = q.shape
+        if self.per_group:
+            return (q.float() @ k.float().transpose(-1, -2)).flatten(0, 1)
         # the heads' queries as rows of one matrix per sequence (a broadcast over heads would copy the keys)
         dots = q.float().reshape(B, -1, D) @ k.float().squeeze(1).transpose(-1, -2)
         dots = F.relu(dots.view(B, H, T, -1)) * D ** -0.5  # (B, H, T, S)
@@ -186,6 +232,14 @@ class LightningIndexer(nn.Module):
         decoding step (one query, a cache) only the index_topk picked, so the step reads k entries, not S."""
         self.selection = self.select(x, q_in, rope, mask, cache)  # what layers sharing it read too
         return read_selected(self.selection, keys)
+
+    def grouped(self, mask, slots=None):
+        """A selection as the attention reads it. Per group, its picks come folded ((B * G, 1, ...)): the mask
+        unfolded to each query head (B, n_head, T, S), the slots to each K/V head (B, G, n, 1)."""
+        if not self.per_group:
+            return mask, slots
+        unfold = lambda t: t.unflatten(0, (-1, self.n_head)).flatten(1, 2)
+        return unfold(mask).repeat_interleave(self.group, dim=1), None if slots is None else unfold(slots)
 
     def select(self, x, q_in, rope, mask, cache):
         """(the attention's mask, None), or in a decoding step (the mask of the k picked, their slots (B, 1, k, 1))."""
@@ -202,9 +256,9 @@ class LightningIndexer(nn.Module):
             positions = torch.arange(S, device=x.device)
             slots = torch.where(picked[:, 0], positions, positions + S).topk(self.topk, largest=False).indices
             seen = reads.expand(B, S).gather(1, slots)  # a pick among unwritten slots sees nothing
-            return seen[:, None, None, :], slots[:, None, :, None]
+            return self.grouped(seen[:, None, None, :], slots[:, None, :, None])
         self._reads = picked & reads
-        return self._reads[:, None], None
+        return self.grouped(self._reads[:, None])
 
     def learn(self, q, k, scale):
         """In training, the KL loss of this forward (self.loss) from the main attention's queries q (B, H, T, dim)
@@ -216,11 +270,23 @@ class LightningIndexer(nn.Module):
         with torch.no_grad():
             k = k.repeat_interleave(q.size(1) // k.size(1), dim=1) if k.size(1) != q.size(1) else k
             logits = (q.float() @ k.float().transpose(-1, -2)) * (q.size(-1) ** -0.5 if scale is None else scale)
-            target = logits.masked_fill(~reads.unsqueeze(-3), float('-inf')).softmax(-1).sum(1)
+            target = logits.masked_fill(~self.head_reads(reads), float('-inf')).softmax(-1)
+            target = self.head_sum(target)
             target = target / target.sum(-1, keepdim=True)
         kl = (torch.xlogy(target, target) - target * log_index.masked_fill(~reads, 0.0)).sum(-1).mean()
         self.losses += torch.stack((kl.detach(), torch.ones_like(kl.detach())))
         self.loss = kl
+
+    def head_reads(self, reads):
+        """The keys each query head read, broadcastable to (B, n_head, T, S), from the (T, S) or (B[*G], T, S) kept."""
+        return self.grouped(reads[:, None])[0] if self.per_group and reads.dim() == 3 else reads.unsqueeze(-3)
+
+    def head_sum(self, target):
+        """The main attention's weights (B, n_head, T, S) summed over the heads each selection serves: all of them,
+        (B, T, S), or per group each group's, folded as the scores are, (B * G, T, S)."""
+        if self.per_group:
+            return target.unflatten(1, (self.n_head, self.group)).sum(2).flatten(0, 1)
+        return target.sum(1)
 
 
 def rotates(rope):
@@ -232,6 +298,8 @@ def rotates(rope):
 def read_selected(selection, keys):
     """An indexer's selection applied: (its mask, the keys as they are or, in a decoding step, the picked slots)."""
     mask, slots = selection
+    if slots is not None and slots.size(1) > 1:  # picked per K/V head (index_score='dot_per_group')
+        return (mask, *[t.gather(2, slots.expand(-1, -1, -1, t.size(-1))) for t in keys])
     if slots is not None:  # index_select per sequence: 2.6x (batch 1) to 13x (batch 8) faster than one advanced
         # index or a gather expanded over heads and dims, on a CPU at 8k slots
         pick = lambda t, b: t[b].index_select(1, slots[b, 0, :, 0])
@@ -289,7 +357,7 @@ class Indexers(Feature):
         config, last = self.config, None
         q_width = (config.mla_dims['q_latent'] if config.attn == 'mla' else 0) or config.n_embd
         for layer, (kind, block) in enumerate(zip(config.layer_kinds, model.transformer.h)):
-            if kind not in indexed_kinds():
+            if kind not in indexed_kinds() or config.index_dense[layer]:  # a dense layer reads every key
                 continue
             if config.index_shares[layer]:
                 block.attn.indexer = SharedIndex()

@@ -441,3 +441,18 @@ def test_bad_deepseek_v4_settings_are_one_line(overrides, fragment):
     with pytest.raises(ValueError) as e:
         tiny_config(**overrides)
     assert fragment in str(e.value) and '\n' not in str(e.value), str(e.value)
+
+
+@torch.no_grad()
+def test_gpt_oss_all_clamps_the_shared_experts_and_dense_mlps_in_gpt_oss_form():
+    """swiglu_form='gpt-oss_all' (MiniMax-M3): the routed experts as moe.py's, and the shared experts and the dense
+    first layer's MLP with gpt-oss's clamp: g * sigmoid(1.702 g) * (clamp(up) + 1), g = min(gate, L)."""
+    model = build(0, norm='rms', pos='rope', bias=False, mlp='moe', n_expert=4, n_expert_active=2,
+                  n_shared_expert=1, first_dense_layers=1, swiglu_limit=0.5, swiglu_form='gpt-oss_all')
+    dense, mlp = model.transformer.h[0].mlp, model.transformer.h[1].mlp
+    assert type(dense) is v4.ClampedGatedMLP and type(mlp) is v4.DeepseekV4MoE
+    assert type(mlp.shared) is v4.ClampedGatedMLP and type(mlp.experts) is moe.Experts
+    x = torch.randn(3, N_EMBD)
+    gate, up = dense.c_fc(x).chunk(2, dim=-1)
+    g = gate.clamp(max=0.5)
+    torch.testing.assert_close(dense(x), dense.c_proj(g * torch.sigmoid(1.702 * g) * (up.clamp(-0.5, 0.5) + 1)))

@@ -356,3 +356,64 @@ def test_compiled_decoding_of_sparse_attention_is_one_graph(kind):
     """compile_decoding: eager's tokens past a context shift from one graph, the top-k picked and read inside it."""
     from test_generate import assert_compiled_decoding_is_one_graph
     assert_compiled_decoding_is_one_graph(sparse(kind))
+
+
+# MiniMax-M3's scorer (index_score='dot_per_group') and its dense layers (index_dense_layers), token and block picks
+PER_GROUP = dict(norm='rms', mlp='swiglu', pos='rope', n_kv_head=2, n_layer=3, index_score='dot_per_group',
+                 index_dense_layers='DI')
+PICKS = {'token': {}, 'block': dict(index_block_size=2)}
+
+
+@torch.no_grad()
+@pytest.mark.parametrize('picks', PICKS)
+def test_per_group_picks_each_k_v_group_its_own_keys_through_the_cache(picks, monkeypatch):
+    """Each indexer head's plain q.k of normed queries and keys picks for its K/V group: the groups' picks differ;
+    a 'D' layer has no indexer; a decoding step reads k entries per K/V head and gives the full forward's logits."""
+    model = sparse('gqa', **PER_GROUP, **PICKS[picks])
+    assert [b.attn.indexer is None for b in model.transformer.h] == [True, False, True]
+    indexer = model.transformer.h[1].attn.indexer
+    assert indexer.weights is None and type(indexer.k_norm) is M.RMSNorm
+    seq = tokens(2, BLOCK, 3)
+    model(seq)
+    reads = indexer._reads.unflatten(0, (2, 2))  # (B, G, T, S)
+    assert not torch.equal(reads[:, 0], reads[:, 1])
+    if picks == 'token':  # blocks: a query at its block's start reads 1 key fewer
+        assert (reads.sum(-1)[..., 8:] == SPARSE['index_topk']).all()
+    cache = G.KVCache(model, 2, BLOCK, torch.float32, torch.device('cpu'))
+    model(seq[:, :3], cache=cache)
+    read = []
+    attend = M.attend
+    monkeypatch.setattr(M, 'attend', lambda q, k, *a, **kw: read.append(tuple(k.shape[1:3])) or attend(q, k, *a, **kw))
+    for i in range(3, BLOCK):
+        logits = G.decode_step(model, seq[:, i:i + 1], cache.position, cache.stores, cache.features)
+        cache.advance(1)
+        assert read[-2] == (2, SPARSE['index_topk'])  # the sparse layer: k slots of each K/V head
+        assert_close(logits, model(seq[:, :i + 1])[0][:, -1], atol=2e-5)
+    prompt = tokens(2, 5, 2)
+    assert torch.equal(model.generate(prompt, BLOCK, temperature=0),
+                       model.generate(prompt, BLOCK, temperature=0, use_cache=False))
+
+
+def test_per_group_indexers_learn_from_their_groups_attention():
+    """The KL loss of per-group scores joins training and moves the indexer (its inputs detached)."""
+    model = sparse('gqa', **PER_GROUP).train()
+    idx = tokens(2, BLOCK, 4)
+    _, loss = model(idx, idx)
+    loss.backward()
+    indexer = model.transformer.h[1].attn.indexer
+    assert indexer.loss is not None and indexer.wq.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize('flags, fragment', [
+    (dict(index_topk=4, n_kv_head=2, index_n_heads=4, index_score='dot_per_group'),
+     "index_n_heads (4) must equal the K/V heads (2) of attn='mha'"),
+    (dict(index_topk=4, index_dense_layers='D'), "index_dense_layers='D' leaves no global layer an indexer"),
+    (dict(index_topk=4, index_dense_layers='DX'), "index_dense_layers must be None or a string of 'D'"),
+    (dict(index_score='dot_per_group'), "index_score='dot_per_group' apply to sparse attention only"),
+    (dict(index_topk=4, n_kv_head=2, index_n_heads=2, index_score='dot_per_group', index_block_size=2,
+          index_block_pool='mean', index_tail='keep'), "index_score='dot_per_group' scores tokens per group"),
+])
+def test_bad_per_group_settings_are_one_line_each(flags, fragment):
+    with pytest.raises(ValueError) as e:
+        tiny_config(**flags)
+    assert fragment in str(e.value) and '\n' not in str(e.value)
