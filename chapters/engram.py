@@ -101,6 +101,21 @@ def primes_from(low, skip, count):
     return primes[skip:]
 
 
+class GroupedRMSNorm(nn.Module):
+    """RMSNorm of each of the n copies of a hyper-connected stream (B, T, n, d) over its d channels, each copy with
+    gains of its own (Qwen4-Exp's norm grouped by hidden_size over the flattened copies); computed in fp32."""
+
+    def __init__(self, n, d, eps):
+        super().__init__()
+        self.n, self.d, self.eps = n, d, eps
+        self.weight = nn.Parameter(torch.ones(n * d))  # flat, as Qwen4-Exp keeps it
+
+    def forward(self, x):
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.float().view(self.n, self.d)).to(x.dtype)
+
+
 class EngramTable(nn.Embedding):
     """One memory layer's tables, every head's rows in one (sum of the primes, head width) table: a token's lookup
     is the rows of its n-grams' heads, side by side (B, T, engram_dim)."""
