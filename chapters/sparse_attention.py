@@ -5,6 +5,9 @@ head), and the layer's attention reads only the index_topk highest, so a decodin
 of the whole context. The indexer learns from its own loss (the KL divergence to the main attention's
 distribution, on detached inputs); index_stage='dense' is the warm-up that trains it while attention still reads
 every key. GLM-5's IndexCache (index_share): layers marked 'S' reuse the nearest earlier indexer's picks.
+Qwen4-Exp's QSA indexer (with block_sparse's pooled blocks) differs in three switches: an RMSNorm on its query
+heads (index_q_norm), an RMSNorm, not a LayerNorm, on its keys (index_k_norm='rms'), and every head counted
+once instead of weighted per token (index_head_weights=False).
 Indexers go on the global attention layers of every kind (with MHA or MLA).
 """
 
@@ -14,12 +17,14 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from model import FEATURES, LAYER_KINDS, NON_NEGATIVE_NUMBER, OPTIONAL_POSITIVE_INT, POSITIVE_INT, Feature, \
+from model import BOOL, FEATURES, LAYER_KINDS, NON_NEGATIVE_NUMBER, OPTIONAL_POSITIVE_INT, POSITIVE_INT, Feature, \
     apply_rope, changed, flag_list, is_number, kinds, one_of
 
 INDEX_STAGES = ('dense', 'sparse')
+INDEX_K_NORMS = ('layernorm', 'rms')
 # with index_topk only
-INDEX_FIELDS = ('index_n_heads', 'index_head_dim', 'index_stage', 'index_loss_coef', 'index_share', 'index_norm_eps')
+INDEX_FIELDS = ('index_n_heads', 'index_head_dim', 'index_stage', 'index_loss_coef', 'index_share', 'index_norm_eps',
+                'index_q_norm', 'index_k_norm', 'index_head_weights')
 
 
 def indexed_kinds():
@@ -45,6 +50,9 @@ class Config:
     index_loss_coef: float = 1.0  # the indexer's KL loss toward the main attention, times this, joins the training loss; 0: the indexer does not learn
     index_norm_eps: float = 1e-6  # the epsilon of the LayerNorm on the indexer's keys (DeepSeek-V3.2: 1e-6; HY-V4: its rms_norm_eps)
     index_share: str | None = None  # IndexCache (GLM-5), tiled over the layers: 'F' a layer's own indexer, 'S' reuses the top-k of the nearest earlier indexer (no weights of its own); None: all 'F'
+    index_q_norm: bool = False  # an RMSNorm (index_norm_eps) on each of the indexer's query heads before they rotate (Qwen4-Exp's QSA)
+    index_k_norm: str = 'layernorm'  # the norm on the indexer's keys: 'layernorm' with a bias (DeepSeek-V3.2) or 'rms' (Qwen4-Exp's QSA)
+    index_head_weights: bool = True  # each head's ReLU'd scores weighted per token by a learned projection (DeepSeek-V3.2); False: every head counted once (Qwen4-Exp's QSA)
 
     FIELD_TYPES = {
         'index_topk': OPTIONAL_POSITIVE_INT,
@@ -52,6 +60,8 @@ class Config:
         'index_stage': one_of(INDEX_STAGES),
         'index_loss_coef': NON_NEGATIVE_NUMBER,
         'index_norm_eps': (lambda v, c: is_number(v) and v > 0, 'a positive number'),
+        **kinds('index_q_norm index_head_weights', BOOL),
+        'index_k_norm': one_of(INDEX_K_NORMS),
         'index_share': (lambda v, c: v is None or (isinstance(v, str) and v and not set(v) - set('FS')
                                                    and len(v) <= c.n_layer),
                         lambda c: f"None or a string of 'F' (own indexer) and 'S' (shares an earlier one's top-k) at "
@@ -131,8 +141,12 @@ class LightningIndexer(nn.Module):
         self.dense, self.loss_coef = config.index_stage == 'dense', config.index_loss_coef
         self.wq = nn.Linear(query_width, self.n_head * self.head_dim, bias=False)
         self.wk = nn.Linear(config.n_embd, self.head_dim, bias=False)
-        self.k_norm = nn.LayerNorm(self.head_dim, eps=config.index_norm_eps)  # DeepSeek's: a LayerNorm with a bias
-        self.weights = nn.Linear(config.n_embd, self.n_head, bias=False)
+        eps = config.index_norm_eps
+        # DeepSeek's: a LayerNorm with a bias on the keys, none on the queries; Qwen4-Exp's: RMSNorms on both
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=eps) if config.index_q_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=eps) if config.index_k_norm == 'rms' else \
+            nn.LayerNorm(self.head_dim, eps=eps)
+        self.weights = nn.Linear(config.n_embd, self.n_head, bias=False) if config.index_head_weights else None
         self.register_buffer('losses', torch.zeros(2), persistent=False)  # KL summed, forwards
         self.loss = None  # what this forward adds to the training loss (times index_loss_coef)
         self._scores = self._reads = None  # this forward's, for learn
@@ -146,7 +160,7 @@ class LightningIndexer(nn.Module):
         weight of every Linear: the indexer's inputs are detached, so its Linears take no input gradient (4 per
         weight), and without its loss (index_loss_coef=0) nothing of it runs backward (2)."""
         learns = bool(self.loss_coef)
-        weights = sum(m.weight.numel() for m in (self.wq, self.wk, self.weights))
+        weights = sum(m.weight.numel() for m in (self.wq, self.wk, self.weights) if m is not None)
         scores = (3 if learns else 1) * 2 * self.n_head * self.head_dim * seq_len
         target = 2 * qk_width * seq_len if learns else 0
         return scores + target - (2 if learns else 4) * weights
@@ -157,11 +171,15 @@ class LightningIndexer(nn.Module):
         return self.weigh(q, w, self.keys(x, rope, cache))
 
     def queries(self, x, q_in, rope):
-        """Its query heads (B, H, T, D), rotated, and their weights per token (B, T, H)."""
+        """Its query heads (B, H, T, D), (normalized and) rotated, and their weights per token (B, T, H)."""
         B, T, _ = x.shape
         q = self.wq(q_in.detach()).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
         if rotates(rope):  # the tables' width: the first rope_dim dims turn, the rest pass
             q = apply_rope(q, *rope)
+        if self.weights is None:  # Qwen4-Exp: the heads' ReLU'd scores summed as they are
+            return q, q.new_ones(B, T, self.n_head, dtype=torch.float32)
         return q, self.weights(x.detach()).float() * self.n_head ** -0.5
 
     def keys(self, x, rope, cache):
