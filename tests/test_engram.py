@@ -172,12 +172,14 @@ def test_flops_parameters_and_training(monkeypatch):
     assert [name for name, p in before.items() if torch.equal(p, params[name])] == []
 
 
-def test_no_hugging_face_family_carries_the_memory():
+def test_a_memory_model_of_no_family_is_refused_naming_qwen4_exp():
+    """Only qwen4_exp_text carries the memory (with its copies, MoE and QSA): export names it and what else it needs."""
     pytest.importorskip('transformers')
     from export import hf_family
     with pytest.raises(ValueError) as e:
         hf_family(tiny_config(**MODERN, **MEMORY))
-    assert "engram_layers='0,-1'" in str(e.value) and '\n' not in str(e.value)
+    message = str(e.value)
+    assert "engram_layers='0,-1'" in message and 'carried by qwen4_exp_text' in message and '\n' not in message
 
 
 @pytest.mark.parametrize('overrides, message', [
