@@ -14,6 +14,7 @@ import torch
 
 from chapters.engram import hash_multipliers, primes_from
 from chapters.engram import SEED as ENGRAM_SEED
+from chapters.speedrun import layers_of
 from .engine import ANY, HF_FAMILIES, HFFamily
 from .qwen3_next import (_QWEN3_NEXT_NAMES, _qwen3_5_join_q, _qwen3_5_split_q, _qwen3_next_read,
                          _qwen3_next_write, _split_rows)
@@ -36,7 +37,8 @@ def _refuse(c):
     if 'indexed_attention' in c.layer_types[:c.num_hidden_layers] and any(getattr(c, k) is None for k in _QSA):
         raise ValueError(f"indexed_attention layers without the QSA settings ({', '.join(_QSA)}) are not supported")
     if c.ple_layer_ids and c.seed != ENGRAM_SEED:
-        raise ValueError(f"seed={c.seed} is not supported (the n-gram hashes' multipliers come from seed {ENGRAM_SEED})")
+        raise ValueError(f"seed={c.seed} is not supported (the n-gram hashes' multipliers come from seed "
+                         f"{ENGRAM_SEED})")
 
 
 def _qwen4_exp_read(c):
@@ -88,7 +90,6 @@ def _qwen4_exp_write(cfg):
 
 
 def _memory_layers(cfg):
-    from chapters.speedrun import layers_of
     return sorted(layers_of(cfg.engram_layers, cfg))
 
 
@@ -121,8 +122,9 @@ def _unpack(hf_state, cfg):
         packed = f'model.layers.{i}.self_attn.indexer.index_qk_proj.weight'
         if kind == 'G' and packed in out:
             at = packed.rsplit('index_qk_proj', 1)[0]
-            out.update(_split_rows(out.pop(packed), 1, [(at + 'index_q_proj.weight', cfg.index_n_heads * cfg.index_head_dim),
-                                                        (at + 'index_k_proj.weight', cfg.index_head_dim)]))
+            rows = [(at + 'index_q_proj.weight', cfg.index_n_heads * cfg.index_head_dim),
+                    (at + 'index_k_proj.weight', cfg.index_head_dim)]
+            out.update(_split_rows(out.pop(packed), 1, rows))
     for index, i in enumerate(_memory_layers(cfg)):
         pre = f'model.layers.{i}.ple.ple_embedding.'
         _check_hashes(out, pre, cfg, index)

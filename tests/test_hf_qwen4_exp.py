@@ -17,11 +17,12 @@ EOS = 5
 def qwen4_exp(**overrides):
     """Qwen4-Exp's shapes, tiny: Gated DeltaNet (2 key heads serving 4 value heads of 8) and gated attention (4
     heads of 8, half of each rotated) whose QSA indexer (16 heads of 16) reads 4 of the finished blocks of 2 keys
-    beside the unfinished one (16 heads, so that no two blocks tie at a score of 0, every head's ReLU'd dot
-    negative: transformers' topk breaks such ties as torch's kernel happens to, ours the earliest first); the MoE (4 experts, 2 a token, a gated shared expert) on every layer; 3 copies of
+    beside the unfinished one; the MoE (4 experts, 2 a token, a gated shared expert) on every layer; 3 copies of
     the stream through a rank-8 gated residual; PLE n-gram memories (bigrams and trigrams, 2 heads each, prime
     tables from 101) on layers 1 and 3 (one-indexed: the first gates the copies as they are made); eos 5.
-    Weights drawn 5x wider than its init, so the logits are of order 1."""
+    Weights drawn 5x wider than its init, so the logits are of order 1. 16 indexer heads, so that no two blocks
+    tie at a score of 0 (every head's ReLU'd dot negative): transformers' topk breaks such ties as torch's kernel
+    happens to, ours the earliest first (with 4 heads a tie at the cut of 4 blocks showed, 0.05 apart)."""
     args = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                 head_dim=8, max_position_embeddings=BLOCK, rms_norm_eps=1e-6, tie_word_embeddings=False,
                 bos_token_id=0, pad_token_id=0, eos_token_id=EOS, initializer_range=0.1,
@@ -103,7 +104,8 @@ def test_each_part_of_qwen4_exp_moves_the_logits(tmp_path):
     assert moved(dict(index_k_norm='layernorm')) > 1e-3
     assert moved(dict(index_head_weights=True), **{f'transformer.h.{i}.attn.indexer.weights.weight':
                                                    torch.randn(16, 32) for i in (1, 3)}) > 1e-3
-    assert moved(**{k: torch.zeros_like(v) for k, v in state.items() if k.startswith('transformer.engram_tables')}) > 1e-3
+    assert moved(**{k: torch.zeros_like(v) for k, v in state.items() if k.startswith('transformer.engram_tables')}) \
+        > 1e-3
     assert moved(dict(engram_eos=None)) > 1e-3
     assert moved(**{k: torch.zeros_like(v) for k, v in state.items() if k.endswith('shared_gate.weight')}) > 1e-3
     assert moved(**{k: v - 1 for k, v in state.items() if k.endswith('q_norm.weight')}) > 1e-3

@@ -126,7 +126,8 @@ def test_a_gated_residual_and_its_head_are_qwen4_exps_on_the_same_weights():
     for spreads, seed in ((True, 15), (False, 16)):
         ours = randomized(hc.GatedConnection(GPTConfig(**flags), spreads), seed)
         theirs = Q4.Qwen4ExpTextGatedResidual(theirs_config, use_combine=spreads)
-        names = dict(hc_norm='norm', input_mix_weight_down='down', input_mix_weight_up='up', block_inject_weight='inject')
+        names = dict(hc_norm='norm', input_mix_weight_down='down', input_mix_weight_up='up',
+                     block_inject_weight='inject')
         theirs.load_state_dict({f'{k}.weight': getattr(ours, v).weight - (1 if k == 'hc_norm' else 0)
                                 for k, v in names.items() if spreads or k != 'block_inject_weight'})
         x = torch.randn(2, 5, 4, N_EMBD, generator=torch.Generator().manual_seed(seed))
