@@ -68,9 +68,12 @@ def to_hf(model, bos_token_id=None, eos_token_id=None, family=None):
     family = pick_family(model, family)
     hf_class = getattr(transformers, family.hf_class)
     eot = 50256 if config.vocab_size > 50256 else None
-    special = dict(bos_token_id=eot if bos_token_id is None else bos_token_id,
-                   eos_token_id=eot if eos_token_id is None else eos_token_id)
-    hf = hf_class(hf_class.config_class(**{**family.write_config(config), **special}))
+    # the ids given win, then those the family writes (Qwen4-Exp's n-grams restart at the eos its weights were
+    # learned with), then GPT-2's <|endoftext|>
+    written = family.write_config(config)
+    special = {k: v if v is not None else written.get(k, eot)
+               for k, v in (('bos_token_id', bos_token_id), ('eos_token_id', eos_token_id))}
+    hf = hf_class(hf_class.config_class(**{**written, **special}))
     hf_state = ours_to_hf(model, hf.state_dict(), family)
     missing, unexpected = hf.load_state_dict(hf_state, strict=False)
     missing = [k for k in missing if not (config.tie_embeddings and k == 'lm_head.weight')

@@ -33,7 +33,7 @@ from model import FEATURES, OPTIONAL_POSITIVE_INT, Feature, RMSNorm, changed, fl
 SEED, LAYER_STRIDE = 1234, 10007  # Qwen4-Exp's: the hash multipliers' seed, and its stride per memory layer
 GOLDEN, MIX = 0x9E3779B97F4A7C15, (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)  # splitmix64's constants
 MASK64 = (1 << 64) - 1
-SHAPE_FIELDS = ('engram_ngram', 'engram_heads', 'engram_dim', 'engram_rows', 'engram_conv')
+SHAPE_FIELDS = ('engram_ngram', 'engram_heads', 'engram_dim', 'engram_rows', 'engram_conv', 'engram_eos')
 
 
 @dataclass
@@ -44,6 +44,7 @@ class Config:
     engram_dim: int | None = None  # width of the rows of every head side by side, a multiple of (engram_ngram-1)*engram_heads; None: n_embd
     engram_rows: int = 10007  # each head's table has a prime number of rows: the primes from this up, the next for each head and memory layer (Qwen4-Exp: from 20,000,000)
     engram_conv: int = 4  # kernel of the causal depthwise convolution over the gated memory, dilation engram_ngram (Engram, Qwen4-Exp: 4)
+    engram_eos: int | None = None  # the token id that stands before a sequence and after which the n-grams restart (Qwen4-Exp: its eos_token_id); None: vocab_size before it, no restarts
 
     FIELD_TYPES = {
         'engram_layers': LAYER_LIST,
@@ -51,6 +52,8 @@ class Config:
         **dict.fromkeys(('engram_heads', 'engram_conv'), (lambda v, c: is_int(v), 'an int >= 1')),
         'engram_dim': OPTIONAL_POSITIVE_INT,
         'engram_rows': (lambda v, c: is_int(v, 2), 'an int >= 2'),
+        'engram_eos': (lambda v, c: v is None or is_int(v, 0, c.vocab_size - 1),
+                       lambda c: f"None or a token id in [0, vocab_size-1={c.vocab_size - 1}]"),
     }
     CHECKS = [
         (lambda c: changed(c, SHAPE_FIELDS) and c.engram_layers is None,
@@ -62,9 +65,6 @@ class Config:
         (lambda c: c.engram_layers is not None and c.norm_position == 'post',
          lambda c: "engram_layers adds to the stream between blocks, which norm_position='post' normalizes: use "
                    "another norm_position"),
-        (lambda c: c.engram_layers is not None and getattr(c, 'hc_mult', 1) > 1,
-         lambda c: f"engram_layers with hyper-connections (hc_mult={c.hc_mult}) is not supported yet: the memory "
-                   f"gates one stream where there are hc_mult copies (Qwen4-Exp gates each)"),
     ]
 
     @property
@@ -101,6 +101,21 @@ def primes_from(low, skip, count):
     return primes[skip:]
 
 
+class GroupedRMSNorm(nn.Module):
+    """RMSNorm of each of the n copies of a hyper-connected stream (B, T, n, d) over its d channels, each copy with
+    gains of its own (Qwen4-Exp's norm grouped by hidden_size over the flattened copies); computed in fp32."""
+
+    def __init__(self, n, d, eps):
+        super().__init__()
+        self.n, self.d, self.eps = n, d, eps
+        self.weight = nn.Parameter(torch.ones(n * d))  # flat, as Qwen4-Exp keeps it
+
+    def forward(self, x):
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.float().view(self.n, self.d)).to(x.dtype)
+
+
 class EngramTable(nn.Embedding):
     """One memory layer's tables, every head's rows in one (sum of the primes, head width) table: a token's lookup
     is the rows of its n-grams' heads, side by side (B, T, engram_dim)."""
@@ -109,7 +124,8 @@ class EngramTable(nn.Embedding):
         heads = (config.engram_ngram - 1) * config.engram_heads
         sizes = primes_from(config.engram_rows, index * heads, heads)
         super().__init__(sum(sizes), config.engram_width // heads)
-        self.ngram, self.heads, self.pad = config.engram_ngram, config.engram_heads, config.vocab_size
+        self.ngram, self.heads, self.eos = config.engram_ngram, config.engram_heads, config.engram_eos
+        self.pad = config.vocab_size if self.eos is None else self.eos
         offsets = [sum(sizes[:h]) for h in range(heads)]
         multipliers = hash_multipliers(config.vocab_size, config.engram_ngram, index)
         self.register_buffer('multipliers', torch.tensor(multipliers), persistent=False)
@@ -118,21 +134,26 @@ class EngramTable(nn.Embedding):
 
     def history(self, idx, before=None):
         """The tokens the n-grams read (B, ngram - 1 + T): before (B, ngram - 1), a cache's last tokens, else the id
-        vocab_size (before the sequence), then idx."""
+        vocab_size or engram_eos (before the sequence), then idx."""
         before = idx.new_full((idx.size(0), self.ngram - 1), self.pad) if before is None else before
         return torch.cat((before.to(idx.dtype), idx), dim=1).long()
 
     def ids(self, idx, before=None):
         """Each head's row for each position (B, T, heads): the n-gram ending at the token, for n = 2..ngram, its
         ids times the multipliers xor-ed (the history's), modulo the head's prime."""
-        T = idx.size(1)
+        T, C = idx.size(1), self.ngram - 1
         history = self.history(idx, before)
-        mixed = history[:, self.ngram - 1:] * self.multipliers[0]
+        mixed = history[:, C:] * self.multipliers[0]
+        if self.eos is not None:  # eos_seen[:, j]: the eos among the history's first j tokens
+            eos_seen = F.pad((history == self.eos).long().cumsum(1), (1, 0))
         rows = []
         for n in range(2, self.ngram + 1):
             back = n - 1  # the token this far back joins the n-gram
-            mixed = torch.bitwise_xor(mixed, history[:, self.ngram - 1 - back:self.ngram - 1 - back + T] *
-                                      self.multipliers[back])
+            token = history[:, C - back:C - back + T]
+            if self.eos is not None:  # an eos in the `back` tokens before: the n-gram restarted, eos stands in
+                crossed = eos_seen[:, C:C + T] - eos_seen[:, C - back:C - back + T] > 0
+                token = torch.where(crossed, torch.full_like(token, self.eos), token)
+            mixed = torch.bitwise_xor(mixed, token * self.multipliers[back])
             heads = slice((n - 2) * self.heads, (n - 1) * self.heads)
             rows.append(mixed.unsqueeze(-1) % self.sizes[heads] + self.offsets[heads])
         return torch.cat(rows, dim=-1)
@@ -141,32 +162,45 @@ class EngramTable(nn.Embedding):
         return super().forward(self.ids(idx, before)).flatten(-2)
 
 
+def copies_of(config):
+    """The copies of the stream the memory gates: hyper_connections' hc_mult, 1 for a plain stream."""
+    return max(getattr(config, 'hc_mult', 1), 1)
+
+
 class EngramBranch(nn.Module):
     """A memory layer's part in its block: the rows of its n-grams, gated by the stream, plus the causal
-    convolution's; added to the stream before the block."""
+    convolution's; added to the stream before the block. With n copies of the stream (B, T, n, d), each copy
+    gates the shared value by a key of its own, its norms grouped per copy, and the convolution runs over them
+    all (n d channels)."""
 
     def __init__(self, config):
         super().__init__()
-        width, d = config.engram_width, config.n_embd
-        self.key_proj = nn.Linear(width, d, bias=False)
+        width, d, n = config.engram_width, config.n_embd, copies_of(config)
+        self.copies = n
+        self.key_proj = nn.Linear(width, n * d, bias=False)
         self.value_proj = nn.Linear(width, d, bias=False)
-        self.norm_key, self.norm_query, self.norm_conv = (RMSNorm(d, config) for _ in range(3))
-        self.conv = nn.Conv1d(d, d, config.engram_conv, groups=d, dilation=config.engram_ngram, bias=False)
+        self.norm_key, self.norm_query, self.norm_conv = (
+            RMSNorm(d, config) if n == 1 else GroupedRMSNorm(n, d, config.norm_eps) for _ in range(3))
+        c = n * d
+        self.conv = nn.Conv1d(c, c, config.engram_conv, groups=c, dilation=config.engram_ngram, bias=False)
         self.dilation = config.engram_ngram
         self.reach = (config.engram_conv - 1) * self.dilation  # the positions before a token it reads
 
     def forward(self, x, rows, past=None, keep=None):
         """past (B, reach, d): the convolution's inputs before x's first token (a cache's), else zeros; keep: where
         to write its last reach inputs, for the next call."""
-        key, value = self.norm_key(self.key_proj(rows)), self.value_proj(rows)
+        key, value = self.key_proj(rows), self.value_proj(rows)
+        if self.copies > 1:  # a key per copy, the value shared: (B, T, n, d) and (B, T, 1, d)
+            key, value = key.unflatten(-1, (self.copies, -1)), value.unsqueeze(-2)
+        key = self.norm_key(key)
         gate = (key * self.norm_query(x)).sum(-1, keepdim=True) / x.size(-1) ** 0.5
         gated = torch.sigmoid(gate.abs().clamp_min(1e-6).sqrt() * gate.sign()) * value
-        normed = self.norm_conv(gated)
+        normed = self.norm_conv(gated).flatten(2)  # the copies side by side: the convolution's channels
         inputs = F.pad(normed, (0, 0, self.reach, 0)) if past is None else torch.cat((past.to(normed.dtype), normed), 1)
         if keep is not None:
             keep.copy_(inputs[:, inputs.size(1) - self.reach:])
         conv = dilated_products(inputs, self.conv.weight, self.dilation)
-        return x + gated + F.silu(conv)
+        return x + gated + F.silu(conv).view_as(gated)
 
 
 def dilated_products(x, weight, dilation):
@@ -203,7 +237,7 @@ class Engram(Feature):
         c = self.config
         reach = (c.engram_conv - 1) * c.engram_ngram
         return {'engram_tokens': ((c.engram_ngram - 1,), torch.long),
-                **{f'engram_conv{i}': ((reach, c.n_embd), None) for i in layers_of(c.engram_layers, c)}}
+                **{f'engram_conv{i}': ((reach, copies_of(c) * c.n_embd), None) for i in layers_of(c.engram_layers, c)}}
 
     def embed(self, model, idx, x, start, tables):
         t, cache = model.transformer, tables['cache']

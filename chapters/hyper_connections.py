@@ -12,9 +12,15 @@ not. The stream is (B, T, hc_mult, n_embd) between the blocks; each branch still
   what the paper claims stabilises deep stacks.
 - 'ihc', independent (HY-V4): the same collapse and spread, the copies carried on unmixed: post * F(u) + x.
   HY-V4 adds the epsilon to the spread weights too (hc_post_eps).
+- 'gated', Qwen4-Exp's gated residual (transformers' qwen4_exp): each copy RMS-normalized with gains of its own
+  (a grouped norm, which is the branch's norm: the block has no other); the collapse weights are per copy and
+  channel, sigmoid(up(silu(down(copies) / n))) through a low-rank bottleneck of hc_rank; the branch reads the
+  mean over the copies of weights times normalized copies; the spread weights, hc_post_scale * sigmoid(inject(
+  copies) / n), one per copy; the copies carried on unmixed: post * F(u) + x. The learned last collapse is the
+  same collapse, and is the final norm.
 The final collapse, before the last norm, is a learned weighting of the copies (hc_final='learned': DeepSeek-V4,
-HY-V4) or their mean ('mean': GLM-5.3-Flash). The projections run in fp32. Nothing of it is cached: the copies
-are per token. Qwen4-Exp's gated residual (per-copy grouped norms, low-rank collapse weights) is not here yet.
+HY-V4, Qwen4-Exp) or their mean ('mean': GLM-5.3-Flash). mHC's and iHC's projections run in fp32. Nothing of it
+is cached: the copies are per token.
 """
 
 import math
@@ -24,22 +30,26 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from model import BOOL, FEATURES, NON_NEGATIVE_NUMBER, POSITIVE_NUMBER, RESIDUALS, Add, Feature, changed, is_int, one_of
+from chapters.engram import Engram, GroupedRMSNorm
+from model import BOOL, FEATURES, NON_NEGATIVE_NUMBER, OPTIONAL_POSITIVE_INT, POSITIVE_NUMBER, RESIDUALS, Add, \
+    Feature, changed, flag_list, is_int, one_of
 
-HC_KINDS = ('mhc', 'ihc')
+HC_KINDS = ('mhc', 'ihc', 'gated')
 HC_FINALS = ('learned', 'mean')
-HC_FIELDS = ('hc_kind', 'hc_sinkhorn_iters', 'hc_eps', 'hc_post_scale', 'hc_final', 'hc_post_eps')
+HC_FIELDS = ('hc_kind', 'hc_sinkhorn_iters', 'hc_eps', 'hc_post_scale', 'hc_final', 'hc_post_eps', 'hc_rank')
+WEIGHTED_FIELDS = ('hc_sinkhorn_iters', 'hc_eps', 'hc_post_eps')  # mhc's and ihc's, which 'gated' has no use for
 
 
 @dataclass
 class Config:
     hc_mult: int = 1  # copies of the residual stream (hyper-connections; DeepSeek-V4: 4); 0 or 1: the plain stream
-    hc_kind: str = 'mhc'  # 'mhc': copies mixed by a doubly stochastic matrix (DeepSeek-V4, GLM-5.3-Flash); 'ihc': not mixed (HY-V4)
+    hc_kind: str = 'mhc'  # 'mhc': copies mixed by a doubly stochastic matrix (DeepSeek-V4, GLM-5.3-Flash); 'ihc': not mixed (HY-V4); 'gated': per-copy norms and low-rank collapse weights, not mixed (Qwen4-Exp)
     hc_sinkhorn_iters: int = 20  # mhc: Sinkhorn iterations making the mixing matrix doubly stochastic (DeepSeek-V4: 20)
     hc_eps: float = 1e-6  # added to the collapse weights and to each Sinkhorn denominator
     hc_post_scale: float = 2.0  # the spread weights are this times a sigmoid (DeepSeek-V4: 2; HY-V4's hc_magnitude)
     hc_final: str = 'learned'  # the copies' last collapse: 'learned' weights (DeepSeek-V4, HY-V4) or their 'mean' (GLM-5.3-Flash)
     hc_post_eps: bool = False  # hc_eps added to the spread weights as well as the collapse weights (HY-V4); False: to the collapse weights only (DeepSeek-V4)
+    hc_rank: int | None = None  # 'gated': width of the low-rank bottleneck the collapse weights come through (Qwen4-Exp's hc_lowrank: 320); None: n_embd
 
     FIELD_TYPES = {
         'hc_mult': (lambda v, c: is_int(v, 0), 'an int >= 0'),
@@ -49,6 +59,7 @@ class Config:
         'hc_post_scale': POSITIVE_NUMBER,
         'hc_final': one_of(HC_FINALS),
         'hc_post_eps': BOOL,
+        'hc_rank': OPTIONAL_POSITIVE_INT,
     }
     CHECKS = [
         (lambda c: changed(c, HC_FIELDS) and c.hc_mult <= 1,
@@ -60,6 +71,14 @@ class Config:
         (lambda c: c.hc_mult > 1 and (c.mtp_depth or c.per_layer_embd or c.layer_scalar),
          lambda c: "hyper-connections with mtp_depth, per_layer_embd or layer_scalar are not supported yet: they "
                    "read one stream where there are hc_mult copies"),
+        (lambda c: c.hc_rank is not None and c.hc_kind != 'gated',
+         lambda c: f"hc_rank={c.hc_rank} is the gated residual's bottleneck: set hc_kind='gated' or hc_rank=None"),
+        (lambda c: c.hc_kind == 'gated' and changed(c, WEIGHTED_FIELDS),
+         lambda c: f"{flag_list(c, changed(c, WEIGHTED_FIELDS))} apply to hc_kind 'mhc' and 'ihc', not to 'gated' "
+                   f"(no Sinkhorn mix, no epsilon on its weights): leave them at their defaults"),
+        (lambda c: c.hc_mult > 1 and c.hc_kind == 'gated' and c.norm_position != 'pre',
+         lambda c: f"hc_kind='gated' normalizes each copy in its collapse, the branch's only norm: norm_position="
+                   f"{c.norm_position!r} puts norms elsewhere; use 'pre'"),
     ]
 
     @property
@@ -134,6 +153,46 @@ class IndependentHyperConnections(HyperConnections):
     mixed = False
 
 
+class GatedConnection(nn.Module):
+    """Qwen4-Exp's gated residual around one branch (or, spreads=False, the last collapse): the copies x
+    (B, T, n, d) normalized each with its own gains, collapsed by per-channel weights through a low-rank
+    bottleneck; connect() runs the branch on the collapse and adds its output to each copy times that copy's gate.
+    The weights read the normalized copies flattened; both pre-activations are divided by n, Qwen4-Exp's scale."""
+
+    def __init__(self, config, spreads=True):
+        super().__init__()
+        self.n = n = config.hc_mult
+        d = config.n_embd
+        self.post_scale = config.hc_post_scale  # Qwen4-Exp's 2: the gates start at 1, as a plain residual's
+        self.norm = GroupedRMSNorm(n, d, config.norm_eps)
+        self.down = nn.Linear(n * d, config.hc_rank or d, bias=False)
+        self.up = nn.Linear(config.hc_rank or d, n * d, bias=False)
+        self.inject = nn.Linear(n * d, n, bias=False) if spreads else None
+
+    def collapse(self, x):
+        """The branch's input (B, T, d), and the normalized copies flattened (B, T, n d) the gates read."""
+        normed = self.norm(x)
+        flat = normed.flatten(2)
+        weights = torch.sigmoid(self.up(F.silu(self.down(flat) / self.n))).view_as(normed)
+        return (weights * normed).mean(2), flat
+
+    def forward(self, x):
+        return self.collapse(x)[0]
+
+    def connect(self, x, branch):
+        u, flat = self.collapse(x)
+        post = self.post_scale * torch.sigmoid(self.inject(flat) / self.n)  # (B, T, n)
+        return x + post.unsqueeze(-1) * branch(u).unsqueeze(-2)
+
+
+class GatedConnections(HyperConnections):
+    """A block's two gated residuals (Qwen4-Exp's attn_hyper_connection and mlp_hyper_connection)."""
+
+    def __init__(self, config, layer=0):
+        Add.__init__(self, config, layer)
+        self.attn_hc, self.ffn_hc = GatedConnection(config), GatedConnection(config)
+
+
 class HyperHead(nn.Module):
     """The copies' learned last collapse (DeepSeek-V4's hc_head): sigmoid weights from their unweighted RMS norm."""
 
@@ -162,9 +221,18 @@ class Streams(Feature):
     def applies(config):
         return config.hc_mult > 1
 
+    def build_block(self, block, layer):
+        if self.config.hc_kind == 'gated':  # its collapse normalizes each copy: the branches take no norm of their own
+            block.ln_1 = None if block.ln_1 is None else nn.Identity()
+            block.ln_2 = None if block.ln_2 is None else nn.Identity()
+
     def build(self, model):
+        gated = self.config.hc_kind == 'gated'
         if self.config.hc_final == 'learned':
-            model.transformer.hc_head = HyperHead(self.config)
+            model.transformer.hc_head = GatedConnection(self.config, spreads=False) if gated else \
+                HyperHead(self.config)
+            if gated:  # Qwen4-Exp's last collapse normalizes the copies: the head reads it as it is
+                model.transformer.ln_f = nn.Identity()
 
     def embed(self, model, idx, x, start, tables):
         return x.unsqueeze(2).expand(-1, -1, self.config.hc_mult, -1)
@@ -173,5 +241,6 @@ class Streams(Feature):
         return model.transformer.hc_head(x) if self.config.hc_final == 'learned' else x.mean(dim=2)
 
 
-RESIDUALS.update(mhc=HyperConnections, ihc=IndependentHyperConnections)
-FEATURES.append(Streams)
+RESIDUALS.update(mhc=HyperConnections, ihc=IndependentHyperConnections, gated=GatedConnections)
+# the copies are made before the n-gram memory's embed hook adds to them (a memory at layer 0 gates each copy)
+FEATURES.insert(FEATURES.index(Engram), Streams)

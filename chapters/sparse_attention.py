@@ -7,7 +7,10 @@ distribution, on detached inputs); index_stage='dense' is the warm-up that train
 every key. GLM-5's IndexCache (index_share): layers marked 'S' reuse the nearest earlier indexer's picks.
 Indexers go on the global attention layers of every kind (with MHA or MLA), but those index_dense_layers marks 'D'
 (MiniMax-M3 mixes dense and sparse layers). MiniMax-M3's scorer (index_score='dot_per_group'): each indexer head's
-plain dot product of RMS-normed queries and keys, each head picking the keys of its own K/V group.
+plain dot product of RMS-normed queries and keys, each head picking the keys of its own K/V group. Qwen4-Exp's QSA
+indexer (with block_sparse's pooled blocks) differs from DeepSeek's in three switches: an RMSNorm on its query
+heads (index_q_norm), an RMSNorm, not a LayerNorm, on its keys (index_k_norm='rms'), and every head counted once
+instead of weighted per token (index_head_weights=False).
 """
 
 from dataclasses import dataclass
@@ -16,14 +19,15 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from model import FEATURES, LAYER_KINDS, NON_NEGATIVE_NUMBER, OPTIONAL_POSITIVE_INT, POSITIVE_INT, Feature, \
-    RMSNorm, apply_rope, changed, flag_list, is_number, kinds, one_of
+from model import BOOL, FEATURES, LAYER_KINDS, NON_NEGATIVE_NUMBER, OPTIONAL_POSITIVE_INT, POSITIVE_INT, Feature, \
+    apply_rope, changed, flag_list, is_number, kinds, one_of
 
 INDEX_STAGES = ('dense', 'sparse')
 INDEX_SCORES = ('weighted_relu', 'dot_per_group')
+INDEX_K_NORMS = ('layernorm', 'rms')
 # with index_topk only
 INDEX_FIELDS = ('index_n_heads', 'index_head_dim', 'index_stage', 'index_loss_coef', 'index_share', 'index_norm_eps',
-                'index_score', 'index_dense_layers')
+                'index_score', 'index_dense_layers', 'index_q_norm', 'index_k_norm', 'index_head_weights')
 
 
 def indexed_kinds():
@@ -57,6 +61,9 @@ class Config:
     index_share: str | None = None  # IndexCache (GLM-5), tiled over the layers: 'F' a layer's own indexer, 'S' reuses the top-k of the nearest earlier indexer (no weights of its own); None: all 'F'
     index_dense_layers: str | None = None  # tiled over the layers: 'D' a global layer without an indexer, reading every key; 'I' one with (MiniMax-M3's full_attention and sparse layers); None: all 'I'
     index_score: str = 'weighted_relu'  # 'weighted_relu': sum over heads of w_h(t) * ReLU(q_h.k) / sqrt(D), one pick for all heads (DeepSeek-V3.2); 'dot_per_group': each head's plain q_h.k, queries and keys RMS-normed, head g picking for K/V group g (MiniMax-M3)
+    index_q_norm: bool = False  # an RMSNorm (index_norm_eps) on each of the indexer's query heads before they rotate (Qwen4-Exp's QSA)
+    index_k_norm: str = 'layernorm'  # the norm on the indexer's keys: 'layernorm' with a bias (DeepSeek-V3.2) or 'rms' (Qwen4-Exp's QSA)
+    index_head_weights: bool = True  # each head's ReLU'd scores weighted per token by a learned projection (DeepSeek-V3.2); False: every head counted once (Qwen4-Exp's QSA)
 
     FIELD_TYPES = {
         'index_topk': OPTIONAL_POSITIVE_INT,
@@ -64,6 +71,8 @@ class Config:
         'index_stage': one_of(INDEX_STAGES),
         'index_loss_coef': NON_NEGATIVE_NUMBER,
         'index_norm_eps': (lambda v, c: is_number(v) and v > 0, 'a positive number'),
+        **kinds('index_q_norm index_head_weights', BOOL),
+        'index_k_norm': one_of(INDEX_K_NORMS),
         'index_share': (lambda v, c: v is None or (isinstance(v, str) and v and not set(v) - set('FS')
                                                    and len(v) <= c.n_layer),
                         lambda c: f"None or a string of 'F' (own indexer) and 'S' (shares an earlier one's top-k) at "
@@ -166,13 +175,14 @@ class LightningIndexer(nn.Module):
         self.group = config.n_head // self.n_head  # query heads per indexer head (per_group: per K/V group)
         self.wq = nn.Linear(query_width, self.n_head * self.head_dim, bias=False)
         self.wk = nn.Linear(config.n_embd, self.head_dim, bias=False)
-        if self.per_group:  # MiniMax-M3: RMSNorms on its queries and keys, no head weights
-            self.q_norm = RMSNorm(self.head_dim, config, eps=config.index_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, config, eps=config.index_norm_eps)
-            self.weights = None
-        else:
-            self.k_norm = nn.LayerNorm(self.head_dim, eps=config.index_norm_eps)  # DeepSeek's: a LayerNorm with a bias
-            self.weights = nn.Linear(config.n_embd, self.n_head, bias=False)
+        eps, per_group = config.index_norm_eps, self.per_group
+        # DeepSeek's: a LayerNorm with a bias on the keys, none on the queries, head weights per token; Qwen4-Exp's
+        # and MiniMax-M3's: RMSNorms on both (MiniMax-M3's without head weights either)
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=eps) if config.index_q_norm or per_group else None
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=eps) if config.index_k_norm == 'rms' or per_group else \
+            nn.LayerNorm(self.head_dim, eps=eps)
+        self.weights = nn.Linear(config.n_embd, self.n_head, bias=False) \
+            if config.index_head_weights and not per_group else None
         self.register_buffer('losses', torch.zeros(2), persistent=False)  # KL summed, forwards
         self.loss = None  # what this forward adds to the training loss (times index_loss_coef)
         self._scores = self._reads = None  # this forward's, for learn
@@ -197,14 +207,17 @@ class LightningIndexer(nn.Module):
         return self.weigh(q, w, self.keys(x, rope, cache))
 
     def queries(self, x, q_in, rope):
-        """Its query heads (B, H, T, D), rotated, and their weights per token (B, T, H; None per group)."""
+        """Its query heads (B, H, T, D), (normalized and) rotated, and their weights per token (B, T, H; None per
+        group)."""
         B, T, _ = x.shape
         q = self.wq(q_in.detach()).view(B, T, self.n_head, self.head_dim)
-        q = (self.q_norm(q) if self.per_group else q).transpose(1, 2)
+        q = (q if self.q_norm is None else self.q_norm(q)).transpose(1, 2)
         if rotates(rope):  # the tables' width: the first rope_dim dims turn, the rest pass
             q = apply_rope(q, *rope)
         if self.per_group:
             return q, None
+        if self.weights is None:  # Qwen4-Exp: the heads' ReLU'd scores summed as they are
+            return q, q.new_ones(B, T, self.n_head, dtype=torch.float32)
         return q, self.weights(x.detach()).float() * self.n_head ** -0.5
 
     def keys(self, x, rope, cache):

@@ -14,4 +14,4 @@ from .engine import ANY, HF_FAMILIES, HFFamily, from_pretrained, hf_to_ours, our
 from . import gpt2, llama, gemma3, olmo, smollm3, llama_moe, deepseek, gpt_oss  # noqa: F401
 from . import glm4_moe, minimax_m2, deepseek_v32, qwen3_next, kimi_linear, olmo_hybrid  # noqa: F401
 from . import nanochat, llama4, lfm2, nemotron_h, gemma4, deepseek_v4, hy_v4, bailing_hybrid  # noqa: F401
-from . import glm5_next, minimax_m3_vl  # noqa: F401
+from . import glm5_next, minimax_m3_vl, qwen4_exp  # noqa: F401

@@ -119,6 +119,48 @@ def test_pooled_keys_are_written_out(family):
         assert_close(keys[0, 0, b], turned, atol=1e-6)
 
 
+QSA = dict(index_q_norm=True, index_k_norm='rms', index_head_weights=False, index_n_heads=4)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize('seed', [0, 1])
+def test_qsa_picks_as_transformers_qwen4_exp_indexer(seed):
+    """Qwen4-Exp's QSA (index_block_pool='mean', index_tail='keep', index_q_norm, index_k_norm='rms', no head
+    weights): the keys each query reads equal Qwen4ExpTextQSAIndexer's on the same weights (its index_qk_proj
+    our wq and wk stacked, its norms' gains 1 + w), the first rope_dim of 16 dims rotated; and each of the three
+    switches, undone, changes the picks."""
+    transformers = pytest.importorskip('transformers')
+    from transformers.models.qwen4_exp import modeling_qwen4_exp as Q4
+    model = blocky('qwen4_exp', seed=seed, **QSA, index_norm_eps=1e-5)
+    indexer = model.transformer.h[0].attn.indexer
+    g = torch.Generator().manual_seed(seed + 20)
+    for p in indexer.parameters():
+        p.copy_(torch.randn(p.shape, generator=g) * (0.5 if p.dim() > 1 else 1.0))
+    config = transformers.Qwen4ExpTextConfig(
+        hidden_size=32, head_dim=8, num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+        indexer_n_heads=4, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=4, indexer_compress_ratio=2,
+        num_experts=2, num_experts_per_tok=1)
+    theirs = Q4.Qwen4ExpTextQSAIndexer(config, layer_idx=0)
+    theirs.index_qk_proj.weight.copy_(torch.cat((indexer.wq.weight, indexer.wk.weight)))
+    theirs.q_layernorm.weight.copy_(indexer.q_norm.weight - 1)
+    theirs.k_layernorm.weight.copy_(indexer.k_norm.weight - 1)
+    B, T = 2, 24
+    x = torch.randn(B, T, 32, generator=g)
+    _, (cos, sin) = model.transformer.wpe(x, 0)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    expected = theirs(x, (cos.expand(B, -1, -1), sin.expand(B, -1, -1)), causal.expand(B, 1, T, T), None)
+    mask, _ = indexer.narrow(x, x, (cos, sin), True, None, torch.zeros(B, 1, T, 1))
+    assert expected.any(-1).all() and torch.equal(mask, expected)
+    for undone in (dict(index_q_norm=False), dict(index_k_norm='layernorm'), dict(index_head_weights=True)):
+        other = blocky('qwen4_exp', seed=seed, **{**QSA, **undone}, index_norm_eps=1e-5)
+        other_indexer = other.transformer.h[0].attn.indexer
+        other_indexer.load_state_dict(indexer.state_dict(), strict=False)
+        if 'index_head_weights' in undone:
+            other_indexer.weights.weight.copy_(torch.randn(other_indexer.weights.weight.shape, generator=g))
+        assert not torch.equal(other_indexer.narrow(x, x, (cos, sin), True, None, torch.zeros(B, 1, T, 1))[0],
+                               expected), undone
+
+
 # ----------------------------------------------------------------------------- the rules, on learned scores
 
 @torch.no_grad()
@@ -320,9 +362,9 @@ def test_bad_block_settings_are_one_line_each(flags, fragment):
     assert fragment in str(e.value) and '\n' not in str(e.value)
 
 
-def test_export_refuses_block_selection_but_where_glm5_next_and_minimax_m3_carry_it():
+def test_export_refuses_block_selection_but_where_glm5_next_minimax_m3_and_qwen4_exp_carry_it():
     from hf import HF_FAMILIES
     config = tiny_config(**KINDS['gqa'], **SPARSE)
     for name, family in HF_FAMILIES.items():
-        carried = name in ('glm5_next', 'minimax_m3_vl_text')
+        carried = name in ('glm5_next', 'minimax_m3_vl_text', 'qwen4_exp_text')
         assert ('index_block_size=2' in family.blocking(config)) == (not carried), name

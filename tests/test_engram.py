@@ -28,9 +28,10 @@ def randomized(module, seed):
 def qwen4_exp_config(**extra):
     """What Qwen4-Exp's n-gram modules read of their config (its own validation wants hyper-connections: hc_count
     1 is the plain stream, which only these modules alone can be built with)."""
-    return SimpleNamespace(vocab_size=VOCAB, eos_token_id=VOCAB, ngram_size=3, heads_per_ngram=2, seed=1234,
-                           ngram_vocab_size_base=101, make_ngram_vocab_size_divisible_by=128, hidden_size=N_EMBD,
-                           hc_count=1, ple_embed_dim=16, ple_conv_kernel_size=4, rms_norm_eps=1e-5, **extra)
+    return SimpleNamespace(**{**dict(vocab_size=VOCAB, eos_token_id=VOCAB, ngram_size=3, heads_per_ngram=2, seed=1234,
+                                     ngram_vocab_size_base=101, make_ngram_vocab_size_divisible_by=128,
+                                     hidden_size=N_EMBD, hc_count=1, ple_embed_dim=16, ple_conv_kernel_size=4,
+                                     rms_norm_eps=1e-5), **extra})
 
 
 @torch.no_grad()
@@ -72,6 +73,68 @@ def test_a_memory_layer_is_qwen4_exps_on_the_same_weights():
 
 
 @torch.no_grad()
+def test_with_engram_eos_the_tables_restart_after_each_eos_as_qwen4_exps():
+    """engram_eos: that id before the first token, and every n-gram restarted after an eos (the tokens before it
+    replaced by the eos): Qwen4-Exp's rows for sequences with its eos in them, eos runs and an eos first included."""
+    pytest.importorskip('transformers')
+    from transformers.models.qwen4_exp import modeling_qwen4_exp as Q
+    config = tiny_config(**MODERN, **MEMORY, engram_eos=5)
+    idx = torch.randint(0, VOCAB, (3, 13), generator=torch.Generator().manual_seed(11))
+    idx[0, [0, 4, 5, 9]] = 5
+    idx[1, [1, 11]] = 5
+    for index in (0, 1):
+        ours = randomized(engram.EngramTable(config, index), 12)
+        theirs = Q.Qwen4ExpTextNGramEmbedding(qwen4_exp_config(eos_token_id=5), 16, layer_idx=0,
+                                              ple_layer_index=index)
+        theirs.ngram_embedding.weight[:ours.num_embeddings] = ours.weight
+        assert torch.equal(ours(idx), theirs(idx, None))
+        plain = engram.EngramTable(tiny_config(**MODERN, **MEMORY), index)
+        assert not torch.equal(plain.ids(idx), ours.ids(idx))  # the switch changes the rows read
+
+
+@torch.no_grad()
+def test_a_memory_layer_gates_each_copy_of_a_hyper_connected_stream_as_qwen4_exps():
+    """With hc_mult copies: a key per copy (key_proj n*d wide), grouped norms with each copy's own gains, the value
+    shared, the convolution over all copies' channels: Qwen4-Exp's PLE layer with hc_count 3."""
+    pytest.importorskip('transformers')
+    from transformers.models.qwen4_exp import modeling_qwen4_exp as Q
+    config = tiny_config(**MODERN, **MEMORY, hc_mult=3, hc_kind='gated')
+    table, ours = randomized(engram.EngramTable(config, 0), 13), randomized(engram.EngramBranch(config), 14)
+    assert ours.key_proj.weight.shape == (3 * N_EMBD, 16) and ours.conv.weight.shape == (3 * N_EMBD, 1, 4)
+    theirs = Q.Qwen4ExpTextPLELayer(qwen4_exp_config(hc_count=3), layer_idx=0, ple_layer_index=0)
+    theirs.ple_embedding.ngram_embedding.weight[:table.num_embeddings] = table.weight
+    for name in ('key_proj', 'value_proj'):
+        getattr(theirs, name).weight.copy_(getattr(ours, name).weight)
+    for name in ('norm_key', 'norm_query', 'norm_conv'):
+        getattr(theirs, name).weight.copy_(getattr(ours, name).weight - 1)
+    theirs.conv1d.weight.copy_(ours.conv.weight)
+    x = torch.randn(2, 11, 3, N_EMBD, generator=torch.Generator().manual_seed(15))
+    idx = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(16))
+    expected = theirs(x.flatten(2), idx, None).view_as(x)
+    torch.testing.assert_close(ours(x, table(idx)) - x, expected, rtol=0, atol=1e-5)
+
+
+@torch.no_grad()
+def test_a_model_with_the_memory_on_copies_and_an_eos_decodes_through_the_cache():
+    """A memory at layer 0 and the last, on gated copies (made before the memory adds to them), with engram_eos
+    in the prompt and the continuation: cached decoding is full forwards', and the cache keeps each layer's
+    convolution inputs for every copy."""
+    flags = dict(**MODERN, **MEMORY, hc_mult=3, hc_kind='gated', engram_eos=3)
+    model = randomized(build(**flags), 17)
+    for p in model.parameters():
+        p.mul_(0.5)
+    check_causal(model)
+    prompt = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(18))
+    prompt[:, 2] = 3
+    cached = model.generate(prompt, 2 * BLOCK, temperature=0)
+    assert torch.equal(cached, reference_greedy(model, prompt, 2 * BLOCK))
+    reach = (model.config.engram_conv - 1) * model.config.engram_ngram
+    assert model.transformer.h[0].engram.conv.weight.size(0) == 3 * N_EMBD
+    assert model.kv_cache_bytes(1, 10) - build(**{k: v for k, v in flags.items() if not k.startswith('engram')}) \
+        .kv_cache_bytes(1, 10) == 2 * 8 + 2 * reach * 3 * N_EMBD * 4
+
+
+@torch.no_grad()
 def test_a_model_with_the_memory_decodes_through_the_cache_as_full_forwards():
     """The cache keeps the last engram_ngram - 1 tokens and each memory layer's convolution's last inputs: cached
     decoding and the compiled step are full forwards' past block_size, and the states are in the cache's bytes."""
@@ -109,12 +172,14 @@ def test_flops_parameters_and_training(monkeypatch):
     assert [name for name, p in before.items() if torch.equal(p, params[name])] == []
 
 
-def test_no_hugging_face_family_carries_the_memory():
+def test_a_memory_model_of_no_family_is_refused_naming_qwen4_exp():
+    """Only qwen4_exp_text carries the memory (with its copies, MoE and QSA): export names it and what else it needs."""
     pytest.importorskip('transformers')
     from export import hf_family
     with pytest.raises(ValueError) as e:
         hf_family(tiny_config(**MODERN, **MEMORY))
-    assert "engram_layers='0,-1'" in str(e.value) and '\n' not in str(e.value)
+    message = str(e.value)
+    assert "engram_layers='0,-1'" in message and 'carried by qwen4_exp_text' in message and '\n' not in message
 
 
 @pytest.mark.parametrize('overrides, message', [
@@ -125,7 +190,8 @@ def test_no_hugging_face_family_carries_the_memory():
     (dict(engram_layers='1', engram_rows=1), "engram_rows must be an int >= 2"),
     (dict(engram_layers='1', engram_conv=0), "engram_conv must be an int >= 1"),
     (dict(engram_layers='1', norm_position='post'), "norm_position='post' normalizes"),
-    (dict(engram_layers='1', hc_mult=2), "with hyper-connections (hc_mult=2) is not supported yet"),
+    (dict(engram_layers='1', engram_eos=VOCAB), "engram_eos must be None or a token id in [0, vocab_size-1="),
+    (dict(engram_eos=1), "engram_eos=1 shape the n-gram memory: set engram_layers"),
 ])
 def test_bad_settings_are_one_line(overrides, message):
     with pytest.raises(ValueError) as e:

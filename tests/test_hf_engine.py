@@ -20,7 +20,8 @@ def test_export_tries_the_families_in_the_order_hf_py_had():
         'gpt2', 'llama', 'mistral', 'qwen2', 'qwen3', 'gemma3_text', 'olmo2', 'olmo3', 'smollm3', 'mixtral',
         'qwen3_moe', 'deepseek_v3', 'deepseek_v2', 'gpt_oss', 'glm4_moe', 'minimax_m2', 'deepseek_v32', 'glm_moe_dsa',
         'qwen3_next', 'qwen3_5_text', 'kimi_linear', 'olmo_hybrid', 'nanochat', 'llama4_text', 'lfm2', 'nemotron_h',
-        'gemma4_text', 'deepseek_v4', 'hy_v4', 'bailing_hybrid', 'glm5_next', 'minimax_m3_vl_text']
+        'gemma4_text', 'deepseek_v4', 'hy_v4', 'bailing_hybrid', 'glm5_next', 'minimax_m3_vl_text',
+        'qwen4_exp_text']
     assert all(name == family.model_type for name, family in HF_FAMILIES.items())
 
 

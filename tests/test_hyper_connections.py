@@ -1,5 +1,5 @@
 """Tests for chapters/hyper_connections.py: one hyper-connection against the formula written out and against
-transformers' DeepSeek-V4 and HY-V4 modules on the same weights, the doubly stochastic mix, a model's decoding through the
+transformers' DeepSeek-V4, HY-V4 and Qwen4-Exp (the gated residual) modules on the same weights, the doubly stochastic mix, a model's decoding through the
 cache, compiled decoding, its FLOPs as torch counts them, its parameters, training, and the checks."""
 import math
 
@@ -114,7 +114,55 @@ def test_an_independent_hyper_connection_and_the_head_are_hy_v4s_on_the_same_wei
     torch.testing.assert_close(head(x), their_head(x), rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize('kind, final', [('mhc', 'learned'), ('mhc', 'mean'), ('ihc', 'learned')])
+@torch.no_grad()
+def test_a_gated_residual_and_its_head_are_qwen4_exps_on_the_same_weights():
+    """hc_kind='gated': the grouped norm, the low-rank collapse weights and the injection gates of transformers'
+    Qwen4ExpTextGatedResidual (its norm gains are 1 + w), and its combine-less form as the last collapse."""
+    transformers = pytest.importorskip('transformers')
+    from transformers.models.qwen4_exp import modeling_qwen4_exp as Q4
+    theirs_config = transformers.Qwen4ExpTextConfig(hidden_size=N_EMBD, hc_count=4, hc_lowrank=8, rms_norm_eps=1e-5,
+                                                    num_experts=2, num_experts_per_tok=1)
+    flags = {**FLAGS, 'hc_kind': 'gated', 'hc_rank': 8, 'norm_eps': 1e-5}
+    for spreads, seed in ((True, 15), (False, 16)):
+        ours = randomized(hc.GatedConnection(GPTConfig(**flags), spreads), seed)
+        theirs = Q4.Qwen4ExpTextGatedResidual(theirs_config, use_combine=spreads)
+        names = dict(hc_norm='norm', input_mix_weight_down='down', input_mix_weight_up='up',
+                     block_inject_weight='inject')
+        theirs.load_state_dict({f'{k}.weight': getattr(ours, v).weight - (1 if k == 'hc_norm' else 0)
+                                for k, v in names.items() if spreads or k != 'block_inject_weight'})
+        x = torch.randn(2, 5, 4, N_EMBD, generator=torch.Generator().manual_seed(seed))
+        if not spreads:
+            torch.testing.assert_close(ours(x), theirs(x.flatten(2)), rtol=0, atol=1e-6)
+            continue
+        branch = lambda u: torch.tanh(u * 3)  # noqa: E731
+        collapsed, kept, gates = theirs(x.flatten(2))
+        expected = kept + (branch(collapsed).unsqueeze(-2) * gates.unsqueeze(-1)).flatten(-2)
+        torch.testing.assert_close(ours.connect(x, branch), expected.view_as(x), rtol=0, atol=1e-6)
+
+
+@torch.no_grad()
+def test_the_gated_residuals_switches_change_the_output():
+    """The spread scale (Qwen4-Exp's 2), each copy's own norm gains and the bottleneck's weights all reach the
+    logits; a gated model has no branch norms and no final norm (its collapses are the norms)."""
+    model = randomized(build(hc_kind='gated', hc_rank=8), 17)
+    assert all(isinstance(b.ln_1, torch.nn.Identity) and isinstance(b.ln_2, torch.nn.Identity)
+               for b in model.transformer.h) and isinstance(model.transformer.ln_f, torch.nn.Identity)
+    idx = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(18))
+    expected = model(idx)[0]
+    other = build(hc_kind='gated', hc_rank=8, hc_post_scale=1.0)
+    other.load_state_dict(model.state_dict())
+    assert (other(idx)[0] - expected).abs().max() > 1e-3
+    norm = model.transformer.h[0].residual.attn_hc.norm.weight
+    saved = norm.clone()
+    norm.view(4, N_EMBD)[1:] = norm.view(4, N_EMBD)[0]  # every copy the first copy's gains
+    assert (model(idx)[0] - expected).abs().max() > 1e-3
+    norm.copy_(saved)
+    model.transformer.hc_head.up.weight.zero_()  # the last collapse a plain mean of the normalized copies
+    assert (model(idx)[0] - expected).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize('kind, final', [('mhc', 'learned'), ('mhc', 'mean'), ('ihc', 'learned'),
+                                         ('gated', 'learned'), ('gated', 'mean')])
 @torch.no_grad()
 def test_a_model_of_copies_decodes_through_the_cache_as_without_it(kind, final):
     model = randomized(build(hc_kind=kind, hc_final=final), 7)
@@ -150,20 +198,22 @@ def explicit_attend(q, k, v, mask, dropout_p=0.0, scale=None, sinks=None):
     return scores.softmax(-1) @ v
 
 
-@pytest.mark.parametrize('kind, final', [('mhc', 'learned'), ('ihc', 'mean')])
+@pytest.mark.parametrize('kind, final', [('mhc', 'learned'), ('ihc', 'mean'), ('gated', 'learned')])
 def test_flops_and_parameters_count_the_projections(kind, final, monkeypatch):
     from torch.utils.flop_counter import FlopCounterMode
-    model = build(hc_kind=kind, hc_final=final).train()
+    model = build(hc_kind=kind, hc_final=final, **({'hc_rank': 8} if kind == 'gated' else {})).train()
     monkeypatch.setattr(M, 'attend', explicit_attend)
     monkeypatch.setattr(attention, 'attend_with_sinks', explicit_attend)
     idx = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(11))
     with FlopCounterMode(display=False) as counter:
         model(idx, idx)[1].backward()
     assert model.flops_per_token(seq_len=12) * 2 * 12 == counter.get_total_flops()
-    n, d = 4, N_EMBD
+    n, d, r = 4, N_EMBD, 8
     per_connection = ((2 + n) * n if kind == 'mhc' else 2 * n) * (n * d + 1) + (3 if kind == 'mhc' else 2)
     head = n * n * d + n + 1 if final == 'learned' else 0
     plain = build(hc_mult=1).get_num_params()
+    if kind == 'gated':  # the grouped norm, down, up and the gates; the branches' and the final norm are gone
+        per_connection, head = n * d + 2 * n * d * r + n * d * n + -d, n * d + 2 * n * d * r - d
     assert model.get_num_params() == plain + 2 * FLAGS['n_layer'] * per_connection + head
 
 
@@ -189,7 +239,11 @@ def test_a_model_of_copies_trains_and_every_part_learns():
 @pytest.mark.parametrize('overrides, fragment', [
     (dict(hc_mult=1, hc_kind='ihc'), "hc_kind apply to hyper-connections: set hc_mult >= 2"),
     (dict(hc_mult=1, hc_post_eps=True), "hc_post_eps apply to hyper-connections: set hc_mult >= 2"),
-    (dict(hc_kind='gated'), "hc_kind must be one of 'mhc', 'ihc'"),
+    (dict(hc_kind='other'), "hc_kind must be one of 'mhc', 'ihc', 'gated'"),
+    (dict(hc_rank=8), "hc_rank=8 is the gated residual's bottleneck: set hc_kind='gated'"),
+    (dict(hc_kind='gated', hc_eps=0.1), "hc_eps=0.1 apply to hc_kind 'mhc' and 'ihc', not to 'gated'"),
+    (dict(hc_kind='gated', norm_position='sandwich'), "hc_kind='gated' normalizes each copy in its collapse"),
+    (dict(hc_mult=1, hc_rank=8), "hc_rank apply to hyper-connections: set hc_mult >= 2"),
     (dict(norm_position='post'), "norm_position='post' normalizes the stream itself"),
     (dict(mtp_depth=1), 'not supported yet'),
     (dict(hc_mult=-1), 'hc_mult must be an int >= 0'),

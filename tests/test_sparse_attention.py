@@ -4,6 +4,7 @@ step, the indexer's KL loss (the indexer alone learns from it), its log in log.j
 settings and export (tiny random models); GLM-5's IndexCache (index_share)."""
 import pytest
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 import generate as G
@@ -372,7 +373,7 @@ def test_per_group_picks_each_k_v_group_its_own_keys_through_the_cache(picks, mo
     model = sparse('gqa', **PER_GROUP, **PICKS[picks])
     assert [b.attn.indexer is None for b in model.transformer.h] == [True, False, True]
     indexer = model.transformer.h[1].attn.indexer
-    assert indexer.weights is None and type(indexer.k_norm) is M.RMSNorm
+    assert indexer.weights is None and isinstance(indexer.k_norm, nn.RMSNorm) and isinstance(indexer.q_norm, nn.RMSNorm)
     seq = tokens(2, BLOCK, 3)
     model(seq)
     reads = indexer._reads.unflatten(0, (2, 2))  # (B, G, T, S)
