@@ -235,7 +235,7 @@ def per_layer_embeddings(config):
 
 def per_layer_inputs(transformer, idx, x):
     """Every layer's vector of each token (B, T, n_layer, per_layer_embd): from idx and its token embeddings x."""
-    per_layer = transformer.per_layer_norm.shape[0]
+    per_layer = transformer.per_layer_norm.normalized_shape[0]
     shape = (*idx.shape, -1, per_layer)
     looked_up = transformer.wte_per_layer(idx).view(shape) * per_layer ** 0.5
     projected = transformer.per_layer_norm((transformer.per_layer_proj(x) * x.size(-1) ** -0.5).view(shape))
