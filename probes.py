@@ -13,8 +13,16 @@ residual stream gets (massive activations).
 - learned_sink_share[layer][head]: with attn_sinks, the share given to the learned sink (to no key at all).
 - massive[layer]: the largest |value| in the residual stream after the block, where it is (position,
   channel), the median |value| and their ratio (Sun et al. 2024: a few values thousands of times the median).
+
+    from probes import gradient_norms
+    norms = gradient_norms(model, idx)   # how the training gradient travels down the depth
+
+- stream[layer]: the RMS of the loss's gradient with respect to the residual stream after the block (every
+  copy of a hyper-connected stream), for next-token prediction of idx's own tokens; params[layer]: the norm of
+  the block's parameters' gradients. mHC (Xie et al. 2025) claims to keep these bounded across depth.
 """
 import contextlib
+import math
 
 import torch
 
@@ -130,6 +138,35 @@ def probe(model, idx, skip=4):
     return report
 
 
+def gradient_norms(model, idx):
+    """The loss's gradient at each depth on tokens idx (B, T), see the module's docstring: one forward and backward
+    in eval mode (no dropout), predicting idx[:, 1:] from idx[:, :-1]; the model's own .grad are restored."""
+    blocks, outputs = model.transformer.h, {}
+
+    def keep(i):
+        def hook(module, args, output):
+            output.retain_grad()
+            outputs[i] = output
+        return hook
+    was_training, saved = model.training, {p: p.grad for p in model.parameters()}
+    hooks = [block.register_forward_hook(keep(i)) for i, block in enumerate(blocks)]
+    model.eval()
+    try:
+        model.zero_grad(set_to_none=True)
+        with torch.enable_grad():
+            model(idx[:, :-1], idx[:, 1:])[1].backward()
+        stream = [outputs[i].grad.float().pow(2).mean().sqrt().item() for i in range(len(blocks))]
+        params = [math.sqrt(sum(p.grad.float().pow(2).sum().item() for p in block.parameters() if p.grad is not None))
+                  for block in blocks]
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for p, grad in saved.items():
+            p.grad = grad
+        model.train(was_training)
+    return {'stream': stream, 'params': params}
+
+
 def equal_share(T, skip, window=None):
     """The mean share equal scores give position 0 over the queries skip..T-1: query t sees t + 1 keys while
     position 0 is in its window (t < window: a sliding window's, or the first chunk of a chunked layer), none past
@@ -144,8 +181,12 @@ def summarize(report):
     shares = [s for layer in report['sink_share'] if layer is not None for s in layer]
     equal = [e for e, layer in zip(report.get('equal_share') or [], report['sink_share']) if layer is not None
              for _ in layer]
+    stream = (report.get('gradients') or {}).get('stream')
     return {'sink_share': sum(shares) / len(shares) if shares else None,
             'sink_share_max': max(shares) if shares else None,
             'equal_share': sum(equal) / len(equal) if equal and None not in equal else None,
             'massive_ratio': max(m['ratio'] for m in report['massive']),
-            'massive_max': max(m['max'] for m in report['massive'])}
+            'massive_max': max(m['max'] for m in report['massive']),
+            # the first block's stream gradient over the last's: > 1, it grows on its way down
+            'grad_first_over_last': stream[0] / stream[-1] if stream and stream[-1] > 0 else None,
+            'grad_max_over_min': max(stream) / min(stream) if stream and min(stream) > 0 else None}

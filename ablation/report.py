@@ -234,11 +234,16 @@ def probes_table(variants):
                  f"position 0 and 0 where it does not (past a sliding window, or the first chunk of a chunked layer), "
                  f"whose mean over the same queries and layers is the 'equal' column: a share far above it is a sink. "
                  f"Massive ratio: the largest |activation| in the residual stream over its median, the largest over "
-                 f"layers (n/a sink share: no softmax layer).", '',
-             '| variant | sink share (mean) | sink share (max) | equal | massive ratio |', '|' + ' --- |' * 5]
+                 f"layers (n/a sink share: no softmax layer). Gradient across depth: the RMS of the loss's gradient "
+                 f"with respect to the stream after each block (next-token loss on the same rows), the first block's "
+                 f"over the last's (above 1: it grows on its way down) and the largest over the smallest.", '',
+             '| variant | sink share (mean) | sink share (max) | equal | massive ratio | grad first/last | grad max/min |',
+             '|' + ' --- |' * 7]
+    ratios = ('massive_ratio', 'grad_first_over_last', 'grad_max_over_min')
     for name, figures in probed.items():
-        lines.append('| ' + ' | '.join([name] + [fmt(figures[k], '.3f') for k in PROBE_FIGURES if k != 'massive_ratio']
-                                       + [fmt(figures['massive_ratio'], '.1f')]) + ' |')
+        lines.append('| ' + ' | '.join([name] + [fmt(figures[k], '.3f') for k in PROBE_FIGURES if k not in ratios]
+                                       + [fmt(figures[k], '.1f' if k == 'massive_ratio' else '.2f') for k in ratios])
+                     + ' |')
     return lines
 
 

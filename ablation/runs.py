@@ -15,13 +15,14 @@ from common.data import example_split, masked_accuracy, read_examples
 from common.files import write_json
 from common.hardware import pick_device
 from common.progress import fmt_duration
-from probes import probe, summarize as summarize_probe
+from probes import gradient_norms, probe, summarize as summarize_probe
 
 EXTRAPOLATION_SEED = 4242  # one set of batches per length, the same for every variant
 MULTIPLES = (1, 2, 4, 8)
-SUMMARY_VERSION = 5  # done.json figures older than this are recomputed from the run's files
+SUMMARY_VERSION = 6  # done.json figures older than this are recomputed from the run's files
 PROBE_ROWS, PROBE_SKIP = 16, 4  # the probes' rows, and the first queries left out of the sink share
-PROBE_FIGURES = ('sink_share', 'sink_share_max', 'equal_share', 'massive_ratio')
+PROBE_FIGURES = ('sink_share', 'sink_share_max', 'equal_share', 'massive_ratio', 'grad_first_over_last',
+                 'grad_max_over_min')
 
 
 def summarize_run(path, cwd):
@@ -77,10 +78,10 @@ def probe_tokens(cwd, dataset, block_size):
 
 def probe_run(model, tokens):
     """The probes' summary (sink share, what equal attention would give the same queries in each layer's window,
-    massive activations) and the per-layer report; None without tokens."""
+    massive activations, the gradient across depth) and the per-layer report; None without tokens."""
     if tokens is None or tokens.size(1) <= PROBE_SKIP:
         return None
-    report = probe(model, tokens, skip=PROBE_SKIP)
+    report = {**probe(model, tokens, skip=PROBE_SKIP), 'gradients': gradient_norms(model, tokens)}
     return {**summarize_probe(report), 'layers': report}
 
 

@@ -6,7 +6,7 @@ import torch
 
 import model as model_module
 from chapters import GPT, GPTConfig
-from probes import probe, recording_attention, summarize
+from probes import gradient_norms, probe, recording_attention, summarize
 
 
 def tiny(**overrides):
@@ -102,6 +102,40 @@ def test_massive_activations_read_every_copy_of_a_wider_stream():
     for layer in probe(model, idx)['massive']:
         assert layer['max'] == pytest.approx(1000.0, rel=0.05)
         assert layer['position'] == 4 and layer['channel'] % 16 == 5 and layer['ratio'] > 100
+
+
+def test_gradient_norms_are_the_losses_gradients_at_each_depth_and_leave_the_model_as_it_was():
+    """The last block's stream gradient against autograd's through the head alone (no hook); the parameters'
+    against a plain backward of the same loss; the model's own .grad and training mode are kept."""
+    model = tiny(norm='rms', pos='rope').train()
+    idx = tokens(T=12)
+    marker = torch.full_like(model.lm_head.weight, 7.0)
+    model.lm_head.weight.grad = marker.clone()
+    norms = gradient_norms(model, idx)
+    assert model.training and torch.equal(model.lm_head.weight.grad, marker)
+    assert all(p.grad is None for p in model.parameters() if p is not model.lm_head.weight)
+    model.eval()
+    x = model.embed(idx[:, :-1])[0]
+    for block in model.transformer.h:
+        x = block(x, model.embed(idx[:, :-1])[1]['rope'], True)
+    last = x.detach().requires_grad_()
+    logits = model.lm_head(model.transformer.ln_f(last))
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), idx[:, 1:].flatten())
+    expected = torch.autograd.grad(loss, last)[0]
+    assert norms['stream'][-1] == pytest.approx(expected.pow(2).mean().sqrt().item(), rel=1e-5)
+    model.zero_grad(set_to_none=True)
+    model(idx[:, :-1], idx[:, 1:])[1].backward()
+    for block, norm in zip(model.transformer.h, norms['params']):
+        assert norm == pytest.approx(math.sqrt(sum(p.grad.pow(2).sum().item() for p in block.parameters())), rel=1e-5)
+    summary = summarize({**probe(model, idx), 'gradients': norms})
+    assert summary['grad_first_over_last'] == pytest.approx(norms['stream'][0] / norms['stream'][-1])
+    assert summary['grad_max_over_min'] >= max(summary['grad_first_over_last'], 1 / summary['grad_first_over_last'])
+
+
+def test_gradient_norms_read_every_copy_of_a_wider_stream():
+    model = tiny(hc_mult=4, pos='rope', norm='rms')
+    norms = gradient_norms(model, tokens())
+    assert len(norms['stream']) == 2 and all(v > 0 for v in norms['stream'] + norms['params'])
 
 
 def test_too_few_tokens_is_refused_by_name():
