@@ -27,7 +27,8 @@ Around the blocks (Speedrun, a Feature; each block's input is made after the blo
   input with a learned gate per layer from 0.05 [records 62, 83];
 - sigmoid_softcap: the logits become 23 * sigmoid((z + 5) / 7.5) [record 54];
 - mtp_shared: the head's logits at each position also predict the tokens 2 .. mtp_shared + 1 ahead, with weights
-  mtp_shared_decay^k, in training: multi-token prediction without extra modules [records 53, 88];
+  mtp_shared_decay^k that fade to 0 over training, the furthest first (the speedrun's [1, .5, .25] -> [1, .5, 0]
+  -> [1, 0] -> [1] in thirds), in training: multi-token prediction without extra modules [records 53, 88];
 - sliding_window_start: the window schedule (local layers' windows grow during training) [records 31, 72]:
   the feature's progress hook, which train.py calls before each step, sets them.
 
@@ -85,6 +86,7 @@ LAYER_LIST = (names_layers, lambda c: f"None or layer numbers in [-{c.n_layer}, 
                                       f"each once (e.g. '0,-1')")
 ATTENTION_FIELDS = ('value_embed_layers', 'xsa_layers', 'key_offset')
 STREAM_FIELDS = ('x0_lambdas', 'unet_skips', 'layer_skip_from', 'smear', 'backout_layer', 'bigram_vocab')
+MTP_SHAPE_FIELDS = ('mtp_shared_decay', 'mtp_shared_fade')
 FEATURE_FIELDS = ('value_embed_layers',) + STREAM_FIELDS + ('sigmoid_softcap', 'mtp_shared')
 
 
@@ -118,11 +120,13 @@ class Config:
     sigmoid_softcap: bool = False  # the logits become 23*sigmoid((z+5)/7.5) (the speedrun's soft cap; logit_softcap is the tanh one)
     mtp_shared: int = 0  # training: the head's logits at each position also predict the tokens 2..mtp_shared+1 ahead, the k-th further weighted mtp_shared_decay**k (the speedrun's multi-token prediction, no extra modules); 0: none
     mtp_shared_decay: float = 0.5  # the weight of mtp_shared's k-th further token is this to the k (the speedrun: 1, 0.5, 0.25)
+    mtp_shared_fade: bool = True  # the further tokens' weights fade to 0 over training, the furthest first: training in mtp_shared+1 equal stages, the k-th further token's weight falling linearly over stage mtp_shared-k+1, the last stage the next token's alone (the speedrun's); False: constant weights
     sliding_window_start: int | None = None  # training: local ('L') layers' window at the start, growing linearly to sliding_window by the end (evaluated at sliding_window); None: fixed
 
     FIELD_TYPES = {
         **dict.fromkeys(('value_embed_layers', 'xsa_layers'), LAYER_LIST),
-        **dict.fromkeys(('key_offset', 'x0_lambdas', 'unet_skips', 'smear', 'sigmoid_softcap'), BOOL),
+        **dict.fromkeys(('key_offset', 'x0_lambdas', 'unet_skips', 'smear', 'sigmoid_softcap', 'mtp_shared_fade'),
+                        BOOL),
         **dict.fromkeys(('layer_skip_from', 'layer_skip_to'),
                         in_range(0, lambda c: c.n_layer - 1, lambda c: f"n_layer-1={c.n_layer - 1}")),
         'backout_layer': in_range(0, lambda c: c.n_layer - 2, lambda c: f"n_layer-2={c.n_layer - 2}"),
@@ -167,9 +171,9 @@ class Config:
          lambda c: "bigram_vocab=1 leaves no row for the bigrams (the last row is the first token's): set 0 or >= 2"),
         (lambda c: c.sigmoid_softcap and c.logit_softcap is not None,
          lambda c: f"sigmoid_softcap=True and logit_softcap={c.logit_softcap} are two soft caps: set one of them"),
-        (lambda c: changed(c, ('mtp_shared_decay',)) and not c.mtp_shared,
-         lambda c: f"mtp_shared_decay={c.mtp_shared_decay} applies to mtp_shared only: set mtp_shared >= 1 or leave "
-                   f"it at its default"),
+        (lambda c: changed(c, MTP_SHAPE_FIELDS) and not c.mtp_shared,
+         lambda c: f"{flag_list(c, changed(c, MTP_SHAPE_FIELDS))} apply to mtp_shared only: set mtp_shared >= 1 or "
+                   f"leave them at their defaults"),
         (lambda c: c.sliding_window_start is not None and 'L' not in c.layer_kinds,
          lambda c: f"sliding_window_start={c.sliding_window_start} schedules local ('L') layers' window and there are "
                    f"none: set layers and sliding_window, or --sliding_window_start=None"),
@@ -187,7 +191,7 @@ class Config:
         return {**super().attention_switches(layer), **{name: True for name, on in own.items() if on}}
 
 
-RUNTIME_FLAGS = ('mtp_shared', 'mtp_shared_decay', 'sliding_window_start')
+RUNTIME_FLAGS = ('mtp_shared', 'mtp_shared_decay', 'mtp_shared_fade', 'sliding_window_start')
 
 
 # ----------------------------------------------------------------------------- inside attention
@@ -318,6 +322,7 @@ class Speedrun(Feature):
     def build(self, model):
         c, t = self.config, model.transformer
         L = c.n_layer
+        self.fraction = 0.0  # of training done, which train.py sets through progress (mtp_weights reads it)
         self.value_layers = layers_of(c.value_embed_layers, c)
         self.value_keys = sorted({t.h[i].attn.positions for i in self.value_layers}, key=str)
         if self.value_layers:  # each layer's rows as wide as its K/V heads
@@ -403,33 +408,51 @@ class Speedrun(Feature):
 
     def loss(self, model, idx, h, targets):
         """The shared head's further predictions: position i's logits against the token k + 1 ahead (targets'
-        i + k), weighted mtp_shared_decay**k, summed. The head runs again (the hook is given h, not the logits)
-        over the positions that have a further token."""
-        n, T = self.config.mtp_shared, targets.size(1)
-        if not n or not model.training or T < 2:
+        i + k), weighted by mtp_weights at this point of training, summed. The head runs again (the hook is given
+        h, not the logits) over the positions that have a further token, while any weight is above 0."""
+        T = targets.size(1)
+        weights = mtp_weights(self.config, self.fraction)[:T - 1]
+        if not model.training or not any(weights):
             return None
         logits = model.logits(h[:, :-1])
         total = 0
-        for k in range(1, min(n, T - 1) + 1):
-            scored = logits[:, :T - k].reshape(-1, logits.size(-1)).float()
-            total = total + self.config.mtp_shared_decay ** k * \
-                F.cross_entropy(scored, targets[:, k:].reshape(-1), ignore_index=-1)
+        for k, weight in enumerate(weights, start=1):
+            if weight:
+                scored = logits[:, :T - k].reshape(-1, logits.size(-1)).float()
+                total = total + weight * F.cross_entropy(scored, targets[:, k:].reshape(-1), ignore_index=-1)
         return total
 
     def progress(self, model, fraction):
-        """The window schedule: the local layers' window at this share of training."""
+        """The share of training done: the window schedule sets the local layers' window from it, the MTP loss
+        its weights."""
+        self.fraction = fraction
         if self.config.sliding_window_start is not None:
             set_window(model, window_at(self.config, fraction))
 
     def flops(self, model, seq_len):
-        """The smear's gate over the tokens after the first, and the head run again over all but the last."""
+        """The smear's gate over the tokens after the first, and the head run again over all but the last (counted
+        for the whole run, though with mtp_shared_fade it stops in the last stage)."""
         shifted = (seq_len - 1) / seq_len
         gate = 6 * model.transformer.smear_gate.numel() * shifted if self.config.smear else 0
         head = 6 * model.lm_head.weight.numel() * shifted if self.config.mtp_shared else 0
         return gate + head
 
 
-# ----------------------------------------------------------------------------- the window schedule
+# ----------------------------------------------------------------------------- the schedules
+
+def mtp_weights(config, fraction):
+    """mtp_shared's weights of the tokens 2 .. mtp_shared + 1 ahead at `fraction` (0..1) of training: the k-th
+    further token's is mtp_shared_decay**k, and with mtp_shared_fade it falls linearly to 0 over stage n - k + 1
+    of n + 1 equal stages (n = mtp_shared): the furthest goes first, and the last stage trains the next token
+    alone, the loss that evaluation scores (the speedrun's; with constant weights the head keeps splitting itself
+    between the next token and the ones after it, and its next-token loss ends worse)."""
+    n, weights = config.mtp_shared, []
+    for k in range(1, n + 1):
+        fade_start = (n - k) / (n + 1)
+        left = min(max(1 - (fraction - fade_start) * (n + 1), 0.0), 1.0) if config.mtp_shared_fade else 1.0
+        weights.append(config.mtp_shared_decay ** k * left)
+    return weights
+
 
 def window_at(config, fraction):
     """The local layers' window at `fraction` (0..1) of training: sliding_window_start growing linearly to

@@ -138,20 +138,43 @@ def test_the_stream_steps_are_the_formulas_written_out():
 
 def test_the_shared_head_predicts_further_tokens_in_training_only():
     """In training the loss is the next token's plus decay**k times the head's loss against the token k + 1
-    ahead, from the same logits; in evaluation the next token's alone."""
+    ahead, from the same logits (at the start of training, before any weight fades); in evaluation the next
+    token's alone."""
     model = build(**MODERN, mtp_shared=2, mtp_shared_decay=0.7)
     idx = torch.randint(0, VOCAB, (2, 10), generator=torch.Generator().manual_seed(7))
     targets = torch.randint(0, VOCAB, (2, 10), generator=torch.Generator().manual_seed(8))
     logits, loss = model(idx, targets)
-
-    def ce(lg, tg):
-        return F.cross_entropy(lg.reshape(-1, VOCAB), tg.reshape(-1))
     assert_close(loss, ce(logits, targets), atol=1e-6)
     model.train()
     _, train_loss = model(idx, targets)
     expected = ce(logits, targets) + 0.7 * ce(logits[:, :-1], targets[:, 1:]) + \
         0.49 * ce(logits[:, :-2], targets[:, 2:])
     assert_close(train_loss, expected, atol=1e-5)
+
+
+def ce(logits, targets):
+    return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+
+
+def test_the_further_tokens_weights_fade_the_furthest_first():
+    """The speedrun's schedule for two further tokens: [.5, .25] fading to [.5, 0] over the first third, to
+    [0, 0] over the second, the last third the next token alone; the loss follows the progress hook."""
+    config = tiny_config(**MODERN, mtp_shared=2)
+    points = {0: [0.5, 0.25], 1 / 6: [0.5, 0.125], 1 / 3: [0.5, 0], 1 / 2: [0.25, 0], 2 / 3: [0, 0], 1: [0, 0]}
+    for fraction, expected in points.items():
+        assert speedrun.mtp_weights(config, fraction) == pytest.approx(expected, abs=1e-12), fraction
+    assert speedrun.mtp_weights(tiny_config(**MODERN, mtp_shared=2, mtp_shared_fade=False), 0.9) == [0.5, 0.25]
+    model = build(**MODERN, mtp_shared=2)
+    idx = torch.randint(0, VOCAB, (2, 10), generator=torch.Generator().manual_seed(7))
+    targets = torch.randint(0, VOCAB, (2, 10), generator=torch.Generator().manual_seed(8))
+    logits, _ = model(idx, targets)
+    model.train()
+    for feature in model.features:
+        feature.progress(model, 1 / 2)
+    assert_close(model(idx, targets)[1], ce(logits, targets) + 0.25 * ce(logits[:, :-1], targets[:, 1:]), atol=1e-5)
+    for feature in model.features:
+        feature.progress(model, 0.8)
+    assert_close(model(idx, targets)[1], ce(logits, targets), atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- decoding
@@ -323,7 +346,8 @@ def test_no_hugging_face_family_carries_a_switch(name):
     (dict(bigram_vocab=1), "bigram_vocab=1 leaves no row for the bigrams"),
     (dict(bigram_vocab=-2), "bigram_vocab must be an int >= 0"),
     (dict(sigmoid_softcap=True, logit_softcap=15.0), "are two soft caps"),
-    (dict(mtp_shared_decay=0.3), "mtp_shared_decay=0.3 applies to mtp_shared only"),
+    (dict(mtp_shared_decay=0.3), "mtp_shared_decay=0.3 apply to mtp_shared only"),
+    (dict(mtp_shared_fade=False), "mtp_shared_fade=False apply to mtp_shared only"),
     (dict(mtp_shared=1, mtp_shared_decay=0), "mtp_shared_decay must be a number > 0"),
     (dict(sliding_window_start=2), "sliding_window_start=2 schedules local ('L') layers' window and there are none"),
     (dict(sliding_window_start=9, sliding_window=8, layers='LG'), "must be at most sliding_window=8"),
