@@ -54,6 +54,7 @@ learning_rates = '1e-3,3e-3,1e-2,3e-2'  # for the stability group
 adamw_lrs = '3e-4,1e-3,3e-3'  # for the optimizer group: AdamW's peak rates
 muon_lrs = '0.005,0.01,0.02,0.04'  # for the optimizer group: Muon's (AdamW keeps the recipe's for the rest)
 target = ''  # a variant whose mean final val loss is the target the "iters to" and "seconds to it" columns time each variant to; '' the reference
+members = ''  # only these variants of the grid's groups, e.g. 'modern+muon,+bigram' ('' every one)
 custom = ''  # e.g. "{'tiny_rope': {'pos': 'rope', 'rope_theta': 500.0}}"
 train_args = ''  # passed to every train.py run, e.g. '--max_iters=20 --eval_interval=10'
 recall_widths = '32,64,128'  # the recall group's n_embd (n_head = n_embd // 32: heads 32 wide)

@@ -48,8 +48,18 @@ def build_grid(base, settings):
             if both:  # train_args come last and would win, under the variant's name
                 die(f"train_args set {', '.join(both)}, which variant {name!r} sets itself; leave it to the variants")
             variants[name], names_by_key[key] = flags, name
+    variants = chosen_members(variants, settings.get('members', ''))
     check_variants(base, variants, settings)
     return variants
+
+
+def chosen_members(variants, members):
+    """The variants `members` names (all for ''), in grid order; a name the grid lacks is one line."""
+    names = [m.strip() for m in members.split(',') if m.strip()]
+    unknown = [n for n in names if n not in variants]
+    if unknown:
+        die(f"members {', '.join(map(repr, unknown))} are not in the grid; its variants are {', '.join(variants)}")
+    return {name: flags for name, flags in variants.items() if not names or name in names}
 
 
 def check_variants(base, variants, settings):

@@ -3,6 +3,8 @@ directories."""
 
 import os
 
+import pytest
+
 from conftest import ablate_grid
 
 
@@ -20,3 +22,17 @@ def test_grid_runs_each_flag_set_once(monkeypatch, capsys):
     assert {'mlp=relu', 'mlp=geglu', 'vanilla+postnorm', 'modern-rms', 'modern-gqa'} <= set(variants)
     assert 'runs once, as vanilla' in capsys.readouterr().out
     assert all(os.sep not in name and ' ' not in name for name in variants)
+
+
+def test_members_keep_the_named_variants_in_grid_order(monkeypatch):
+    _, _, variants = ablate_grid(monkeypatch, '--grid=speedrun', '--members=+bigram, modern+muon')
+    assert list(variants) == ['modern+muon', '+bigram']
+    assert variants['+bigram'] == {**variants['modern+muon'], 'bigram_vocab': 4096}
+
+
+def test_a_member_the_grid_lacks_is_one_line(monkeypatch, capsys):
+    with pytest.raises(SystemExit) as e:
+        ablate_grid(monkeypatch, '--grid=default', '--members=modern,+bigram')
+    assert e.value.code != 0
+    err = capsys.readouterr().err.strip()
+    assert "members '+bigram' are not in the grid; its variants are vanilla, vanilla+rms" in err and '\n' not in err
