@@ -143,13 +143,15 @@ def recall_members(base, settings):
 
 
 # the recall group's architectures by name (others are layers patterns), each (sized recipe, its modern flags) ->
-# flags: the indexers read a quarter of the sequence, single tokens or as four blocks (MiniMax-M3's max scoring)
+# flags: the indexers read a quarter of the sequence, single tokens or as four blocks (MiniMax-M3's max scoring);
+# v4: DeepSeek-V4's attention (compressed_flags)
 RECALL_NAMED = {
     'global': lambda sized, modern: modern,
     'mla': lambda sized, modern: mla_flags(sized, modern, gqa_cache=True),
     'dsa': lambda sized, modern: indexed_flags(sized, modern, max(1, (sized['block_size'] + 1) // 4)),
     'blocks': lambda sized, modern: indexed_flags(sized, modern, max(1, (sized['block_size'] + 1) // 4),
                                                   block=max(1, (sized['block_size'] + 1) // 16)),
+    'v4': lambda sized, modern: compressed_flags(modern, sized['block_size'] + 1),
 }
 
 
@@ -229,6 +231,33 @@ def moe_members(base, modern, settings):
     return [('modern', modern), ('moe', moe), ('moe+shared', {**moe, 'n_shared_expert': 1}),
             ('moe-sigmoid', {**routed, 'router': 'sigmoid'}), ('moe-noaux', routed),
             ('dense-as-total', {**modern, 'ffn_hidden': total})]
+
+
+def router_members(base, modern, settings):
+    # the moe group's experts with each router's score: softmax (balanced by the auxiliary loss), DeepSeek-V3's
+    # sigmoid and DeepSeek-V4's sqrt-softplus (both balanced by the bias), then V4's hash routing on the first layer
+    routed = {**modern, 'mlp': 'moe', 'n_expert': 8, 'n_expert_active': 2}
+    sqrt = {**routed, 'router': 'sigmoid', 'router_score': 'sqrtsoftplus'}
+    return [('softmax', {**routed, 'moe_aux_loss_coef': 0.01}), ('sigmoid', {**routed, 'router': 'sigmoid'}),
+            ('sqrtsoftplus', sqrt), ('sqrtsoftplus+hash', {**sqrt, 'hash_moe_layers': 1})]
+
+
+def compressed_flags(modern, length, layers='LHLI'):
+    """DeepSeek-V4's attention at modern's width for sequences of `length`: one shared key-value head with sinks,
+    every layer a window of a quarter of the sequence; 'H' layers pool a window's worth of tokens into each entry,
+    'I' layers every 4 (over 8), the indexer reading a quarter of the entries (V4's 128 and 4 beside its 128-token
+    window)."""
+    window = max(1, length // 4)
+    return {**modern, 'n_kv_head': None, 'attn': 'shared_kv', 'attn_sinks': True, 'layers': layers,
+            'sliding_window': window, **({'hca_rate': window} if 'H' in layers else {}),
+            **({'csa_rate': 4, 'csa_topk': max(1, length // 16)} if 'I' in layers else {})}
+
+
+def compressed_members(base, modern, settings):
+    # V4's attention (windows with HCA and CSA layers, and windows alone) against dense GQA and MLA at GQA's cache
+    return [('modern', modern), ('mla', mla_flags(base, modern, gqa_cache=True)),
+            ('v4-window', compressed_flags(modern, base['block_size'], 'L')),
+            ('v4', compressed_flags(modern, base['block_size']))]
 
 
 def attention_members(base, modern, settings):
@@ -403,6 +432,8 @@ GROUPS = {
     'kv': lambda base, modern, settings: [(f'kv={k}', {**modern, 'n_kv_head': k})
                                           for k in int_list(settings['n_kv_heads'], 'n_kv_heads')],
     'moe': moe_members,
+    'router': router_members,
+    'compressed': compressed_members,
     'attention': attention_members,
     'long_context': lambda base, modern, settings: [('vanilla', {}), ('modern', modern)],
     'stability': stability_members,

@@ -341,3 +341,34 @@ def test_the_speedrun_group_adds_each_switch_alone_then_all(monkeypatch):
     from chapters import GPTConfig
     for flags in variants.values():  # every variant is a model the recipe can build (Muon is train.py's)
         GPTConfig(**{**model_args(base), **{k: v for k, v in flags.items() if k != 'optimizer'}})
+
+
+def test_the_compressed_and_router_groups(tmp_path, monkeypatch, capsys):
+    """compressed: V4's attention (a quarter-sequence window on every layer, HCA pooling a window per entry, CSA
+    every 4 with a quarter of its entries read) and its windows alone beside GQA and MLA; router: the three scores
+    on the same experts, then hash routing on the first layer; each variant a model the recipe builds and trains.
+    recall_archs takes 'v4', sized by the recall length."""
+    _, base, variants = ablate_grid(monkeypatch, '--grid=compressed,router')
+    T, modern = base['block_size'], variants['modern']
+    v4 = {**modern, 'n_kv_head': None, 'attn': 'shared_kv', 'attn_sinks': True, 'sliding_window': T // 4}
+    assert variants['v4'] == {**v4, 'layers': 'LHLI', 'hca_rate': T // 4, 'csa_rate': 4, 'csa_topk': T // 16}
+    assert variants['v4-window'] == {**v4, 'layers': 'L'} and variants['mla']['attn'] == 'mla'
+    routed = {**modern, 'mlp': 'moe', 'n_expert': 8, 'n_expert_active': 2}
+    assert variants['softmax'] == {**routed, 'moe_aux_loss_coef': 0.01}
+    assert variants['sigmoid'] == {**routed, 'router': 'sigmoid'}
+    assert variants['sqrtsoftplus'] == {**routed, 'router': 'sigmoid', 'router_score': 'sqrtsoftplus'}
+    assert variants['sqrtsoftplus+hash'] == {**variants['sqrtsoftplus'], 'hash_moe_layers': 1}
+    from chapters import GPT, GPTConfig
+    torch.manual_seed(0)
+    idx = torch.randint(0, 65, (2, T))
+    for name, flags in variants.items():
+        model = GPT(GPTConfig(**{**model_args(base), 'vocab_size': 65, **flags}))
+        loss = model(idx, idx)[1]
+        loss.backward()
+        assert torch.isfinite(loss), name
+    workdir = make_workdir(tmp_path)
+    (workdir / 'data' / 'recall_32').mkdir(parents=True)
+    (workdir / 'data' / 'recall_32' / 'meta.json').write_text(json.dumps({'example_length': 32, 'vocab_size': 64}))
+    _, _, variants = ablate_grid(monkeypatch, f'--run_dir={workdir}', '--grid=recall', '--recall_widths=64',
+                                 '--recall_lengths=32', '--recall_archs=v4')
+    assert variants['v4_d=64_L=32']['sliding_window'] == 8 and variants['v4_d=64_L=32']['csa_topk'] == 2
