@@ -16,7 +16,8 @@ shortconv, deltanet, kda, mamba2) and three of them to one global layer (local-h
 Qwen3-Next's 'DDDG'), with aliases lllg (local-hybrid) and hybrid (deltanet-hybrid); lg+sinks (gpt-oss's
 alternation with sinks), gate (the output gate), nope (a layer in four without RoPE), partial (half of each head
 rotated); dsa and
-mla+dsa (DeepSeek Sparse Attention on modern and on MLA: each query reads the block_size/8 keys its indexer picks).
+mla+dsa (DeepSeek Sparse Attention on modern and on MLA: each query reads the block_size/8 keys its indexer picks);
+v4 (DeepSeek-V4's attention at its release's sizes: a window of 128 on every layer, HCA and CSA layers in turn).
 decode_prompt: decoding starts after this many prompt tokens (the cache already holds them: a long context).
 nanogpt_dir: a checkout of karpathy/nanoGPT; its GPT, at the same sizes, is timed as an extra row.
 vs_hf: greedy decoding of each variant against Hugging Face generate on the same weights (bench_decode.py):
@@ -121,6 +122,11 @@ VARIANTS.update({'lllg': VARIANTS['local-hybrid'], 'hybrid': VARIANTS['deltanet-
 # DeepSeek Sparse Attention on top of modern and of MLA: each query reads block_size/8 keys its indexer picks
 _sparse = {'index_topk': max(1, block_size // 8), 'index_head_dim': max(32, n_embd // n_head)}
 VARIANTS.update({'dsa': {**modern, **_sparse}, 'mla+dsa': {**modern, **BEYOND_MODERN['mla'], **_sparse}})
+# DeepSeek-V4's attention at its release's sizes whatever block_size: one shared key-value head with sinks, a window of
+# 128 on every layer, 'H' and 'I' layers in turn (an entry per 128 tokens; an entry per 4, the indexer reading 512)
+VARIANTS['v4'] = {**modern, 'n_kv_head': None, 'attn': 'shared_kv', 'attn_sinks': True, 'layers': 'HI',
+                  'sliding_window': 128, 'hca_rate': 128, 'csa_rate': 4, 'csa_topk': 512,
+                  'csa_index_dim': max(32, n_embd // n_head)}
 
 # ----------------------------------------------------------------------------- checks first, then minutes of timing
 for name in ('batch_size', 'decode_tokens', 'decode_batch', 'decode_prompt'):

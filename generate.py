@@ -1,8 +1,8 @@
 """
 The decoding engine: what generate needs beyond model.py's forward. The cache (KVCache) keeps what each
 layer's token mixer declares (cache_entries per past token, a ring for a sliding window; cache_states, a
-recurrent state whatever the length); a prefill runs GPT's forward with it, and each later token one
-decoding step (decode_step), which compile_decoding compiles; sample_next picks the tokens.
+recurrent state whatever the length); a prefill runs GPT's forward with it (a long prompt in pieces), and
+each later token one decoding step (decode_step), which compile_decoding compiles; sample_next picks the tokens.
 
 GPT.generate, generate_stream, compile_decoding and kv_cache_bytes are these functions, called as methods.
 """
@@ -14,6 +14,8 @@ from functools import partial
 import torch
 
 from model import causal_mask, window_mask
+
+PREFILL_CHUNK = 4096  # a longer prompt is prefilled in pieces of this many tokens (prefill)
 
 
 class KVCache:
@@ -339,7 +341,8 @@ def generate_stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
             logits = step(nxt, cache.position, cache.stores, cache.features)  # nxt: the last token, a fresh (B, 1) tensor
             cache.advance(1)
         else:  # no cache, a prefill, or a step of the general path
-            h = model.hidden_states(window if cache is None or cache.pos == 0 else window[:, -1:], cache)
+            h = prefill(model, window, cache, static) if cache is not None and cache.pos == 0 else \
+                model.hidden_states(window if cache is None else window[:, -1:], cache)
             logits = model.logits(h[:, -1, :])  # only the last position is sampled from
         logits = logits[:, :vocab_limit]
         nxt = sample_next(logits.float(), temperature, top_k, top_p)
@@ -349,6 +352,18 @@ def generate_stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
             window = window[:, -keep:]
             if cache is not None:
                 cache.reset()
+
+
+def prefill(model, window, cache, static=True):
+    """The prompt into a fresh cache -> its hidden states (the last are sampled from). A prompt longer than
+    PREFILL_CHUNK goes in pieces of it, each continuing the cache (as every layer kind can: tiny_models'
+    check_cache_logits), so attention's masks and scores stay a piece by the cache, not the prompt by itself: a
+    32k prompt's (32k, 32k) masks would not fit in memory. Positions that follow the length reached (static False)
+    take the whole prompt at once, at its own length."""
+    piece = PREFILL_CHUNK if static else window.size(1)
+    for start in range(0, window.size(1), piece):
+        h = model.hidden_states(window[:, start:start + piece], cache)
+    return h
 
 
 @torch.no_grad()

@@ -34,6 +34,36 @@ def test_greedy_generation_matches_reference_and_batches(overrides):
     assert torch.equal(model.generate(long_prompt, 20, temperature=0.0, use_cache=False), expected)
 
 
+MODERN = dict(norm='rms', mlp='swiglu', pos='rope', n_kv_head=2)
+
+
+@pytest.mark.parametrize('overrides', [MODERN, dict(MODERN, layers='LG', sliding_window=5),
+                                       dict(MODERN, n_kv_head=None, attn='shared_kv', attn_sinks=True, layers='LH',
+                                            sliding_window=5, hca_rate=3)],
+                         ids=['modern', 'window', 'v4-compressed'])
+def test_a_long_prompt_is_prefilled_in_pieces_to_the_same_tokens(monkeypatch, overrides):
+    """A prompt longer than PREFILL_CHUNK goes into the cache in pieces of it (global, windowed and compressed
+    layers), and greedy decoding gives the full forwards' tokens."""
+    model = build(**overrides)
+    prompt = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(5))
+    expected = reference_greedy(model, prompt, 4)
+    monkeypatch.setattr(G, 'PREFILL_CHUNK', 3)
+    lengths, forward = [], model.hidden_states
+    monkeypatch.setattr(model, 'hidden_states', lambda idx, cache=None: lengths.append(idx.size(1)) or forward(idx, cache))
+    assert torch.equal(model.generate(prompt, 4, temperature=0.0), expected)
+    assert lengths[:4] == [3, 3, 3, 2]
+
+
+def test_positions_that_follow_the_length_prefill_the_prompt_whole(monkeypatch):
+    """Dynamic RoPE computes a prompt's angles at its whole length: pieces would see shorter ones."""
+    model = build(pos='rope', rope_scaling='dynamic', rope_factor=4.0, rope_original_length=8)
+    monkeypatch.setattr(G, 'PREFILL_CHUNK', 3)
+    lengths, forward = [], model.hidden_states
+    monkeypatch.setattr(model, 'hidden_states', lambda idx, cache=None: lengths.append(idx.size(1)) or forward(idx, cache))
+    model.generate(torch.zeros(1, 11, dtype=torch.long), 2, temperature=0.0)
+    assert lengths[0] == 11
+
+
 def test_generate_stream_yields_tokens_one_step_at_a_time():
     model = build()
     torch.manual_seed(18)
