@@ -223,9 +223,13 @@ def norm_position_members(base, modern, settings):
             ('modern+after', {**modern, 'norm_position': 'after'})]
 
 
+def routed_flags(modern):
+    """modern with 8 experts of half the dense width, 2 per token: the dense model's active parameters."""
+    return {**modern, 'mlp': 'moe', 'n_expert': 8, 'n_expert_active': 2}
+
+
 def moe_members(base, modern, settings):
-    # 8 experts of half the dense width, 2 per token: the dense model's active parameters
-    routed = {**modern, 'mlp': 'moe', 'n_expert': 8, 'n_expert_active': 2}
+    routed = routed_flags(modern)
     moe = {**routed, 'moe_aux_loss_coef': 0.01}
     total = 8 * GPTConfig(**{**model_args(base), **moe}).expert_hidden  # the MoE's MLP parameters, dense
     return [('modern', modern), ('moe', moe), ('moe+shared', {**moe, 'n_shared_expert': 1}),
@@ -236,7 +240,7 @@ def moe_members(base, modern, settings):
 def router_members(base, modern, settings):
     # the moe group's experts with each router's score: softmax (balanced by the auxiliary loss), DeepSeek-V3's
     # sigmoid and DeepSeek-V4's sqrt-softplus (both balanced by the bias), then V4's hash routing on the first layer
-    routed = {**modern, 'mlp': 'moe', 'n_expert': 8, 'n_expert_active': 2}
+    routed = routed_flags(modern)
     sqrt = {**routed, 'router': 'sigmoid', 'router_score': 'sqrtsoftplus'}
     return [('softmax', {**routed, 'moe_aux_loss_coef': 0.01}), ('sigmoid', {**routed, 'router': 'sigmoid'}),
             ('sqrtsoftplus', sqrt), ('sqrtsoftplus+hash', {**sqrt, 'hash_moe_layers': 1})]

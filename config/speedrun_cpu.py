@@ -6,7 +6,7 @@
 #       --custom="{'stacked': {'optimizer': 'muon', 'norm': 'rms', 'mlp': 'swiglu', 'n_kv_head': 2, 'pos': 'rope',
 #           'value_embed_layers': '0,-1', 'x0_lambdas': True, 'unet_skips': True, 'smear': True, 'backout_layer': 2,
 #           'bigram_vocab': 4096, 'xsa_layers': '0,1,2,3', 'mtp_shared': 2}}" \
-#       --seeds=3 --train_args=--eval_interval=100 --out_dir=out-ablate-speedrun
+#       --seeds=3 --train_args=--eval_interval=100 --out_dir=out-ablate-speedrun-stacked
 #   python train.py config/speedrun_cpu.py
 exec(open('config/shakespeare_modern_cpu.py').read())
 out_dir = 'out-speedrun-cpu'
@@ -22,4 +22,3 @@ backout_layer = 2  # the middle layer's output, a learned share, is taken out be
 bigram_vocab = 4096  # a hashed (previous token, token) table added at every layer
 xsa_layers = '0,1,2,3'  # every layer's output loses its projection on the token's own value, a learned share
 mtp_shared = 2  # the head also predicts 2 and 3 tokens ahead, the weights fading to 0 by two thirds of training
-

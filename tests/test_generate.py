@@ -37,6 +37,13 @@ def test_greedy_generation_matches_reference_and_batches(overrides):
 MODERN = dict(norm='rms', mlp='swiglu', pos='rope', n_kv_head=2)
 
 
+def forward_lengths(model, monkeypatch):
+    """The list that will hold the length of each forward model.hidden_states takes."""
+    lengths, forward = [], model.hidden_states
+    monkeypatch.setattr(model, 'hidden_states', lambda idx, cache=None: lengths.append(idx.size(1)) or forward(idx, cache))
+    return lengths
+
+
 @pytest.mark.parametrize('overrides', [MODERN, dict(MODERN, layers='LG', sliding_window=5),
                                        dict(MODERN, n_kv_head=None, attn='shared_kv', attn_sinks=True, layers='LH',
                                             sliding_window=5, hca_rate=3)],
@@ -48,8 +55,7 @@ def test_a_long_prompt_is_prefilled_in_pieces_to_the_same_tokens(monkeypatch, ov
     prompt = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(5))
     expected = reference_greedy(model, prompt, 4)
     monkeypatch.setattr(G, 'PREFILL_CHUNK', 3)
-    lengths, forward = [], model.hidden_states
-    monkeypatch.setattr(model, 'hidden_states', lambda idx, cache=None: lengths.append(idx.size(1)) or forward(idx, cache))
+    lengths = forward_lengths(model, monkeypatch)
     assert torch.equal(model.generate(prompt, 4, temperature=0.0), expected)
     assert lengths[:4] == [3, 3, 3, 2]
 
@@ -58,8 +64,7 @@ def test_positions_that_follow_the_length_prefill_the_prompt_whole(monkeypatch):
     """Dynamic RoPE computes a prompt's angles at its whole length: pieces would see shorter ones."""
     model = build(pos='rope', rope_scaling='dynamic', rope_factor=4.0, rope_original_length=8)
     monkeypatch.setattr(G, 'PREFILL_CHUNK', 3)
-    lengths, forward = [], model.hidden_states
-    monkeypatch.setattr(model, 'hidden_states', lambda idx, cache=None: lengths.append(idx.size(1)) or forward(idx, cache))
+    lengths = forward_lengths(model, monkeypatch)
     model.generate(torch.zeros(1, 11, dtype=torch.long), 2, temperature=0.0)
     assert lengths[0] == 11
 
