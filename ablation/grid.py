@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shlex
+import sys
 
 from ablation.files import TRAIN_PY, read_json
 from ablation.groups import base_vocab, group_members, model_args
@@ -92,6 +93,15 @@ def run_path(out, name, flags, seed, settings):
         digest = hashlib.sha1(json.dumps(run_args(flags, seed, settings)).encode()).hexdigest()[:8]
         path = f'{path}-{digest}'
     return path
+
+
+def shell_quote(arg):
+    return arg if re.fullmatch(r'[\w@%+=:,./-]+', arg) else '"' + re.sub(r'(["\\$`])', r'\\\1', arg) + '"'
+
+
+def ablate_command():
+    """This invocation as a command to paste (each run keeps it in its done.json: a report may hold runs of several)."""
+    return ' '.join(['python ablate.py'] + [shell_quote(a) for a in sys.argv[1:]])
 
 
 def made_here(done, settings):

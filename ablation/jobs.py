@@ -14,7 +14,7 @@ import time
 import torch
 
 from ablation.files import TRAIN_PY
-from ablation.grid import run_args
+from ablation.grid import ablate_command, run_args
 from ablation.runs import SUMMARY_VERSION, summarize_run
 from common.files import write_json
 from common.progress import fmt_duration
@@ -164,7 +164,7 @@ def _finish(job, proc, duration, cwd, settings):
         why = ([line for line in lines if line.startswith('error:')] or lines or ['(no output)'])[-1][:300]
         return f"(exit {proc.returncode}): {why}; see {log_path}"
     write_json(os.path.join(path, 'done.json'), {'variant': name, 'flags': flags, 'seed': seed,
-                                                  'args': run_args(flags, seed, settings),
+                                                  'args': run_args(flags, seed, settings), 'command': ablate_command(),
                                                   'duration_s': round(duration, 1),
                                                   **summarize_run(path, cwd), 'version': SUMMARY_VERSION})
     return ''

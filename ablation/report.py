@@ -6,10 +6,9 @@ import json
 import os
 import re
 import statistics
-import sys
 
 from ablation.files import read_json
-from ablation.grid import made_here
+from ablation.grid import ablate_command, made_here
 from ablation.groups import default_pairs
 from ablation.runs import MULTIPLES, PROBE_FIGURES, PROBE_ROWS, PROBE_SKIP, SCALINGS, finished, measure_lengths
 from common.errors import die
@@ -298,10 +297,6 @@ def check_report_files(out):
             die(f"cannot write the report's {name} in out_dir '{out}': {refusal}", code=1)
 
 
-def shell_quote(arg):
-    return arg if re.fullmatch(r'[\w@%+=:,./-]+', arg) else '"' + re.sub(r'(["\\$`])', r'\\\1', arg) + '"'
-
-
 def finished_runs(out, cwd, settings):
     """(runs, roots, other): the figures (done.json, read now: runs other processes finished are in) and the
     directories of the finished runs made with this invocation's train_config and train_args, and the names of
@@ -392,6 +387,19 @@ def main_table(variants, runs, reference, command, settings):
     return lines
 
 
+def other_commands(runs, command):
+    """A line naming the commands of the runs an earlier invocation made (the header names this one only)."""
+    counts = {}
+    for run in runs:
+        key = run.get('command')
+        if key != command:
+            counts[key] = counts.get(key, 0) + 1
+    if not counts:
+        return []
+    return ['', 'Runs in this report made by other commands: ' + '; '.join(
+        f"{n} by `{key}`" if key else f"{n} made before runs kept their command" for key, n in counts.items()) + '.']
+
+
 def notes(variants, reference, n_layer):
     """What the main table's figures are: the test, the timing, LLLG standing in for Gemma 3's ratio."""
     lines = ['', f"p: Welch's two-sided t-test over seeds against {reference} (stats.welch); ≈: p >= 0.05, a "
@@ -437,11 +445,12 @@ def write_report(out, order, failed, cwd, n_layer, settings):
     no_data = measure_lengths(runs, roots, cwd, methods, iters)
     reported = {os.path.abspath(root) for root in roots}
     variants, reference = compare_variants(runs, order, methods)
-    command = ' '.join(['python ablate.py'] + [shell_quote(a) for a in sys.argv[1:]])
+    command = ablate_command()
     write_output(os.path.join(out, 'results.json'), json.dumps({'command': command, 'settings': dict(settings),
                                                                 'variants': variants, 'runs': runs}, indent=1),
                  'results.json')
-    lines = main_table(variants, runs, reference, command, settings) + notes(variants, reference, n_layer)
+    lines = main_table(variants, runs, reference, command, settings) + other_commands(runs, command) + \
+        notes(variants, reference, n_layer)
     if methods:
         lines += extrapolation_table(variants, no_data, iters)
     lines += lengths_table(variants, runs, reference, iters) + recall_table(variants, runs) + probes_table(variants)

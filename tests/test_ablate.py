@@ -81,6 +81,8 @@ def test_report_has_a_row_per_variant_with_extrapolation(ablated):
     assert [c[0] for c in rope['curve']] == [0, 2, 4]
     done = json.loads((out / 'runs' / 'vanilla' / 'seed1338' / 'done.json').read_text())
     assert done['seed'] == 1338 and done['kv_bytes_per_token'] == 128
+    assert done['command'] == results['command'] and done['command'].startswith('python ablate.py ')
+    assert 'made by other commands' not in md  # every run is this command's
     assert done['final_val_loss'] == done['curve'][-1][1] and done['ms_per_iter'] > 0
     cached = json.loads((out / 'runs' / 'vanilla' / 'seed1338' / 'extrapolation.json').read_text())
     assert cached['plain@2x@2'] is None and cached['plain@1x@2'] > 0

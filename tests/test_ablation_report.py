@@ -14,7 +14,7 @@ def test_one_seed_shows_no_spread():
     assert mean_std([1.0, 2.0]) == '1.5000 ± 0.7071'
 
 
-def fabricated_run(workdir, out, name, flags, seed, val_loss, accuracy, lengths=None, records=None):
+def fabricated_run(workdir, out, name, flags, seed, val_loss, accuracy, lengths=None, records=None, command=None):
     """A finished run written by hand: an old done.json (so the report summarizes it again from its log.jsonl)
     and a log of evaluations (by default two, the last with the given val loss and task accuracy)."""
     path = out / 'runs' / name / f'seed{seed}'
@@ -22,7 +22,8 @@ def fabricated_run(workdir, out, name, flags, seed, val_loss, accuracy, lengths=
     args = [str(workdir / 'tiny.py')] + [f'--{k}={v!r}' for k, v in flags.items()] + [f'--seed={seed}',
                                                                                       '--wandb_log=False']
     (path / 'done.json').write_text(json.dumps({'variant': name, 'flags': flags, 'seed': seed, 'args': args,
-                                                'duration_s': 1.0, 'version': 3}))
+                                                'duration_s': 1.0, 'version': 3,
+                                                **({'command': command} if command else {})}))
     records = records or [
         {'iter': 0, 'val_loss': 3.0, 'elapsed_s': 0.0, 'ms_per_iter': None, 'tokens': 0, 'accuracy': 0.1},
         {'iter': 4, 'val_loss': val_loss, 'elapsed_s': 1.0, 'ms_per_iter': 10.0, 'tokens': 64,
@@ -182,3 +183,26 @@ def test_a_length_table_without_rows_is_one_line_not_an_empty_table(tmp_path, mo
     md = (out / 'results.md').read_text(encoding='utf-8')
     assert '| variant | method |' not in md
     assert 'Val loss at multiples of the trained block_size: none to show (runs on a task dataset' in md
+
+
+def test_the_report_names_the_commands_of_runs_an_earlier_invocation_made(tmp_path, monkeypatch, capsys):
+    """The header names this invocation's command; runs another command made (or one from before runs kept their
+    command) are counted by command in a line of their own, so each figure's command can be found."""
+    workdir = make_workdir(tmp_path)
+    out = tmp_path / 'out'
+    earlier = 'python ablate.py --grid=custom "--custom={\'vanilla\': {}}" --seeds=2'
+    for seed in (1337, 1338):
+        fabricated_run(workdir, out, 'vanilla', {}, seed, 2.0, None, command=earlier)
+        fabricated_run(workdir, out, 'rope', {'pos': 'rope'}, seed, 1.9, None)
+    code, _, err = report_here(workdir, out, '--extrapolation=', monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, err
+    md = (out / 'results.md').read_text(encoding='utf-8')
+    this = json.loads((out / 'results.json').read_text())['command']
+    assert f"command: `{this}`" in md
+    assert f"Runs in this report made by other commands: 2 by `{earlier}`; 2 made before runs kept their " \
+           f"command." in md
+    for done in out.glob('runs/*/seed*/done.json'):  # as if this command had made them all
+        done.write_text(json.dumps({**json.loads(done.read_text()), 'command': this}))
+    code, _, err = report_here(workdir, out, '--extrapolation=', monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, err
+    assert 'made by other commands' not in (out / 'results.md').read_text(encoding='utf-8')
