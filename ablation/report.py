@@ -6,6 +6,7 @@ import json
 import os
 import re
 import statistics
+from collections import Counter
 
 from ablation.files import read_json
 from ablation.grid import ablate_command, made_here
@@ -389,11 +390,7 @@ def main_table(variants, runs, reference, command, settings):
 
 def other_commands(runs, command):
     """A line naming the commands of the runs an earlier invocation made (the header names this one only)."""
-    counts = {}
-    for run in runs:
-        key = run.get('command')
-        if key != command:
-            counts[key] = counts.get(key, 0) + 1
+    counts = Counter(run.get('command') for run in runs if run.get('command') != command)
     if not counts:
         return []
     return ['', 'Runs in this report made by other commands: ' + '; '.join(
