@@ -11,7 +11,7 @@ from collections import Counter
 from ablation.files import read_json
 from ablation.grid import ablate_command, made_here
 from ablation.groups import default_pairs
-from ablation.runs import MULTIPLES, PROBE_FIGURES, PROBE_ROWS, PROBE_SKIP, SCALINGS, finished, measure_lengths
+from ablation.runs import MULTIPLES, PROBE_FIGURES, PROBE_ROWS, PROBE_SKIP, SCALINGS, SOLVED, finished, measure_lengths
 from common.errors import die
 from common.files import output_refusal, tmp_path, write_output
 from stats import welch
@@ -133,14 +133,14 @@ def recall_points(variants):
 
 
 def recall_best(variants, runs):
-    """{(row, task, width): (rate, accuracies of its seeds)}: at each point the learning rate whose mean accuracy
-    is highest (Zoology's protocol: the best of a sweep; the first of a tie), or the one rate run."""
+    """{(row, task, width): (rate, accuracies of its seeds, variant)}: at each point the learning rate whose mean
+    accuracy is highest (Zoology's protocol: the best of a sweep; the first of a tie), or the one rate run."""
     best = {}
     for name, (row, task, width, rate) in recall_points(variants).items():
         accuracies = seed_values(runs, name, 'accuracy')
         held = best.get((row, task, width))
         if accuracies and (held is None or statistics.mean(accuracies) > statistics.mean(held[1])):
-            best[(row, task, width)] = (rate, accuracies)
+            best[(row, task, width)] = (rate, accuracies, name)
     return best
 
 
@@ -179,13 +179,28 @@ def recall_table(variants, runs):
             if (row, task, width) not in best:
                 cells.append('-')
                 continue
-            rate, accuracies = best[(row, task, width)]
+            rate, accuracies, _ = best[(row, task, width)]
             cell = f"{statistics.mean(accuracies):.3f}" + (
                 f" ± {statistics.stdev(accuracies):.3f}" if len(accuracies) > 1 else ' (1 seed)') + \
                 (f" @{rate:g}" if rate is not None else '')
             reference = best.get((global_row(row), task, width))
             test = welch(accuracies, reference[1]) if reference and row != global_row(row) else None
             cells.append(cell + (f" (p {test['p']:.2g}{' ≈' if test['p'] >= 0.05 else ''})" if test else ''))
+        lines.append(f"| {row} | " + ' | '.join(cells) + ' |')
+    return lines + solved_table(points, best, shapes, runs)
+
+
+def solved_table(points, best, shapes, runs):
+    """When each seed of a point crossed the phase change: the first evaluation at SOLVED accuracy or more, at the
+    point's best rate (how much sooner one architecture learns the lookup than another)."""
+    lines = ['', f"Iteration of the first evaluation at {SOLVED:g} accuracy or more, each seed in order (never: not in "
+                 "its run), of the runs in the table above: where and how soon the phase change came.", '',
+             '| architecture | ' + ' | '.join(f'{task_label(task)} d={width}' for task, width in shapes) + ' |',
+             '|' + ' --- |' * (1 + len(shapes))]
+    for row in dict.fromkeys(r for r, *_ in points.values()):
+        cells = [', '.join('never' if r.get('solved_at') is None else str(r['solved_at'])
+                           for r in runs if r['variant'] == best[(row, *shape)][2]) if (row, *shape) in best else '-'
+                 for shape in shapes]
         lines.append(f"| {row} | " + ' | '.join(cells) + ' |')
     return lines
 
@@ -202,7 +217,7 @@ def plot_recall(variants, runs, path):
     for ax, task in zip(axes[0], tasks):
         # past matplotlib's 10 colours the lines repeat one: a marker per decade tells them apart
         for i, row in enumerate(dict.fromkeys(r for r, _, _ in best)):
-            at = sorted((w, v) for (r, t, w), (_, v) in best.items() if r == row and t == task)
+            at = sorted((w, v) for (r, t, w), (_, v, _) in best.items() if r == row and t == task)
             if at:
                 ax.errorbar([w for w, _ in at], [statistics.mean(v) for _, v in at], marker='osD^v'[i // 10 % 5], capsize=3,
                             yerr=[statistics.stdev(v) if len(v) > 1 else 0 for _, v in at], label=row)

@@ -19,7 +19,8 @@ from probes import gradient_norms, probe, summarize as summarize_probe
 
 EXTRAPOLATION_SEED = 4242  # one set of batches per length, the same for every variant
 MULTIPLES = (1, 2, 4, 8)
-SUMMARY_VERSION = 6  # done.json figures older than this are recomputed from the run's files
+SUMMARY_VERSION = 7  # done.json figures older than this are recomputed from the run's files
+SOLVED = 0.9  # a task's accuracy taken as solved: past the plateaus of a phase change (recall's sit near 0.2-0.55)
 PROBE_ROWS, PROBE_SKIP = 16, 4  # the probes' rows, and the first queries left out of the sink share
 PROBE_FIGURES = ('sink_share', 'sink_share_max', 'equal_share', 'massive_ratio', 'grad_first_over_last',
                  'grad_max_over_min')
@@ -42,6 +43,7 @@ def summarize_run(path, cwd):
                'parameters': None, 'active_parameters': None, 'kv_bytes_per_token': None,
                'task': task_scores(last), 'accuracy': last.get('accuracy'), 'lengths': last.get('lengths'),
                'best_accuracy': max((r['accuracy'] for r in records if r.get('accuracy') is not None), default=None),
+               'solved_at': next((r['iter'] for r in records if (r.get('accuracy') or 0) >= SOLVED), None),
                'probe': None}
     ckpt_path = os.path.join(path, 'ckpt.pt')
     if os.path.exists(ckpt_path):  # not when val loss never improved with always_save_checkpoint=False

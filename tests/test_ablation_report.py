@@ -169,6 +169,34 @@ def test_a_swept_recall_point_reports_its_best_rate_tested_against_globals_best_
     assert len(saved) == len(accuracies)  # every rate's figure is kept
 
 
+def test_the_recall_table_says_when_each_seed_of_the_best_rate_crossed_the_phase_change(
+        tmp_path, monkeypatch, capsys):
+    """Zoology's "sooner": beside the accuracies, each seed's first evaluation at 0.9 accuracy or more ('never'
+    where it stayed below), read from the best rate's runs, not the other rate's."""
+    workdir = make_workdir(tmp_path)
+    out = tmp_path / 'out'
+    curves = {('global', '0.001'): [[0.2, 0.5, 0.95, 1.0], [0.2, 0.3, 0.4, 0.41], [0.2, 0.9, 0.99, 1.0]],
+              ('global', '0.003'): [[0.95, 0.4, 0.4, 0.4], [0.2, 0.4, 0.4, 0.4], [0.2, 0.4, 0.4, 0.4]],
+              ('DG', '0.001'): [[0.95, 1.0, 1.0, 1.0], [0.5, 0.92, 1.0, 1.0], [0.3, 0.6, 0.91, 1.0]]}
+    custom = {}
+    for (arch, rate), runs in curves.items():
+        name = f'{arch}_d=64_L=32_P=8_n=2_lr={rate}'
+        custom[name] = {'n_layer': 2, 'learning_rate': float(rate), **({'layers': 'DG'} if arch == 'DG' else {})}
+        for k, curve in enumerate(runs):
+            records = [{'iter': 250 * (i + 1), 'val_loss': 1.0, 'elapsed_s': i + 1.0, 'tokens': 64 * (i + 1),
+                        'ms_per_iter': 10.0, 'accuracy': a} for i, a in enumerate(curve)]
+            fabricated_run(workdir, out, name, custom[name], 1337 + k, 1.0, None, records=records)
+    code, _, err = report_here(workdir, out, f'--custom={custom}', '--seeds=3', '--extrapolation=',
+                               monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, err
+    md = (out / 'results.md').read_text(encoding='utf-8')
+    accuracy, solved = [t for t in tables(md) if t[0][0] == 'architecture']
+    assert solved[0] == accuracy[0] == ['architecture', 'L=32 P=8 d=64']
+    assert dict(accuracy[1:])['global n=2'].endswith('@0.001')  # 0.803 against 0.4 at 0.003
+    assert dict(solved[1:]) == {'global n=2': '750, never, 500', 'DG n=2': '250, 500, 750'}
+    assert 'first evaluation at 0.9 accuracy or more' in md
+
+
 def test_a_length_table_without_rows_is_one_line_not_an_empty_table(tmp_path, monkeypatch, capsys):
     """The copy group's runs (a task: no windows of text to score at 2x..8x) asked for --extrapolation=plain: the
     report says there is nothing to show and where the lengths are, instead of an empty table (issue 44.15)."""
