@@ -6,7 +6,8 @@
 # 2,500, one run on a 2-core CPU, and so in issue 49's run); past 0.9 at 1,000-1,500 in the recall group's three
 # seeds (docs/results.md); 2,200-2,600 in the pilot before this recipe (docs/evidence_plan.md).
 # At 8 pairs it comes later, if at all: 2,500-2,750 where it came, at 2 or 4 layers, and which seeds cross depends
-# on the rate (none of three at 4 layers and 1e-3, two at 3e-3: docs/results.md, "Zoology's protocol").
+# on the rate (none of three at 4 layers and 1e-3, two at 3e-3: docs/results.md, "Zoology's protocol"); at 2 layers
+# and 1e-3 with max_iters=6000 every seed crossed, at 2,000-4,500.
 exec(open('config/shakespeare_vanilla_cpu.py').read())
 out_dir = 'out-recall-cpu'
 wandb_project = 'recall'
