@@ -171,8 +171,7 @@ def recall_table(variants, runs):
                  "an example." + (" At each point the learning rate with the best mean accuracy (@ its rate, as "
                                   "Zoology reports; every rate's figure is a variant of results.json)." if swept
                                   else ''), '',
-             '| architecture | ' + ' | '.join(f'{task_label(task)} d={width}' for task, width in shapes) + ' |',
-             '|' + ' --- |' * (1 + len(shapes))]
+             *shapes_header(shapes)]
     for row in dict.fromkeys(r for r, *_ in points.values()):
         cells = []
         for task, width in shapes:
@@ -195,14 +194,23 @@ def solved_table(points, best, shapes, runs):
     point's best rate (how much sooner one architecture learns the lookup than another)."""
     lines = ['', f"Iteration of the first evaluation at {SOLVED:g} accuracy or more, each seed in order (never: not in "
                  "its run), of the runs in the table above: where and how soon the phase change came.", '',
-             '| architecture | ' + ' | '.join(f'{task_label(task)} d={width}' for task, width in shapes) + ' |',
-             '|' + ' --- |' * (1 + len(shapes))]
+             *shapes_header(shapes)]
     for row in dict.fromkeys(r for r, *_ in points.values()):
-        cells = [', '.join('never' if r.get('solved_at') is None else str(r['solved_at'])
-                           for r in runs if r['variant'] == best[(row, *shape)][2]) if (row, *shape) in best else '-'
-                 for shape in shapes]
+        cells = [crossings(runs, best[(row, *shape)][2]) if (row, *shape) in best else '-' for shape in shapes]
         lines.append(f"| {row} | " + ' | '.join(cells) + ' |')
     return lines
+
+
+def crossings(runs, name):
+    """'750, never, 500': each seed's solved_at of a variant, in the runs' order."""
+    return ', '.join('never' if r.get('solved_at') is None else str(r['solved_at'])
+                     for r in runs if r['variant'] == name)
+
+
+def shapes_header(shapes):
+    """The recall tables' header lines: a column per (task, width)."""
+    return ['| architecture | ' + ' | '.join(f'{task_label(task)} d={width}' for task, width in shapes) + ' |',
+            '|' + ' --- |' * (1 + len(shapes))]
 
 
 def plot_recall(variants, runs, path):
