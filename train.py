@@ -27,6 +27,9 @@ eval_interval = 2000
 log_interval = 10  # iterations between printed losses: reading one waits for the device
 eval_iters = 200
 eval_only = False  # evaluate once (appending to log.jsonl) and exit
+# a task dataset (data/recall, data/copy): end at the first evaluation whose val accuracy reaches this, the task
+# solved (0: train to max_iters). A grid of runs then spends its time on the runs that have not solved it yet
+stop_accuracy = 0.0
 # one lm-evaluation-harness task scored at every evaluation, beside val loss, on rank 0 alone (pip install lm-eval)
 eval_task = ''  # '': off; a harness task name, e.g. 'hellaswag'
 eval_task_limit = 500  # items scored each time; 0: all of them
@@ -103,6 +106,7 @@ check(not (fsdp and optimizer == 'muon' and 'RANK' in os.environ),
 check(min_lr <= learning_rate or not decay_lr, f"min_lr ({min_lr}) must not be above learning_rate ({learning_rate}): "
                                               f"the schedule decays from the peak to it (or set decay_lr=False)")
 check(0 <= seed < 2 ** 63, f"seed must be in [0, 2**63), got {seed}")
+check(0 <= stop_accuracy <= 1, f"stop_accuracy must be in [0, 1] (0: train to max_iters), got {stop_accuracy}")
 check(threads >= 0, f"threads must be >= 0 (0: half the cores on a CPU, else torch's default), got {threads}")
 check(not (os.path.exists(out_dir) and not os.path.isdir(out_dir)), f"out_dir '{out_dir}' is a file, not a directory")
 check(init_from_problem(init_from) is None, init_from_problem(init_from))
@@ -182,6 +186,8 @@ if meta.get('kind') == 'tiktoken':  # GPT-2's 50257 padded to 50304: a multiple 
 # other lengths; its batches are examples, aligned, and its evaluations also log accuracy
 batches = Batches(dataset, meta, meta_path, batch_size, block_size, device)
 example_data, eval_splits, example_shape = batches.example_data, batches.eval_splits, batches.example_shape
+check(example_data or not stop_accuracy, f"stop_accuracy={stop_accuracy} needs a task dataset (data/recall, data/copy), "
+                                         f"whose evaluations score accuracy; dataset {dataset!r} is text")
 
 # ----------------------------------------------------------------------------- out_dir: this run's alone
 ckpt_path = os.path.join(out_dir, 'ckpt.pt')  # the latest state: what resume continues from
@@ -533,6 +539,7 @@ def report_step(lossf, lr, dt):
 t_start = time.time() - elapsed_before  # elapsed_s continues across resumes
 train_time, train_steps = 0.0, 0  # since the last evaluation, for ms/iter in log.jsonl
 start_iter = iter_num
+solved = False  # stop_accuracy reached
 try:
     while True:
         lr = schedule.set_lr(optim, iter_num)
@@ -554,6 +561,8 @@ try:
             weights, opt_state = training_state() if save else (None, None)  # FSDP: every rank gathers
             elapsed_s = round(time.time() - t_start, 3)
             record = report_evaluation(losses, lr, elapsed_s, save, blown_up)
+            # every process reads the same accuracy (the evaluation sums over them all), so all stop together
+            solved = trained and bool(stop_accuracy) and losses['accuracy']['val'] >= stop_accuracy
             # the log first: a crash before the save leaves records past the checkpoint, which a resume drops
             with critical():
                 log_evaluation(record)
@@ -566,7 +575,10 @@ try:
             if master:
                 print(f"saved checkpoint to {ckpt_path}" + (f" and {best_path} (the best val loss so far)"
                                                             if improved else ''))
-        if eval_only or iter_num >= max_iters:
+        if solved and master:
+            print(f"val accuracy {losses['accuracy']['val']:.4f} reached stop_accuracy={stop_accuracy} at iter "
+                  f"{iter_num}: the task is solved, training ends here")
+        if eval_only or iter_num >= max_iters or solved:
             break
 
         # one step whole: an interrupt waits for its end, where the state is one a resume continues from exactly

@@ -6,6 +6,7 @@ import re
 import pytest
 import torch
 
+from conftest import make_char_dataset
 from test_batches import make_task, task_file
 from test_train import MODERN, log_records, run, train_namespace, workdir  # noqa: F401 (fixtures)
 
@@ -94,3 +95,26 @@ def test_task_lengths_past_block_size_run_only_where_the_positions_go(tmp_path, 
     assert lengths['val_4x'] == {'loss': None, 'accuracy': None} and lengths['val_2x']['accuracy'] is not None
     assert learned.stdout.count('learned positions cannot go past block_size 16: val_4x (33 tokens)') == 1
     assert 'val_4x n/a' in learned.stdout
+
+
+def test_stop_accuracy_ends_a_task_run_at_its_first_trained_evaluation_that_reaches_it(tmp_path, run, monkeypatch,
+                                                                                     capsys, single_thread):
+    """The run stops where its accuracy first reaches stop_accuracy, with the log and checkpoint of that
+    evaluation; a text dataset refuses the setting."""
+    make_task(tmp_path, 'recall', monkeypatch, capsys)
+    task = ['--dataset=recall', '--block_size=15', '--max_iters=40', '--eval_interval=4', '--learning_rate=1e-2']
+    run(tmp_path, *task, '--out_dir=full')
+    full = [(r['iter'], r['accuracy']) for r in log_records(tmp_path / 'full')]
+    best = max(accuracy for _, accuracy in full[1:-1])  # before the last evaluation: a stop there ends the run early
+    first = next(k for k, (_, accuracy) in enumerate(full) if k > 0 and accuracy >= best)
+    stop = full[first][0]
+    assert best > 0 and stop < 40
+    result = run(tmp_path, *task, f'--stop_accuracy={best!r}', '--out_dir=stopped')
+    assert [(r['iter'], r['accuracy']) for r in log_records(tmp_path / 'stopped')] == full[:first + 1]
+    assert f'reached stop_accuracy={best!r} at iter {stop}: the task is solved' in result.stdout
+    assert torch.load(tmp_path / 'stopped' / 'ckpt.pt', weights_only=False)['iter_num'] == stop
+
+    make_char_dataset(tmp_path)  # data/tiny, characters
+    text = run(tmp_path, '--stop_accuracy=0.9', '--out_dir=text', check=False)
+    assert text.returncode == 2 and text.stderr.count('\n') == 1
+    assert "stop_accuracy=0.9 needs a task dataset" in text.stderr and "dataset 'tiny' is text" in text.stderr
