@@ -14,8 +14,8 @@
 # --recall_archs=global,DDDG --recall_depths=2 adds the 1:1 hybrid DG, 9 runs more):
 #   python ablate.py config/ablate_recall_cpu.py --recall_widths=64 --recall_pairs=8 --recall_archs=global \
 #       --recall_depths=2,4 --recall_lrs=3e-4,1e-3,3e-3 --out_dir=out-ablate-recall-zoology
-# then each other architecture at 2 layers (--recall_archs=DDDG, KKKG, VVVG, SSSG, D, S, V, L, one invocation each, 9
-# runs, 13-30 min two at a time), and global at 2 layers and 1e-3 with 6,000 iterations, where every seed learns it:
+# then each other architecture at 2 layers (--recall_archs=DDDG, KKKG, VVVG, SSSG, D, S, V, L, K, mla, one invocation
+# each, 9 runs, 13-50 min two at a time), and global at 2 layers and 1e-3 with 6,000 iterations, where every seed learns it:
 #   ... --recall_depths=2 --recall_lrs=1e-3 --out_dir=out-ablate-recall-zoology-6k \
 #       "--train_args=--max_iters=6000 --lr_decay_iters=6000"
 out_dir = 'out-ablate-recall'
