@@ -30,7 +30,7 @@ class Config:
     ssm_n_groups: int = 1  # B and C come in this many groups, each shared by ssm_n_head / ssm_n_groups heads
     ssm_conv_kernel: int = 4  # the causal depthwise convolution over x, B and C, in tokens
     ssm_chunk_size: int = 64  # training and prefill work in chunks of this many tokens, parallel inside one
-    ssm_dt_min: float = 0.0  # time steps below this are raised to it (Nemotron-H's time_step_min, 1e-3); 0: none
+    ssm_dt_min: float = 0.0  # time steps below this are raised to it (Nemotron-H's time_step_limit[0]); 0: none
 
     FIELD_TYPES = {
         **kinds('ssm_n_head ssm_head_dim', OPTIONAL_POSITIVE_INT),

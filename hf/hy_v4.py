@@ -3,8 +3,9 @@ layers reusing an earlier indexer's top-k as GLM-5's do: index_share) with sinks
 attention (attn_sinks, attn_gate), the first layers dense and the rest experts with a sigmoid router, whose routed
 experts clamp their SwiGLU as DeepSeek-V4's (swiglu_form='plain_routed': the shared expert is not clamped), and
 independent hyper-connections (hc_kind='ihc', the epsilon on the spread weights too: hc_post_eps) with a learned
-head. Its attention rotates halves, as ours (no reordering); its indexer rotates the last dims of each head, ours
-the first: the rows that make them are rolled."""
+head. Its attention rotates pairs, as DeepSeek-V3's (the rows reordered to our halves, as there); its indexer
+rotates pairs in the last dims of each head, ours halves in the first: the rows that make them are reordered.
+(transformers 5.24 rotated halves in both, unlike the published checkpoints; 5.25 rotates pairs.)"""
 
 from types import SimpleNamespace
 
@@ -34,7 +35,7 @@ def _hy_v4_read(c):
                          f"clamp; its experts clamp at it all the same)")
     if moe and not c.n_shared_experts:
         raise ValueError("n_shared_experts=0 is not supported (HY-V4's MoE always adds its shared expert)")
-    # DeepSeek-V3's reading of the MLA and the experts, its rotations already ours (no rope_interleave)
+    # DeepSeek-V3's reading of the MLA and the experts, pairs rotated as there
     v3 = SimpleNamespace(**{**c.to_dict(), 'model_type': 'deepseek_v3', 'first_k_dense_replace': dense,
                             'rope_interleave': True})
     flags = {**_deepseek_read(v3), 'attn_sinks': True, 'attn_gate': True,
@@ -65,21 +66,20 @@ def _hy_v4_write(cfg):
             'attention_bias': False, 'pad_token_id': None}
 
 
-def _roll_heads(tensor, config, inverse):
-    """The indexer's heads (index_head_dim rows each) of theirs, [passed | rotated], as ours, [rotated | passed],
-    or (inverse) back: the same dot products, its queries and its key rolled alike."""
+def _index_rows(tensor, config, inverse):
+    """The indexer's heads (index_head_dim rows each) of theirs, [passed | rotated in pairs], as ours, [rotated in
+    halves | passed], or (inverse) back: the same dot products, its queries and its key reordered alike."""
     width, rotated = config.index_head_dim, config.rope_dim
+    passed = width - rotated
+    order = torch.cat((torch.arange(passed, width, 2), torch.arange(passed + 1, width, 2), torch.arange(passed)))
     heads = tensor.unflatten(0, (-1, width))
-    first = rotated if inverse else width - rotated  # where the part that moves to the front starts
-    return torch.cat((heads[:, first:], heads[:, :first]), dim=1).flatten(0, 1)
+    return heads[:, order.argsort() if inverse else order].flatten(0, 1)
 
 
-_TRANSFORMS['hy_index_rows'] = (lambda t, c: _roll_heads(t, c, False), lambda t, c: _roll_heads(t, c, True))
+_TRANSFORMS['hy_index_rows'] = (lambda t, c: _index_rows(t, c, False), lambda t, c: _index_rows(t, c, True))
 
 _LAYER = 'model.layers.{i}.'
-# DeepSeek-V3's table without its pair-to-half reordering (HY-V4's attention rotates halves)
-_HY_V4_NAMES = [(ours, theirs, None if how in ('rope_q', 'rope_kv') else how)
-                for ours, theirs, how in _DEEPSEEK_NAMES] + [
+_HY_V4_NAMES = _DEEPSEEK_NAMES + [
     ('transformer.h.{i}.attn.c_gate.weight', _LAYER + 'self_attn.gate_proj.weight', None),
     ('transformer.h.{i}.attn.sinks', _LAYER + 'self_attn.sinks', None),
     *[(f'transformer.h.{{i}}.attn.indexer.{ours}', f'{_LAYER}self_attn.indexer.{theirs}', how)

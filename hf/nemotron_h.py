@@ -19,6 +19,10 @@ def _nemotron_h_read(c):
     if c.mlp_bias or c.use_bias or not c.use_conv_bias:
         raise ValueError("Nemotron-H with mlp_bias, use_bias or without use_conv_bias is not supported (its attention "
                          "has no biases; our Mamba-2 convolution always has one)")
+    floor, ceiling = (float(t) for t in c.time_step_limit)
+    if ceiling != float('inf'):
+        raise ValueError(f"time_step_limit={list(c.time_step_limit)} is not supported (a floor only: the upper "
+                         f"limit must be inf)")
     kinds = [_NEMOTRON_H_LAYER_TYPES[t] for t in types]
     head_dim = c.head_dim or c.hidden_size // c.num_attention_heads
     flags = dict(n_layer=len(kinds), n_head=c.num_attention_heads, n_embd=c.hidden_size,
@@ -30,7 +34,7 @@ def _nemotron_h_read(c):
     if 'S' in kinds:
         flags.update(ssm_n_head=c.mamba_num_heads, ssm_head_dim=c.mamba_head_dim, ssm_state_dim=c.ssm_state_size,
                      ssm_n_groups=c.n_groups, ssm_conv_kernel=c.conv_kernel, ssm_chunk_size=c.chunk_size,
-                     ssm_dt_min=float(c.time_step_min))
+                     ssm_dt_min=floor)  # time_step_min only seeds dt_bias (NVIDIA's code; transformers 5.25)
     return flags
 
 
@@ -43,7 +47,8 @@ def _nemotron_h_write(cfg):
                 mlp_bias=False, use_bias=False, use_conv_bias=True, layer_norm_epsilon=cfg.norm_eps,
                 tie_word_embeddings=cfg.tie_embeddings, mamba_num_heads=dims['heads'], mamba_head_dim=dims['head_dim'],
                 ssm_state_size=dims['state'], n_groups=dims['groups'], conv_kernel=cfg.ssm_conv_kernel,
-                chunk_size=cfg.ssm_chunk_size, time_step_min=cfg.ssm_dt_min, attention_dropout=cfg.dropout)
+                chunk_size=cfg.ssm_chunk_size, time_step_limit=(cfg.ssm_dt_min, float('inf')),
+                attention_dropout=cfg.dropout)
 
 
 _NEMOTRON_H_NAMES = [
@@ -67,5 +72,5 @@ HF_FAMILIES['nemotron_h'] = HFFamily(
     {**_SIZES, 'bias': (False,), 'norm': ('rms',), 'mlp': ('relu2',), 'pos': ('rope',), 'n_kv_head': ANY,
      'head_dim': ANY, 'layers': lambda v: v is not None and set(v) <= set('SN-'), 'mlp_with_mixer': (False,),
      **{k: ANY for k in ('ssm_n_head', 'ssm_head_dim', 'ssm_state_dim', 'ssm_n_groups', 'ssm_conv_kernel',
-                         'ssm_chunk_size')}, 'ssm_dt_min': lambda v: v > 0},  # transformers' init takes its log
+                         'ssm_chunk_size', 'ssm_dt_min')}},
     _NEMOTRON_H_NAMES, _nemotron_h_read, _nemotron_h_write)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from export import to_hf
+from hf.engine import _TRANSFORMS
 from hf_tiny import (BLOCK, GPT, VOCAB, YARN_DEEPSEEK, GPTConfig, check_export_choice, check_parity, deepseek, randomized,
                      transformers)
 
@@ -66,7 +67,8 @@ def test_hy_v4_loads_decodes_and_exports_with_parity(rope, tmp_path):
 def test_each_part_of_hy_v4_moves_the_logits(tmp_path):
     """Each part the parity test passes through changes the logits when taken away, so the parity shows it mapped:
     the sinks, the output gate, the spread weights' epsilon (a large one here), the clamp of the routed experts,
-    the shared expert left unclamped, the indexer's picks, and its key and query rows rolled to ours."""
+    the shared expert left unclamped, the indexer's picks, and the rows its attention and its indexer rotate in
+    pairs reordered to our halves (read as halves, as transformers 5.24 read them, they move the logits)."""
     torch.manual_seed(0)
     hf = randomized_hy(transformers.HYV4ForCausalLM(hy_v4(hc_eps=0.1)))
     hf.save_pretrained(tmp_path)
@@ -87,9 +89,16 @@ def test_each_part_of_hy_v4_moves_the_logits(tmp_path):
     assert moved(dict(swiglu_limit=100.0)) > 1e-3
     assert moved(dict(swiglu_form='plain')) > 1e-3
     assert moved(dict(index_topk=100)) > 1e-3
-    unrolled = {k: v.unflatten(0, (-1, 8)).roll(4, 1).flatten(0, 1) for k, v in state.items()
-                if '.indexer.' in k and k.endswith(('wq.weight', 'wk.weight'))}
-    assert unrolled and moved(**unrolled) > 1e-3
+
+    def theirs(how, v):  # the rows in the checkpoint's order
+        return _TRANSFORMS[how][1](v, ours.config)
+
+    pairs_as_halves = {k: theirs('rope_q' if k.endswith('q_b.weight') else 'rope_kv', v) for k, v in state.items()
+                       if k.endswith(('attn.q_b.weight', 'attn.kv_a.weight'))}
+    assert len(pairs_as_halves) == 6 and moved(**pairs_as_halves) > 1e-3
+    rolled_only = {k: theirs('hy_index_rows', v).unflatten(0, (-1, 8)).roll(4, 1).flatten(0, 1)
+                   for k, v in state.items() if '.indexer.' in k and k.endswith(('wq.weight', 'wk.weight'))}
+    assert rolled_only and moved(**rolled_only) > 1e-3
 
 
 def test_a_dense_hy_v4_loads_and_exports(tmp_path):

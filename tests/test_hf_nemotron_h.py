@@ -29,18 +29,23 @@ def test_nemotron_h_mamba2_attention_and_mlp_layers(tmp_path):
     assert ours.transformer.h[1].attn.cache_states() == {} and ours.transformer.h[0].mlp is None
 
 
-def test_nemotron_h_time_steps_below_its_floor_are_raised_to_it(tmp_path):
-    """transformers' chunked form (its forward) raises time steps below time_step_min to it: Mamba-2 layers whose
-    dt_bias makes every step ~5e-5 give its logits only with ssm_dt_min (its recurrent form, in its generate,
-    does not raise them: its own two forms disagree there, so greedy decoding is not compared)."""
+@pytest.mark.parametrize('limits, floor', [
+    (dict(time_step_limit=(0.5, float('inf'))), 0.5),
+    (dict(time_step_min=0.5), 0.0),
+], ids=['time_step_limit', 'time_step_min-seeds-only'])
+def test_nemotron_h_time_steps_below_its_floor_are_raised_to_it(limits, floor, tmp_path):
+    """The floor is time_step_limit's first value, as NVIDIA's code and transformers' chunked form (its forward,
+    from 5.25) apply it; time_step_min only seeds dt_bias (transformers 5.24 floored at it: a bug, fixed in 5.25).
+    Mamba-2 layers whose dt_bias makes every step ~5e-5 give its logits only with that floor (its recurrent form,
+    in its generate, does not raise them: its own two forms disagree there, so greedy decoding is not compared)."""
     torch.manual_seed(0)
-    hf = randomized(transformers.NemotronHForCausalLM(nemotron_h(time_step_min=0.5)), seed=14)
+    hf = randomized(transformers.NemotronHForCausalLM(nemotron_h(**limits)), seed=14)
     with torch.no_grad():
         for i in (0, 2):
             hf.model.layers[i].mixer.dt_bias.fill_(-10.0)
     hf.save_pretrained(tmp_path)
     ours = GPT.from_pretrained(str(tmp_path)).eval()
-    assert ours.config.ssm_dt_min == 0.5
+    assert ours.config.ssm_dt_min == floor
     idx = torch.randint(0, VOCAB, (2, PROMPT + NEW), generator=torch.Generator().manual_seed(15))
     with torch.no_grad():
         torch.testing.assert_close(ours(idx)[0], hf(idx).logits, atol=1e-4, rtol=0)
@@ -51,7 +56,8 @@ def test_nemotron_h_time_steps_below_its_floor_are_raised_to_it(tmp_path):
     (dict(mlp_hidden_act='silu'), 'mlp_hidden_act'),
     (dict(use_bias=True), 'use_bias'),
     (dict(use_conv_bias=False), 'use_conv_bias'),
-], ids=['moe-layers', 'silu-mlp', 'biases', 'no-conv-bias'])
+    (dict(time_step_limit=(0.0, 1.0)), 'time_step_limit'),
+], ids=['moe-layers', 'silu-mlp', 'biases', 'no-conv-bias', 'time-step-ceiling'])
 def test_nemotron_h_features_we_lack_are_refused(change, match):
     with pytest.raises(ValueError, match=match) as e:
         HF_FAMILIES['nemotron_h'].read_config(nemotron_h(**change))
@@ -60,7 +66,7 @@ def test_nemotron_h_features_we_lack_are_refused(change, match):
 
 @pytest.mark.parametrize('flags, refused', [
     (dict(layers='S-S-N-', mlp_with_mixer=False, ssm_dt_min=1e-3), None),
-    (dict(layers='S-S-N-', mlp_with_mixer=False), 'ssm_dt_min=0.0'),  # transformers' init takes its log
+    (dict(layers='S-S-N-', mlp_with_mixer=False), None),  # no floor: time_step_limit (0, inf), as published
     (dict(layers='S-S-N-', ssm_dt_min=1e-3), 'mlp_with_mixer=True'),  # a Nemotron-H layer is one part
     (dict(layers='S-S-G-', mlp_with_mixer=False, ssm_dt_min=1e-3), "layers='S-S-G-'"),  # its attention has no RoPE
 ], ids=['nemotron_h', 'no-floor', 'two-part-layers', 'rope-attention'])
