@@ -18,7 +18,8 @@
 # each, 9 runs, 13-50 min two at a time), and global at 2 layers and 1e-3 with 6,000 iterations, where every seed learns it:
 #   ... --recall_depths=2 --recall_lrs=1e-3 --out_dir=out-ablate-recall-zoology-6k \
 #       "--train_args=--max_iters=6000 --lr_decay_iters=6000"
-# 4 pairs (--recall_pairs=4) and 64 tokens (--recall_lengths=64) at 2 layers: docs/results.md, "Zoology's protocol".
+# 4 pairs (--recall_pairs=4) at 2 and 4 layers, 64 tokens (--recall_lengths=64) at 2: docs/results.md,
+# "Zoology's protocol".
 out_dir = 'out-ablate-recall'
 train_config = 'config/recall_cpu.py'
 grid = 'recall'
