@@ -30,8 +30,10 @@ def parse_custom(text, known):
 
 
 def int_list(text, name):
-    if not re.fullmatch(r'\s*\d+(\s*,\s*\d+)*\s*', text):
-        die(f"{name} must be comma-separated integers, e.g. --{name}=1,2,4; got {text!r}")
+    """Every list of counts here (layers, widths, lengths, pairs, KV heads) is of positive integers: 0 would
+    otherwise read as 'not set' further on and quietly run the recipe's own value."""
+    if not re.fullmatch(r'\s*\d+(\s*,\s*\d+)*\s*', text) or not all(int(v) > 0 for v in text.split(',')):
+        die(f"{name} must be comma-separated positive integers, e.g. --{name}=1,2,4; got {text!r}")
     return [int(v) for v in text.split(',')]
 
 

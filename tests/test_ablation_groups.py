@@ -261,7 +261,7 @@ def test_the_recall_group_takes_pair_counts_each_its_own_dataset(tmp_path, monke
 def test_the_recall_group_sweeps_depths_and_learning_rates_as_zoology_does(tmp_path, monkeypatch, capsys):
     """recall_depths sets n_layer, a pattern longer than the depth keeping each kind once ('DDDG' at 2 layers is
     'DG'); recall_lrs sets the peak rate and its floor at the recipe's ratio; a depth that cannot hold a pattern's
-    kinds is one line."""
+    kinds is one line, and so is a depth of 0."""
     workdir = make_workdir(tmp_path)
     (workdir / 'data' / 'recall_32').mkdir(parents=True)
     (workdir / 'data' / 'recall_32' / 'meta.json').write_text(json.dumps(
@@ -280,6 +280,12 @@ def test_the_recall_group_sweeps_depths_and_learning_rates_as_zoology_does(tmp_p
     code, err = ablate_here(workdir, tmp_path / 'out', *args[1:4], '--recall_archs=DLG', '--recall_depths=2',
                             monkeypatch=monkeypatch, capsys=capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "2 layers cannot hold the 3 kinds of" in err
+    for depths in ('0', '2,0'):  # 0 once read as 'not set' and ran the recipe's 4 layers
+        code, err = ablate_here(workdir, tmp_path / 'out', *args[1:4], f'--recall_depths={depths}',
+                                monkeypatch=monkeypatch, capsys=capsys)
+        lines = err.strip().splitlines()
+        assert code == 2 and lines == [f"error: recall_depths must be comma-separated positive integers, e.g. "
+                                       f"--recall_depths=1,2,4; got '{depths}'"], err
 
 
 def test_what_a_recall_run_would_fail_on_is_refused_at_the_start(tmp_path, monkeypatch, capsys):
@@ -294,11 +300,12 @@ def test_what_a_recall_run_would_fail_on_is_refused_at_the_start(tmp_path, monke
     chunked = variants['C_d=64_L=32']
     assert chunked['layers'] == 'C' and chunked['attention_chunk_size'] == 8 and 'sliding_window' not in chunked
     assert variants['CCCG_d=64_L=32']['attention_chunk_size'] == 8 and variants['L_d=64_L=32']['sliding_window'] == 8
-    for widths in ('0', '100', '32,100'):
+    for widths, says in (('0', ' must be comma-separated positive integers'), ('100', ': n_embd 100'),
+                         ('32,100', ': n_embd 100')):
         code, err = ablate_here(workdir, tmp_path / 'out', '--grid=recall', '--recall_lengths=32',
                                 f'--recall_widths={widths}', monkeypatch=monkeypatch, capsys=capsys)
         lines = err.strip().splitlines()
-        assert code == 2 and len(lines) == 1 and lines[0].startswith('error: recall_widths: n_embd'), err
+        assert code == 2 and len(lines) == 1 and lines[0].startswith(f'error: recall_widths{says}'), err
     code, err = ablate_here(workdir, tmp_path / 'out', '--grid=custom', "--custom={'ok': {}, 'bad': {'n_kv_head': 3}}",
                             monkeypatch=monkeypatch, capsys=capsys)
     lines = err.strip().splitlines()
