@@ -32,9 +32,10 @@ def parse_custom(text, known):
 def int_list(text, name):
     """Every list of counts here (layers, widths, lengths, pairs, KV heads) is of positive integers: 0 would
     otherwise read as 'not set' further on and quietly run the recipe's own value."""
-    if not re.fullmatch(r'\s*\d+(\s*,\s*\d+)*\s*', text) or not all(int(v) > 0 for v in text.split(',')):
+    values = [int(v) for v in text.split(',')] if re.fullmatch(r'\s*\d+(\s*,\s*\d+)*\s*', text) else []
+    if not values or min(values) < 1:
         die(f"{name} must be comma-separated positive integers, e.g. --{name}=1,2,4; got {text!r}")
-    return [int(v) for v in text.split(',')]
+    return values
 
 
 def float_list(text, name):
@@ -120,16 +121,17 @@ def recall_members(base, settings):
     if bad or not archs:
         die(f"recall_archs must be a comma-separated list of {', '.join(RECALL_NAMED)} or layers patterns of "
             f"{letters!r} (e.g. global,DDDG,KKKG); got {recall_archs!r}")
-    for width in int_list(settings['recall_widths'], 'recall_widths'):
-        if width < 1 or width % max(1, width // 32):
+    widths = int_list(settings['recall_widths'], 'recall_widths')
+    for width in widths:
+        if width % max(1, width // 32):
             die(f"recall_widths: n_embd {width} does not split into heads 32 wide (n_head = n_embd // 32 = "
-                f"{width // 32} must divide it): give widths of at least 1 that it divides, e.g. 32,64,128")
+                f"{width // 32} must divide it): give widths that it divides, e.g. 32,64,128")
     members = []
     for length in int_list(settings['recall_lengths'], 'recall_lengths'):
         for pairs in int_list(recall_pairs, 'recall_pairs') if recall_pairs.strip() else [default_pairs(length)]:
             dataset = recall_dataset(length, pairs, settings)
             tag = '' if pairs == default_pairs(length) else f' P={pairs}'
-            for width, depth in ((w, d) for w in int_list(settings['recall_widths'], 'recall_widths') for d in depths):
+            for width, depth in ((w, d) for w in widths for d in depths):
                 sizes = {'block_size': length - 1, 'n_embd': width, 'n_head': max(1, width // 32),
                          **({'n_layer': depth} if depth else {})}
                 sized = {**base, **sizes}
