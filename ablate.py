@@ -34,6 +34,11 @@ length) or a sliding window of block_size; learned positions give 1x only.
 parallel: runs at once; devices: a device per slot (cuda:0,cuda:1,...); threads: each run's intra-op threads, by
 default half the cores (train.py's own default) shared out among the parallel runs (torch's default, every core for
 each run, would make runs and other work wait on each other).
+miniseries: depths (at least 3): every member of the grid trained at each depth, n_embd = aspect x depth with heads
+head_dim wide, for tokens_per_param x the target's non-embedding parameters (the same for every member at a depth,
+the schedule at the recipe's fractions of each run's length); the report adds each member's compute multiplier
+against the target (--target, else the reference) on FLOPs, steps and seconds, with 90% intervals and its trend
+with scale (miniseries_loss_vs_flops.png, miniseries_multiplier_vs_flops.png; docs/miniseries.md).
 Several ablate.py (one per node) can share an out_dir: each run is claimed, so no two train the same one.
 """
 
@@ -68,6 +73,10 @@ extrapolation_iters = 20  # batches per length and method
 parallel = 1  # runs at once
 threads = 0  # each run's intra-op threads (its OMP_NUM_THREADS); 0: ablate's own (half the cores on a CPU, or OMP_NUM_THREADS) shared out among the parallel runs, at least 1 each
 devices = ''  # e.g. 'cuda:0,cuda:1': the device of each parallel slot; '' keeps the recipe's
+miniseries = ''  # depths, e.g. '1,2,3,4': every member of the grid at each depth, judged by compute multipliers (docs/miniseries.md)
+aspect = 64  # the miniseries' n_embd = aspect x depth (nanochat's aspect ratio)
+head_dim = 0  # the miniseries' head width (n_head = n_embd / head_dim); 0: the recipe's n_embd / n_head
+tokens_per_param = 20.0  # the miniseries' tokens at each depth: this x the target's non-embedding (active) parameters
 report_only = False  # write the report from the runs finished so far, training none (e.g. after an interrupt)
 python = ''  # '' is this interpreter
 run_dir = ''
@@ -97,6 +106,7 @@ check(not unknown_methods, f"unknown extrapolation method(s) {', '.join(map(repr
 from ablation.files import REPO  # noqa: E402
 from ablation.grid import base_recipe, build_grid, run_path  # noqa: E402
 from ablation.jobs import Runner  # noqa: E402
+from ablation.miniseries import plan  # noqa: E402
 from ablation.report import check_report_files, write_report  # noqa: E402
 from common.errors import Interrupted, die  # noqa: E402
 
@@ -106,19 +116,27 @@ def main():
     if not os.path.isfile(os.path.join(cwd, train_config)):
         die(f"train_config '{train_config}' not found in run_dir '{cwd}'")
     base = base_recipe(cwd, settings)
-    variants = build_grid(base, settings)
+    series = plan(base, settings, build_grid, target_model) if miniseries.strip() else None
+    variants = {name: flags for name, (_, _, flags) in series.items()} if series else build_grid(base, settings)
     if os.path.isdir(out):  # said before the runs, not after hours of training
         check_report_files(out)
     jobs = deque((name, flags, 1337 + s, run_path(out, name, flags, 1337 + s, settings))
                  for name, flags in variants.items() for s in range(seeds))
     failed, busy = ([], []) if report_only else Runner(jobs, cwd, settings).run()
-    reported = write_report(out, list(variants), failed, cwd, base['n_layer'], settings)
+    reported = write_report(out, list(variants), failed, cwd, base['n_layer'], settings, series)
     busy = [name for name, path in busy if os.path.abspath(path) not in reported]  # unless finished meanwhile
     if busy:
         print(f"{len(busy)} run(s) were being trained elsewhere and are not in the report yet: {', '.join(busy)}")
     if failed:
         die(f"{len(failed)} run(s) failed: {', '.join(failed)} (their train.log is in {out}/runs/<variant>/seed<seed>)",
             code=1)
+
+
+def target_model(recipe):
+    """The model a recipe builds (the miniseries counts its target's parameters on it)."""
+    from ablation.groups import base_vocab, model_args
+    from chapters import GPT, GPTConfig
+    return GPT(GPTConfig(**model_args(recipe), vocab_size=base_vocab(recipe, settings)))
 
 
 def interrupted(signum, frame):

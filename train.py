@@ -138,6 +138,7 @@ from common.resume import (claim_run_dir, full_state, generator_states, last_che
 from common.schedule import Schedule  # noqa: E402
 from common.speed import Speed, peak_for_mfu  # noqa: E402
 from common.threads import use_threads  # noqa: E402
+from common.tokenizer import token_bytes  # noqa: E402
 from chapters import GPT, RUNTIME_FLAGS, GPTConfig, moe, mtp, sparse_attention  # noqa: E402
 
 catch_interrupts()
@@ -403,7 +404,8 @@ if master:
     say_if_sized_for_a_gpu(peak)
     wandb = start_wandb(wandb_project, wandb_run_name, settings, out_dir) if wandb_log else None
 evaluation = Evaluation(batches, eval_iters, ctx, eval_model, raw_model, rank, world_size, distributed, fsdp,
-                        skip=unreachable_splits, progress=master and eval_seconds > 10)
+                        skip=unreachable_splits, progress=master and eval_seconds > 10,
+                        token_bytes=token_bytes(meta, raw_model.config.vocab_size))
 
 # ----------------------------------------------------------------------------- a downstream task
 task_lm = None  # rank 0 scores it alone (the others wait at the next step's all-reduce)
@@ -439,12 +441,13 @@ def report_evaluation(losses, lr, elapsed_s, save, blown_up):
     """Rank 0: the evaluation's lines printed, the task scored -> its log.jsonl record (None on other ranks)."""
     if not master:
         return None
+    bpb = (losses.get('bpb') or {}).get('val')
     print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
-          f"{accuracy_text(losses, eval_splits)}")
+          f"{'' if bpb is None else f' ({bpb:.4f} bits per byte)'}{accuracy_text(losses, eval_splits)}")
     record = {'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val'], 'lr': lr,
               'tokens': tokens_seen, 'elapsed_s': elapsed_s,
               'ms_per_iter': 1000 * train_time / train_steps if train_steps else None,
-              **accuracy_fields(losses, eval_splits)}
+              **accuracy_fields(losses, eval_splits), **({} if bpb is None else {'val_bpb': bpb})}
     task_scores = score_task() if task_lm is not None else None
     if task_scores is not None:
         record['task'] = {eval_task: task_scores}

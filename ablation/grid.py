@@ -30,12 +30,17 @@ def base_recipe(cwd, settings):
         os.chdir(here)
 
 
-def build_grid(base, settings):
-    """{name: flags} in grid order; a flag set already present (e.g. mlp=gelu is vanilla) runs once."""
+def build_grid(base, settings, where=''):
+    """{name: flags} in grid order; a flag set already present (e.g. mlp=gelu is vanilla) runs once. where: what
+    the errors add after a variant's name (the miniseries' depth)."""
     variants, names_by_key = {}, {}
     in_train_args = {a[2:].partition('=')[0] for a in shlex.split(settings['train_args']) if a.startswith('--')}
     for group in [g.strip() for g in settings['grid'].split(',') if g.strip()] or die("grid is empty"):
-        for name, flags in group_members(group, base, settings):
+        try:  # a builder sizes some members on a model (widened MLPs): a recipe that cannot hold them is one line
+            members = group_members(group, base, settings)
+        except ValueError as e:
+            die(f"grid group {group!r}{where}: {e}")
+        for name, flags in members:
             name = re.sub(r'[^A-Za-z0-9._+=-]', '_', name).strip('.') or '_'  # a directory name
             # a flag at the base recipe's value changes nothing
             key = repr(sorted((k, v) for k, v in flags.items() if base.get(k, ...) != v))
@@ -50,7 +55,7 @@ def build_grid(base, settings):
                 die(f"train_args set {', '.join(both)}, which variant {name!r} sets itself; leave it to the variants")
             variants[name], names_by_key[key] = flags, name
     variants = chosen_members(variants, settings.get('members', ''))
-    check_variants(base, variants, settings)
+    check_variants(base, variants, settings, where)
     return variants
 
 
@@ -63,7 +68,7 @@ def chosen_members(variants, members):
     return {name: flags for name, flags in variants.items() if not names or name in names}
 
 
-def check_variants(base, variants, settings):
+def check_variants(base, variants, settings, where=''):
     """Each variant's model config, built once before any run trains (as train.py will build it): the first that
     fails is one line naming the variant, not a failure per run after launch."""
     for name, flags in variants.items():
@@ -71,7 +76,7 @@ def check_variants(base, variants, settings):
         try:
             GPTConfig(**model_args(recipe), vocab_size=base_vocab(recipe, settings))
         except ValueError as e:
-            die(f"variant {name!r}: {e}")
+            die(f"variant {name!r}{where}: {e}")
 
 
 def flag_args(flags):

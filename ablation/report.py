@@ -8,6 +8,7 @@ import re
 import statistics
 from collections import Counter
 
+from ablation import miniseries
 from ablation.files import read_json
 from ablation.grid import ablate_command, made_here
 from ablation.groups import default_pairs
@@ -16,7 +17,8 @@ from common.errors import die
 from common.files import output_refusal, tmp_path, write_output
 from stats import welch
 
-REPORT_FILES = ('results.md', 'results.json', 'val_loss_vs_iter.png', 'val_loss_vs_time.png', 'accuracy_vs_width.png')
+REPORT_FILES = ('results.md', 'results.json', 'val_loss_vs_iter.png', 'val_loss_vs_time.png', 'accuracy_vs_width.png',
+                'miniseries_loss_vs_flops.png', 'miniseries_multiplier_vs_flops.png')
 
 
 def fmt(value, spec='.4f'):
@@ -456,9 +458,32 @@ def extrapolation_table(variants, no_data, extrapolation_iters):
     return lines
 
 
-def write_report(out, order, failed, cwd, n_layer, settings):
+def miniseries_figures(runs, series, settings):
+    """The miniseries' part of the report: each of its runs' record (member, depth, params, flops, ...: added to
+    results.json's runs too), the fits and multipliers, results.md's lines."""
+    members = list(dict.fromkeys(member for member, _, _ in series.values()))
+    target = miniseries.target_of(dict.fromkeys(members), settings)
+    records = miniseries.series_runs(runs, series)
+    for run, record in zip([r for r in runs if r['variant'] in series and r.get('flops_per_token') is not None],
+                           records):
+        run.update(record)
+    figures = miniseries.judge(records, target) if records else {axis: None for axis in miniseries.AXES}
+    depths = sorted({depth for _, depth, _ in series.values()})
+    multipliers = {m: {axis: miniseries.json_ready({k: v for k, v in (f['members'].get(m) or {}).items()})
+                       for axis, f in figures.items() if f and f.get('members')} for m in members if m != target}
+    return {'records': records, 'figures': figures, 'target': target,
+            'lines': miniseries.report_lines(records, figures, depths, target, settings),
+            'json': {'miniseries': {'depths': depths, 'target': target, 'aspect': settings['aspect'],
+                                    'head_dim': settings['head_dim'], 'tokens_per_param': settings['tokens_per_param'],
+                                    'fits': {axis: miniseries.json_ready(f['fit']) if f else None
+                                             for axis, f in figures.items()}},
+                     'multipliers': multipliers}}
+
+
+def write_report(out, order, failed, cwd, n_layer, settings, series=None):
     """Write results.md, results.json and the plots from every finished run (its done.json, read now: runs other
-    processes finished are in); the set of the runs' directories it holds."""
+    processes finished are in); the set of the runs' directories it holds. series: the miniseries' plan
+    ({variant: (member, depth, flags)}), whose section and plots it adds."""
     check_report_files(out)  # before the minutes of the length table
     runs, roots, other = finished_runs(out, cwd, settings)
     methods, iters = methods_asked(settings), settings['extrapolation_iters']
@@ -466,11 +491,13 @@ def write_report(out, order, failed, cwd, n_layer, settings):
     reported = {os.path.abspath(root) for root in roots}
     variants, reference = compare_variants(runs, order, methods)
     command = ablate_command()
+    judged = miniseries_figures(runs, series, settings) if series else None
     write_output(os.path.join(out, 'results.json'), json.dumps({'command': command, 'settings': dict(settings),
-                                                                'variants': variants, 'runs': runs}, indent=1),
+                                                                'variants': variants, 'runs': runs,
+                                                                **(judged['json'] if judged else {})}, indent=1),
                  'results.json')
     lines = main_table(variants, runs, reference, command, settings) + other_commands(runs, command) + \
-        notes(variants, reference, n_layer)
+        notes(variants, reference, n_layer) + (judged['lines'] if judged else [])
     if methods:
         lines += extrapolation_table(variants, no_data, iters)
     lines += lengths_table(variants, runs, reference, iters) + recall_table(variants, runs) + probes_table(variants)
@@ -486,6 +513,11 @@ def write_report(out, order, failed, cwd, n_layer, settings):
         goal_loss = goal_of(variants, reference, settings)[1]
         plot(variants, 0, 'iteration', os.path.join(out, 'val_loss_vs_iter.png'), settings, goal_loss)
         plot(variants, 2, 'time (s)', os.path.join(out, 'val_loss_vs_time.png'), settings, goal_loss)
+    if judged and judged['records']:
+        miniseries.plot_series(judged['records'], judged['figures'], judged['target'],
+                               os.path.join(out, 'miniseries_loss_vs_flops.png'),
+                               os.path.join(out, 'miniseries_multiplier_vs_flops.png'),
+                               f"grid {settings['grid']} on {os.path.basename(settings['train_config'])}")
     if recall_best(variants, runs):
         plot_recall(variants, runs, os.path.join(out, 'accuracy_vs_width.png'))
     print(f"report: {os.path.join(out, 'results.md')} ({len(runs)} finished runs of {len(variants)} variants)")

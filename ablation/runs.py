@@ -19,7 +19,7 @@ from probes import gradient_norms, probe, summarize as summarize_probe
 
 EXTRAPOLATION_SEED = 4242  # one set of batches per length, the same for every variant
 MULTIPLES = (1, 2, 4, 8)
-SUMMARY_VERSION = 7  # done.json figures older than this are recomputed from the run's files
+SUMMARY_VERSION = 8  # done.json figures older than this are recomputed from the run's files
 SOLVED = 0.9  # a task's accuracy taken as solved: past the plateaus of a phase change (recall's sit near 0.2-0.55)
 PROBE_ROWS, PROBE_SKIP = 16, 4  # the probes' rows, and the first queries left out of the sink share
 PROBE_FIGURES = ('sink_share', 'sink_share_max', 'equal_share', 'massive_ratio', 'grad_first_over_last',
@@ -44,7 +44,8 @@ def summarize_run(path, cwd):
                'task': task_scores(last), 'accuracy': last.get('accuracy'), 'lengths': last.get('lengths'),
                'best_accuracy': max((r['accuracy'] for r in records if r.get('accuracy') is not None), default=None),
                'solved_at': next((r['iter'] for r in records if (r.get('accuracy') or 0) >= SOLVED), None),
-               'probe': None}
+               'probe': None, 'tokens': last['tokens'], 'steps': last['iter'], 'val_bpb': last.get('val_bpb'),
+               'train_seconds': train_seconds(records), 'flops_per_token': None, 'scaling_params': None}
     ckpt_path = os.path.join(path, 'ckpt.pt')
     if os.path.exists(ckpt_path):  # not when val loss never improved with always_save_checkpoint=False
         checkpoint = load_checkpoint(ckpt_path)
@@ -52,8 +53,26 @@ def summarize_run(path, cwd):
         block = model.config.block_size
         figures.update(parameters=model.get_num_params(), active_parameters=model.get_num_params(active=True),
                        kv_bytes_per_token=model.kv_cache_bytes(1, block, torch.float32) / block,
+                       flops_per_token=model.flops_per_token(), scaling_params=scaling_params(model),
                        probe=probe_run(model, probe_tokens(cwd, checkpoint['config']['dataset'], block)))
     return figures
+
+
+def train_seconds(records):
+    """Seconds spent in training steps (evaluations and checkpoints left out): each record's ms/iter times the
+    iterations since the one before."""
+    return sum(r['ms_per_iter'] * (r['iter'] - before['iter']) / 1000 for before, r in zip(records, records[1:])
+               if r['ms_per_iter'] is not None)
+
+
+def scaling_params(model):
+    """Kaplan's N: the parameters a token's compute goes through (a MoE's active share), without the tables it
+    looks up (token and position embeddings, value and n-gram tables) and without an untied head, whose size is the
+    vocabulary's, not the block's."""
+    tables = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    head = model.lm_head.weight
+    untied = 0 if any(head is t for t in tables) else head.numel()
+    return model.get_num_params(active=True) - sum(t.numel() for t in tables) - untied
 
 
 def probe_tokens(cwd, dataset, block_size):

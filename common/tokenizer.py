@@ -155,3 +155,23 @@ def hf_tokenizer(config):
         from transformers import AutoTokenizer
         return AutoTokenizer.from_pretrained(init_from)
     return None
+
+
+def token_bytes(meta, vocab_size):
+    """The UTF-8 bytes of text each token id stands for (a list of vocab_size ints), for bits per byte: a character
+    vocabulary's characters, or tiktoken's pieces (its special tokens and the ids past them, padding: 0, as nanochat
+    counts them); None for a task's ids, which stand for no text."""
+    kind = meta.get('kind', 'tiktoken')
+    if 'example_length' in meta or kind not in ('char', 'tiktoken'):
+        return None
+    if kind == 'char':
+        pieces = [len(c.encode('utf-8')) for c in meta['chars']]
+    else:
+        import tiktoken
+        try:
+            enc = tiktoken.get_encoding(meta.get('encoding', 'gpt2'))
+        except Exception:  # offline without the cache: the run goes on without bits per byte
+            return None
+        special = {enc.encode_single_token(s) for s in enc.special_tokens_set}
+        pieces = [0 if i in special else len(enc.decode_single_token_bytes(i)) for i in range(enc.n_vocab)]
+    return (pieces + [0] * vocab_size)[:vocab_size]

@@ -1,6 +1,7 @@
 """common/tokenizer.py: the recall vocabulary's names; a vocabulary kind no tokenizer reads."""
 
 import json
+import os
 
 import pytest
 
@@ -24,3 +25,28 @@ def test_a_recall_vocabulary_reads_as_names_and_an_unknown_kind_is_one_line(tmp_
         load_tokenizer(str(tmp_path / 'meta.json'))
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "kind 'bytes'" in err[0] and "'char', 'tiktoken', 'recall'" in err[0]
+
+
+# ----------------------------------------------------------------------------- token_bytes: bits per byte
+
+def test_token_bytes_count_each_characters_utf8_bytes_and_pad_to_the_vocabulary():
+    from common.tokenizer import token_bytes
+    meta = {'kind': 'char', 'vocab_size': 3, 'chars': ['a', 'é', '€']}
+    assert token_bytes(meta, 5) == [1, 2, 3, 0, 0]  # ids past the data's vocabulary stand for no text
+
+
+def test_a_task_has_no_bytes_to_count():
+    from common.tokenizer import token_bytes
+    assert token_bytes({'kind': 'recall', 'vocab_size': 10, 'example_length': 32}, 10) is None
+    assert token_bytes({'kind': 'char', 'vocab_size': 2, 'chars': ['a', 'b'], 'example_length': 8}, 2) is None
+
+
+@pytest.mark.skipif(not os.environ.get('TIKTOKEN_CACHE_DIR'), reason="tiktoken's GPT-2 files (TIKTOKEN_CACHE_DIR)")
+def test_gpt2_pieces_count_their_bytes_and_the_end_of_text_token_none():
+    from common.tokenizer import token_bytes
+    import tiktoken
+    enc = tiktoken.get_encoding('gpt2')
+    sizes = token_bytes({'kind': 'tiktoken', 'encoding': 'gpt2'}, 50304)
+    assert len(sizes) == 50304 and sizes[enc.eot_token] == 0 and sizes[50257:] == [0] * 47
+    text = 'Hello, wörld'
+    assert sum(sizes[i] for i in enc.encode(text)) == len(text.encode('utf-8'))
