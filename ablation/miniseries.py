@@ -175,23 +175,36 @@ def inverse(fit, member, loss):
 
 
 def multipliers(fit, by_cell, target):
-    """{member: {'depths': {d: multiplier}, 'largest': at the largest measured x, 'slope': d ln m / d ln x}}: the
-    target's x to the member's mean loss at each depth over the member's mean x; at the largest x of the series, by
+    """{member: {'depths': {d: multiplier}, 'largest': at the largest measured x, 'slope': d ln m / d ln x}}. At a
+    depth: the x the target needs for the member's mean loss, read on the target's curve through its own mean at
+    that depth (the fit's floor and exponent, the measurement's level: where the target's fit is poor, a depth at
+    which both members measure alike still reads 1), over the member's mean x; at the largest x of the series, by
     both fitted curves."""
     largest = max(x for m in by_cell.values() for seeds in m.values() for x, _ in seeds)
+    mean_of = {m: {d: (statistics.mean(s[0] for s in seeds), statistics.mean(s[1] for s in seeds))
+                   for d, seeds in depths.items()} for m, depths in by_cell.items()}
     out = {}
-    for member, depths in by_cell.items():
+    for member, depths in mean_of.items():
         if member == target:
             continue
-        per_depth = {}
-        for depth, seeds in depths.items():
-            x = statistics.mean(s[0] for s in seeds)
-            per_depth[depth] = (inverse(fit, target, statistics.mean(s[1] for s in seeds)) / x, x)
+        per_depth = {d: (needed(fit, target, mean_of[target].get(d), loss) / x, x) for d, (x, loss) in depths.items()}
         finite = [(math.log(x), math.log(m)) for m, x in per_depth.values() if 0 < m < math.inf]
         out[member] = {'depths': {d: m for d, (m, _) in per_depth.items()},
                        'largest': inverse(fit, target, predict(fit, member, largest)) / largest,
                        'slope': least_squares_slope(finite) if len(finite) >= 2 else None}
     return out
+
+
+def needed(fit, target, anchor, loss):
+    """The target's x for a loss, on its fitted curve moved through anchor (its mean (x, loss) at a depth); the
+    fitted curve itself without one. inf at or below the floor E."""
+    if anchor is None:
+        return inverse(fit, target, loss)
+    x, at = anchor
+    alpha = fit['members'][target][1]
+    if loss <= fit['E'] or at <= fit['E'] or alpha <= 0:
+        return math.inf
+    return x * ((loss - fit['E']) / (at - fit['E'])) ** (-1 / alpha)
 
 
 def least_squares_slope(pairs):
@@ -330,8 +343,9 @@ def report_lines(records, judged, depths, target, settings):
         lines += axis_lines(axis, figures, depths, target)
     lines += ['', f"Multiplier: the {AXES['flops']} (steps, seconds) {target} needs, on its fitted curve, to reach a "
                   f"member's loss, over what the member used: above 1 the member is worth that factor of the "
-                  f"target's compute. Per depth from the member's mean loss there; 'at the largest' from both "
-                  f"fitted curves at the largest x measured. Trend: the slope of ln(multiplier) against ln(x) over "
+                  f"target's compute. Per depth: the member's mean loss read on the target's curve moved through "
+                  f"the target's own mean at that depth; 'at the largest': both fitted curves at the largest x "
+                  f"measured. Trend: the slope of ln(multiplier) against ln(x) over "
                   f"the depths (above 0: the gain grows with scale). [lo, hi]: {LEVEL:.0%} intervals, a bootstrap "
                   f"of {BOOTSTRAP} rounds redrawing each depth's seeds; none with one seed. †: read past "
                   f"{EXTRAPOLATION:g}x the target's largest measured x (an extrapolation). E is shared by the "
@@ -379,6 +393,7 @@ def plot_series(records, judged, target, loss_path, multiplier_path, title):
             xs = np.geomspace(min(p[0] for p in pts), max(p[0] for p in pts), 50)
             ax.plot(xs, [predict(fit, member, x) for x in xs], color=color, linewidth=1)
     ax.set(xscale='log', yscale='log', xlabel='training FLOPs', ylabel='final val loss', title=title)
+    plain_numbers(ax.yaxis)
     ax.grid(alpha=0.3, which='both')
     ax.legend(fontsize='small')
     save_figure(fig, loss_path)
@@ -399,6 +414,14 @@ def plot_series(records, judged, target, loss_path, multiplier_path, title):
     ax.axhline(1.0, color='grey', linestyle='--', linewidth=1, label=target)
     ax.set(xscale='log', yscale='log', xlabel='training FLOPs', ylabel=f'FLOPs multiplier against {target}',
            title=title)
+    plain_numbers(ax.yaxis)
     ax.grid(alpha=0.3, which='both')
     ax.legend(fontsize='small')
     save_figure(fig, multiplier_path)
+
+
+def plain_numbers(axis):
+    """Losses and multipliers span less than a decade: 1.6, not 1.6 x 10^0, on a log axis."""
+    from matplotlib.ticker import FormatStrFormatter
+    axis.set_major_formatter(FormatStrFormatter('%.3g'))
+    axis.set_minor_formatter(FormatStrFormatter('%.3g'))
