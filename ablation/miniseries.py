@@ -106,15 +106,19 @@ def target_of(members, settings):
 # ----------------------------------------------------------------------------- the runs' records
 
 def series_runs(runs, plan_):
-    """results.json's `runs`: a record per finished run of the plan (member, depth, seed, its sizes and figures)."""
+    """results.json's `runs` fields for the miniseries: each finished run of the plan's figures (member, depth,
+    seed, its non-embedding parameters, FLOPs, tokens, steps, training seconds, val loss and bits per byte), added
+    to its record; the list of them."""
     out = []
     for run in runs:
         if run['variant'] not in plan_ or run.get('flops_per_token') is None:
             continue
         member, depth, _ = plan_[run['variant']]
-        out.append({'member': member, 'depth': depth, 'seed': run['seed'], 'params': run['scaling_params'],
-                    'flops': run['flops_per_token'] * run['tokens'], 'tokens': run['tokens'], 'steps': run['steps'],
-                    'seconds': run['train_seconds'], 'val_loss': run['final_val_loss'], 'val_bpb': run.get('val_bpb')})
+        run.update({'member': member, 'depth': depth, 'params': run['scaling_params'],
+                    'flops': run['flops_per_token'] * run['tokens'], 'seconds': run['train_seconds'],
+                    'val_loss': run['final_val_loss']})
+        out.append({k: run.get(k) for k in ('member', 'depth', 'seed', 'params', 'flops', 'tokens', 'steps',
+                                            'seconds', 'val_loss', 'val_bpb')})
     return out
 
 

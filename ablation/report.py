@@ -464,9 +464,6 @@ def miniseries_figures(runs, series, settings):
     members = list(dict.fromkeys(member for member, _, _ in series.values()))
     target = miniseries.target_of(dict.fromkeys(members), settings)
     records = miniseries.series_runs(runs, series)
-    for run, record in zip([r for r in runs if r['variant'] in series and r.get('flops_per_token') is not None],
-                           records):
-        run.update(record)
     figures = miniseries.judge(records, target) if records else {axis: None for axis in miniseries.AXES}
     depths = sorted({depth for _, depth, _ in series.values()})
     multipliers = {m: {axis: miniseries.json_ready({k: v for k, v in (f['members'].get(m) or {}).items()})
