@@ -5,15 +5,7 @@
 # not the best: where it overfits, the fit shows it).
 #   python data/shakespeare/prepare.py     # once (offline: --input path/to/input.txt)
 #   python ablate.py config/ablate_miniseries_bpe_cpu.py
+exec(open('config/ablate_miniseries_char_cpu.py').read())
 out_dir = 'out-miniseries-bpe'
 train_config = 'config/shakespeare_bpe_vanilla_cpu.py'
-grid = 'default'
-seeds = 3
-miniseries = '1,2,3,4'
-aspect = 32
-head_dim = 16  # 2-8 heads: the 1-layer model has two, so GQA there is MQA (one K/V head), not nothing
-train_args = '--multiple_of=16'  # SwiGLU's 8/3 x n_embd rounded up to 16, not 64 (at 32 wide, 64 would make it 4x)
 tokens_per_param = 2.0
-parallel = 2
-threads = 1
-extrapolation = ''

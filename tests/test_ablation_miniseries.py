@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from ablation import miniseries
-from conftest import ablate_grid, ablate_here, make_workdir
+from conftest import ABLATE_PY, ablate_grid, ablate_here, make_workdir
 
 CHAR = 'config/ablate_miniseries_char_cpu.py'
 
@@ -183,20 +183,25 @@ eval_interval = 5
 @pytest.fixture(scope='module')
 def series(tmp_path_factory):
     """Two members at depths 1-3, one seed each: six tiny runs, in this process's ablate.py."""
-    import runpy
     workdir = make_workdir(tmp_path_factory.mktemp('miniseries'))
     (workdir / 'mini.py').write_text(MINI_CONFIG)
     out = workdir / 'out'
     argv = ['ablate.py', f'--run_dir={workdir}', f'--train_config={workdir / "mini.py"}', f'--out_dir={out}',
             '--miniseries=1,2,3', '--aspect=8', '--head_dim=8', '--tokens_per_param=0.5', '--extrapolation=',
             '--grid=custom', "--custom={'vanilla': {}, 'rope': {'pos': 'rope'}}", '--threads=1']
+    run_ablate(argv)
+    return workdir, out, argv
+
+
+def run_ablate(argv):
+    """ablate.py's main in this process (its runs are train.py processes all the same)."""
+    import runpy
     saved = sys.argv
     sys.argv = argv
     try:
-        runpy.run_path(str(miniseries.__file__).replace('ablation/miniseries.py', 'ablate.py'), run_name='__main__')
+        runpy.run_path(ABLATE_PY, run_name='__main__')
     finally:
         sys.argv = saved
-    return workdir, out, argv
 
 
 def test_a_miniseries_reports_every_run_and_each_members_multipliers(series):
@@ -220,13 +225,7 @@ def test_a_miniseries_reports_every_run_and_each_members_multipliers(series):
 
 
 def test_the_same_command_again_trains_nothing(series, capsys):
-    import runpy
     _, out, argv = series
-    saved = sys.argv
-    sys.argv = argv
-    try:
-        runpy.run_path(str(miniseries.__file__).replace('ablation/miniseries.py', 'ablate.py'), run_name='__main__')
-    finally:
-        sys.argv = saved
+    run_ablate(argv)
     said = capsys.readouterr().out
     assert said.count('skipped (finished)') == 6 and 'started' not in said
