@@ -76,7 +76,7 @@ vs_hf_batches = '1,8'
 vs_hf_repeats = 3  # the runs of each side, interleaved (ours, ours compiled, HF, ours, ...): the best is kept
 vs_hf_profile = False  # also the top operators of a decoding step, ours eager and compiled (torch.profiler)
 vs_hf_dtype = 'float32'  # both sides' weights and KV caches; a list (float32,bfloat16) gives rows for each
-threads = 0  # torch's intra-op threads; 0: on a CPU half its cores (OMP_NUM_THREADS if set), else torch's default
+threads = 0  # torch's intra-op threads; 0: on a CPU the cores this process may use (OMP_NUM_THREADS if set), else torch's default
 # a bare --json means the default file
 argv = ['--json=bench.json' if arg == '--json' else arg for arg in sys.argv[1:]]
 defaults = settings_of(globals())
@@ -186,7 +186,7 @@ device = pick_device(device)
 device_type = device.split(':')[0]
 dtype = pick_dtype(device, dtype)
 if threads < 0:
-    die(f"threads must be >= 0 (0: half the cores on a CPU, else torch's default), got {threads}")
+    die(f"threads must be >= 0 (0: the usable cores on a CPU, else torch's default), got {threads}")
 threads_said = use_threads(threads, device)  # torch's default, every core, waits on other work on a busy machine
 if vs_hf:
     from bench_decode import compare_with_hf

@@ -77,7 +77,7 @@ device = 'auto'  # 'auto' (cuda, mps, cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'  # 'auto' (bf16, else fp16 on CUDA; fp32 elsewhere), 'float32', 'bfloat16', 'float16'
 compile: Optional[bool] = None  # None: on for CUDA only
 peak_flops = 0.0  # for MFU; 0: a known GPU's peak, else a matmul measured at start
-threads = 0  # torch's intra-op threads; 0: on a CPU half its cores (OMP_NUM_THREADS if set), else torch's default
+threads = 0  # torch's intra-op threads; 0: on a CPU the cores this process may use (OMP_NUM_THREADS if set), else torch's default
 seed = 1337
 settings = configure(settings_of(globals()), sys.argv[1:], prog='train.py', doc=__doc__)
 globals().update(settings)
@@ -107,7 +107,7 @@ check(min_lr <= learning_rate or not decay_lr, f"min_lr ({min_lr}) must not be a
                                               f"the schedule decays from the peak to it (or set decay_lr=False)")
 check(0 <= seed < 2 ** 63, f"seed must be in [0, 2**63), got {seed}")
 check(0 <= stop_accuracy <= 1, f"stop_accuracy must be in [0, 1] (0: train to max_iters), got {stop_accuracy}")
-check(threads >= 0, f"threads must be >= 0 (0: half the cores on a CPU, else torch's default), got {threads}")
+check(threads >= 0, f"threads must be >= 0 (0: the usable cores on a CPU, else torch's default), got {threads}")
 check(not (os.path.exists(out_dir) and not os.path.isdir(out_dir)), f"out_dir '{out_dir}' is a file, not a directory")
 check(init_from_problem(init_from) is None, init_from_problem(init_from))
 if eval_task:

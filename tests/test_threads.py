@@ -1,5 +1,6 @@
-"""common/threads.py, and the threads setting of train.py and eval.py: on a CPU half the cores by default, never
-more than torch's own default; what OMP_NUM_THREADS or --threads names otherwise."""
+"""common/threads.py, and the threads setting of train.py and eval.py: on a CPU the cores this process may use by
+default (a lone run has the machine), never more than torch's own default; what OMP_NUM_THREADS or --threads names
+otherwise."""
 
 import os
 
@@ -19,13 +20,15 @@ def threads(monkeypatch):
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize('cores, default, expected', [(2, 2, 1), (1, 1, 1), (16, 8, 8), (8, 8, 4), (64, 16, 16)])
-def test_a_cpu_takes_half_its_cores_at_most_torchs_default(threads, monkeypatch, cores, default, expected):
+@pytest.mark.parametrize('cores, default, expected', [(2, 2, 2), (1, 1, 1), (16, 8, 8), (2, 64, 2), (64, 16, 16)])
+def test_a_cpu_takes_the_cores_it_may_use_at_most_torchs_default(threads, monkeypatch, cores, default, expected):
+    """A lone run takes its affinity's cores (half of them made one run 1.35x slower than nanoGPT's train.py on a
+    quiet 2-core machine), never more than torch's default (a container's 2 cores on a 64-core host: 2)."""
     monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: set(range(cores)), raising=False)
     torch.set_num_threads(default)
     said = use_threads(0, 'cpu')
     assert torch.get_num_threads() == expected
-    assert said.startswith(f"{expected} thread") and f'half of {cores} cores' in said
+    assert said.startswith(f"{expected} thread") and f'of {cores} usable core' in said
 
 
 def test_a_gpu_omp_num_threads_and_a_count_given_are_kept(threads, monkeypatch):
@@ -46,6 +49,6 @@ def test_train_takes_a_thread_count_and_says_it(workdir, threads, monkeypatch, c
     code, out, err = train_here(workdir, '--max_iters=2', '--eval_interval=2', '--out_dir=default',
                                 monkeypatch=monkeypatch, capsys=capsys)
     assert code == 0, err
-    assert torch.get_num_threads() == 1 and '1 thread (half of 2 cores' in out.splitlines()[0]
+    assert torch.get_num_threads() == 2 and '2 threads (of 2 usable cores' in out.splitlines()[0]
     code, _, err = train_here(workdir, '--threads=-1', monkeypatch=monkeypatch, capsys=capsys)
     one_line_error(code, err, 'threads must be >= 0', '-1')
