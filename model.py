@@ -544,6 +544,17 @@ class Feature:
         """A term of the training loss (or None), given the final hidden states h."""
         return None
 
+    def objective(self, model):
+        """What its loss adds to the training objective, in words (train.py names each term), or None."""
+        return None
+
+    def figures(self, model):
+        """{name: value (None: left out)} for an evaluation's log record, since the last call (mean_and_reset)."""
+        return {}
+
+    def after_step(self, model, sum_across):
+        """After each optimizer step; sum_across(tensors) sums tensors over the processes (DDP), in place."""
+
     def flops(self, model, seq_len):
         """Training FLOPs per token of what it runs outside the main model's Linears and token mixers."""
         return 0
@@ -553,6 +564,14 @@ class Feature:
 
 
 FEATURES = []  # the Feature classes, in the order their hooks run
+
+
+def mean_and_reset(sums):
+    """The mean of running [sum, count] tensors (a loss term over training forwards) or None; then zeros."""
+    total = sum((s.detach().cpu() for s in sums), torch.zeros(2))
+    for s in sums:
+        s.zero_()
+    return (total[0] / total[1]).item() if total[1] else None
 
 
 class GPT(nn.Module):

@@ -138,7 +138,7 @@ from common.resume import (claim_run_dir, full_state, generator_states, last_che
 from common.schedule import Schedule  # noqa: E402
 from common.speed import Speed, peak_for_mfu  # noqa: E402
 from common.threads import use_threads  # noqa: E402
-from chapters import GPT, RUNTIME_FLAGS, GPTConfig, moe, mtp, sparse_attention  # noqa: E402
+from chapters import GPT, RUNTIME_FLAGS, GPTConfig  # noqa: E402
 
 catch_interrupts()
 MODEL_FLAGS = tuple(f.name for f in fields(GPTConfig))
@@ -367,15 +367,9 @@ def describe_run():
 
 
 def objective_terms():
-    """What a training step minimizes besides the next-token loss (an evaluation's): the chapters' loss terms."""
-    config, terms = raw_model.config, []
-    if config.mtp_depth and config.mtp_loss_coef:
-        terms.append(f"mtp_loss_coef ({config.mtp_loss_coef}) times the MTP modules' loss")
-    if any(m.aux_coef or m.z_coef for m in moe.moe_layers(raw_model)):
-        terms.append("the MoE routers' balancing losses (moe_aux_loss_coef, moe_z_loss_coef)")
-    if config.index_loss_coef and sparse_attention.indexers(raw_model):
-        terms.append(f"index_loss_coef ({config.index_loss_coef}) times the indexers' KL loss")
-    return terms
+    """What a training step minimizes besides the next-token loss (an evaluation's): the features' loss terms,
+    each in its own words (Feature.objective)."""
+    return [term for term in (feature.objective(raw_model) for feature in raw_model.features) if term]
 
 
 def say_if_sized_for_a_gpu(peak):
@@ -454,12 +448,8 @@ def report_evaluation(losses, lr, elapsed_s, save, blown_up):
                                          if k != 'dropout' and getattr(raw_model.config, k) != trained_args[k]})
     if 'moe' in losses:  # the experts' load: a collapsed router shows as an expert with share 0
         record['moe'] = losses['moe']
-    index_loss = sparse_attention.index_loss_and_reset(raw_model)
-    if index_loss is not None:  # sparse attention: the indexers' KL loss over the steps since the last record
-        record['index_loss'] = index_loss
-    mtp_loss = mtp.mtp_loss_and_reset(raw_model)
-    if mtp_loss is not None:  # multi-token prediction: the MTP modules' mean loss over the steps since the last record
-        record['mtp_loss'] = mtp_loss
+    for feature in raw_model.features:  # their loss terms' means over the steps since the last record (mtp_loss, ...)
+        record.update({name: value for name, value in feature.figures(raw_model).items() if value is not None})
     if blown_up and not save:
         print(f"val loss {losses['val']:.4f} is over twice the best ({best_val_loss:.4f}): not saving; {kept()}")
     return record
@@ -503,20 +493,12 @@ def train_step(it):
         scaler.step(optim)
         scaler.update()
         optim.zero_grad(set_to_none=True)
-        update_expert_bias()
+        for feature in raw_model.features:  # what follows the step (sigmoid routers' balancing bias)
+            feature.after_step(raw_model, all_reduce_sum if distributed else lambda tensors: None)
     except Exception:
         deliver_interrupts(discard=True)  # what ends the process is under way: an interrupt adds nothing
         raise
     return loss_sum
-
-
-def update_expert_bias():
-    """Sigmoid routers' balancing bias follows this step's load, alike on every rank."""
-    if not moe.moe_layers(raw_model):
-        return
-    if distributed and moe.reads_expert_load(raw_model):  # a softmax router never reads the load
-        all_reduce_sum([m.load for m in moe.moe_layers(raw_model)])
-    moe.update_expert_bias(raw_model)
 
 
 def mean_loss(loss_sum):
