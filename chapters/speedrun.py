@@ -154,9 +154,6 @@ class Config:
         (lambda c: changed(c, STREAM_FIELDS) and c.norm_position == 'post',
          lambda c: f"{flag_list(c, changed(c, STREAM_FIELDS))} add to the stream between blocks, which "
                    f"norm_position='post' normalizes: use another norm_position"),
-        (lambda c: changed(c, STREAM_FIELDS) and getattr(c, 'hc_mult', 1) > 1,
-         lambda c: f"{flag_list(c, changed(c, STREAM_FIELDS))} with hyper-connections (hc_mult={c.hc_mult}) are "
-                   f"not supported yet: they add to one stream where there are hc_mult copies"),
         (lambda c: c.unet_skips and c.n_layer < 3,
          lambda c: f"unet_skips=True needs n_layer >= 3 (a skip from layer k-1 to layer n_layer-k, k < n_layer/2), "
                    f"got n_layer={c.n_layer}"),
