@@ -9,7 +9,7 @@ ms/iter, tokens/s and MFU, decoding tokens/s with and without the KV cache, and 
 variants: '' benchmarks the one model the flags describe; else a comma-separated list, each applied on top
 of the flags: vanilla (the flags unchanged: with the defaults, GPT-2's block), each swap of model.SWAPS
 (rms, swiglu, gqa: n_kv_head = n_head // 2, rope), modern (all of them), and on top of modern: mha (n_kv_head
-None), mqa (n_kv_head 1), each of model.BEYOND_MODERN (moe, mla), mla-rebuild (MLA decoding that rebuilds
+None), mqa (n_kv_head 1), each of chapters.BEYOND_MODERN (moe, mla), mla-rebuild (MLA decoding that rebuilds
 past keys and values instead of attending over the latents with absorbed weights), and per-layer attention with a
 window of block_size/4: each layer kind of model.LAYER_KINDS by its name, every layer of that kind (local, chunked,
 shortconv, deltanet, kda, mamba2) and three of them to one global layer (local-hybrid, ...; deltanet-hybrid is
