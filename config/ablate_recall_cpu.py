@@ -1,4 +1,4 @@
-# The evidence groups' recall group on a 2-core CPU: Zoology's accuracy against width, for all global, the 3:1 Gated
+# The recall group on a 2-core CPU: Zoology's accuracy against width, for all global, the 3:1 Gated
 # DeltaNet hybrid, all Gated DeltaNet, all local windows (a quarter of L) and MLA; 3 seeds, two runs at a time:
 #   python data/recall/prepare.py --seq_len 32 --num_pairs 4 --vocab_size 64 --out_dir data/recall_32
 #   python ablate.py config/ablate_recall_cpu.py
