@@ -76,7 +76,7 @@ vs_hf_batches = '1,8'
 vs_hf_repeats = 3  # the runs of each side, interleaved (ours, ours compiled, HF, ours, ...): the best is kept
 vs_hf_profile = False  # also the top operators of a decoding step, ours eager and compiled (torch.profiler)
 vs_hf_dtype = 'float32'  # both sides' weights and KV caches; a list (float32,bfloat16) gives rows for each
-threads = 0  # torch's intra-op threads; 0: on a CPU the cores this process may use (OMP_NUM_THREADS if set), else torch's default
+threads = 0  # torch's intra-op threads; 0: on a CPU its usable cores (OMP_NUM_THREADS if set), else torch's default
 # a bare --json means the default file
 argv = ['--json=bench.json' if arg == '--json' else arg for arg in sys.argv[1:]]
 defaults = settings_of(globals())

@@ -30,7 +30,7 @@ num_fewshot: Optional[int] = None  # None: each task's default
 batch_size = 16  # sequences per forward pass
 device = 'auto'  # 'auto' (cuda, mps, cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'  # 'auto' (bf16, else fp16 on CUDA; fp32 elsewhere), 'float32', 'bfloat16', 'float16'
-threads = 0  # torch's intra-op threads; 0: on a CPU the cores this process may use (OMP_NUM_THREADS if set), else torch's default
+threads = 0  # torch's intra-op threads; 0: on a CPU its usable cores (OMP_NUM_THREADS if set), else torch's default
 output = ''  # a .json path for the harness's results dict
 
 _INSTALL = "lm-evaluation-harness is not installed: pip install lm-eval"

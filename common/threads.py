@@ -29,4 +29,5 @@ def use_threads(threads, device):
     cores = usable_cores()
     n = max(1, min(n, cores))
     torch.set_num_threads(n)
-    return f"{n} thread{'s' if n > 1 else ''} (of {cores} usable core{'s' if cores > 1 else ''}: --threads sets another count)"
+    plural = 's' if cores > 1 else ''
+    return f"{n} thread{'s' if n > 1 else ''} (of {cores} usable core{plural}: --threads sets another count)"
