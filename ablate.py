@@ -32,7 +32,7 @@ extrapolation: the methods of the length table: the val loss of each RoPE run's 
 shards) at 1x, 2x, 4x and 8x its block_size, with plain RoPE, linear, dynamic NTK, YaRN (each stretched to the
 length) or a sliding window of block_size; learned positions give 1x only.
 parallel: runs at once; devices: a device per slot (cuda:0,cuda:1,...); threads: each run's intra-op threads, by
-default half the cores (train.py's own default) shared out among the parallel runs (torch's default, every core for
+default the usable cores (train.py's own default) shared out among the parallel runs (torch's default, every core for
 each run, would make runs and other work wait on each other).
 miniseries: depths (at least 3): every member of the grid trained at each depth, n_embd = aspect x depth with heads
 head_dim wide, for tokens_per_param x the target's non-embedding parameters (the same for every member at a depth,
@@ -71,7 +71,7 @@ recall_lrs = ''  # the recall group's learning rates, e.g. '3e-4,1e-3,3e-3' ('' 
 extrapolation = 'plain'  # methods of the length table: plain, linear, dynamic, yarn, window; '' for none
 extrapolation_iters = 20  # batches per length and method
 parallel = 1  # runs at once
-threads = 0  # each run's intra-op threads (its OMP_NUM_THREADS); 0: ablate's own (half the cores on a CPU, or OMP_NUM_THREADS) shared out among the parallel runs, at least 1 each
+threads = 0  # each run's intra-op threads (its OMP_NUM_THREADS); 0: ablate's own (the usable cores on a CPU, or OMP_NUM_THREADS) shared out among the parallel runs, at least 1 each
 devices = ''  # e.g. 'cuda:0,cuda:1': the device of each parallel slot; '' keeps the recipe's
 miniseries = ''  # depths, e.g. '1,2,3,4': every member of the grid at each depth, judged by compute multipliers (docs/miniseries.md)
 aspect = 64  # the miniseries' n_embd = aspect x depth (nanochat's aspect ratio)
@@ -94,7 +94,7 @@ def check(ok, message):
 # settings that are wrong whatever the machine: said before torch loads
 check(seeds >= 1 and extrapolation_iters >= 1 and parallel >= 1, f"seeds, extrapolation_iters and parallel must be at "
       f"least 1, got {seeds}, {extrapolation_iters} and {parallel}")
-check(threads >= 0, f"threads must be >= 0 (0: half the cores shared out among the runs), got {threads}")
+check(threads >= 0, f"threads must be >= 0 (0: the usable cores shared out among the runs), got {threads}")
 check(not python or shutil.which(python), f"python '{python}' is not an executable (give a path or a command on PATH, "
       f"or '' for this one)")
 check(not os.path.exists(out_dir) or os.path.isdir(out_dir), f"out_dir '{out_dir}' is a file, not a directory")

@@ -9,7 +9,7 @@ ms/iter, tokens/s and MFU, decoding tokens/s with and without the KV cache, and 
 variants: '' benchmarks the one model the flags describe; else a comma-separated list, each applied on top
 of the flags: vanilla (the flags unchanged: with the defaults, GPT-2's block), each swap of model.SWAPS
 (rms, swiglu, gqa: n_kv_head = n_head // 2, rope), modern (all of them), and on top of modern: mha (n_kv_head
-None), mqa (n_kv_head 1), each of model.BEYOND_MODERN (moe, mla), mla-rebuild (MLA decoding that rebuilds
+None), mqa (n_kv_head 1), each of chapters.BEYOND_MODERN (moe, mla), mla-rebuild (MLA decoding that rebuilds
 past keys and values instead of attending over the latents with absorbed weights), and per-layer attention with a
 window of block_size/4: each layer kind of model.LAYER_KINDS by its name, every layer of that kind (local, chunked,
 shortconv, deltanet, kda, mamba2) and three of them to one global layer (local-hybrid, ...; deltanet-hybrid is
@@ -76,7 +76,7 @@ vs_hf_batches = '1,8'
 vs_hf_repeats = 3  # the runs of each side, interleaved (ours, ours compiled, HF, ours, ...): the best is kept
 vs_hf_profile = False  # also the top operators of a decoding step, ours eager and compiled (torch.profiler)
 vs_hf_dtype = 'float32'  # both sides' weights and KV caches; a list (float32,bfloat16) gives rows for each
-threads = 0  # torch's intra-op threads; 0: on a CPU half its cores (OMP_NUM_THREADS if set), else torch's default
+threads = 0  # torch's intra-op threads; 0: on a CPU its usable cores (OMP_NUM_THREADS if set), else torch's default
 # a bare --json means the default file
 argv = ['--json=bench.json' if arg == '--json' else arg for arg in sys.argv[1:]]
 defaults = settings_of(globals())
@@ -186,7 +186,7 @@ device = pick_device(device)
 device_type = device.split(':')[0]
 dtype = pick_dtype(device, dtype)
 if threads < 0:
-    die(f"threads must be >= 0 (0: half the cores on a CPU, else torch's default), got {threads}")
+    die(f"threads must be >= 0 (0: the usable cores on a CPU, else torch's default), got {threads}")
 threads_said = use_threads(threads, device)  # torch's default, every core, waits on other work on a busy machine
 if vs_hf:
     from bench_decode import compare_with_hf

@@ -30,7 +30,7 @@ num_fewshot: Optional[int] = None  # None: each task's default
 batch_size = 16  # sequences per forward pass
 device = 'auto'  # 'auto' (cuda, mps, cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'  # 'auto' (bf16, else fp16 on CUDA; fp32 elsewhere), 'float32', 'bfloat16', 'float16'
-threads = 0  # torch's intra-op threads; 0: on a CPU half its cores (OMP_NUM_THREADS if set), else torch's default
+threads = 0  # torch's intra-op threads; 0: on a CPU its usable cores (OMP_NUM_THREADS if set), else torch's default
 output = ''  # a .json path for the harness's results dict
 
 _INSTALL = "lm-evaluation-harness is not installed: pip install lm-eval"
@@ -323,7 +323,7 @@ if __name__ == '__main__':
     if batch_size < 1:
         usage_error(f"batch_size must be at least 1, got {batch_size}")
     if threads < 0:
-        usage_error(f"threads must be >= 0 (0: half the cores on a CPU, else torch's default), got {threads}")
+        usage_error(f"threads must be >= 0 (0: the usable cores on a CPU, else torch's default), got {threads}")
     if output:  # said now, not after the whole evaluation
         from common.files import output_refusal
         refusal = output_refusal(output)

@@ -544,6 +544,17 @@ class Feature:
         """A term of the training loss (or None), given the final hidden states h."""
         return None
 
+    def objective(self, model):
+        """What its loss adds to the training objective, in words (train.py names each term), or None."""
+        return None
+
+    def figures(self, model):
+        """{name: value (None: left out)} for an evaluation's log record, since the last call (mean_and_reset)."""
+        return {}
+
+    def after_step(self, model, sum_across):
+        """After each optimizer step; sum_across(tensors) sums tensors over the processes (DDP), in place."""
+
     def flops(self, model, seq_len):
         """Training FLOPs per token of what it runs outside the main model's Linears and token mixers."""
         return 0
@@ -555,11 +566,19 @@ class Feature:
 FEATURES = []  # the Feature classes, in the order their hooks run
 
 
+def mean_and_reset(sums):
+    """The mean of running [sum, count] tensors (a loss term over training forwards) or None; then zeros."""
+    total = sum((s.detach().cpu() for s in sums), torch.zeros(2))
+    for s in sums:
+        s.zero_()
+    return (total[0] / total[1]).item() if total[1] else None
+
+
 class GPT(nn.Module):
     """The language model: token embeddings (plus GPT-2's learned positions), n_layer Blocks, a final norm and the
     head. forward(idx, targets) gives the logits and the loss; generate continues a prompt (the engine is
-    generate.py); configure_optimizers gives AdamW or Muon (optim.py); from_pretrained loads a Hugging Face model
-    (hf/). The parameter names are nanoGPT's, so its checkpoints and GPT-2's weights load."""
+    generate.py; without it, generate_plain); configure_optimizers gives AdamW or Muon (optim.py); from_pretrained
+    loads a Hugging Face model (hf/). The parameter names are nanoGPT's, so its checkpoints and GPT-2's weights load."""
 
     def __init__(self, config):
         super().__init__()
@@ -696,9 +715,31 @@ class GPT(nn.Module):
 
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True,
                  vocab_limit=None):
-        """Continue idx (B, T) by max_new_tokens; temperature 0 is greedy (generate.py, the decoding engine)."""
-        import generate
+        """Continue idx (B, T) by max_new_tokens; temperature 0 is greedy. generate.py, the decoding engine, does it
+        with a KV cache; model.py copied alone samples with the plain loop below."""
+        try:
+            import generate
+        except ModuleNotFoundError as e:
+            if e.name != 'generate' or top_p is not None:
+                raise
+            return self.generate_plain(idx, max_new_tokens, temperature, top_k, vocab_limit)
         return generate.generate(self, idx, max_new_tokens, temperature, top_k, top_p, use_cache, vocab_limit)
+
+    @torch.no_grad()
+    def generate_plain(self, idx, max_new_tokens, temperature=1.0, top_k=None, vocab_limit=None):
+        """nanoGPT's sampling loop, no cache: the whole context (its last block_size tokens) again for each token."""
+        for _ in range(max_new_tokens):
+            logits = self(idx[:, -self.config.block_size:])[0][:, -1, :vocab_limit].float()
+            if temperature == 0:
+                nxt = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float('-inf'))
+                nxt = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            idx = torch.cat((idx, nxt), dim=1)
+        return idx
 
     def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True,
                         vocab_limit=None):

@@ -37,7 +37,7 @@ dtype = 'auto'  # 'auto' (bf16, else fp16 on CUDA; fp32 elsewhere), 'float32', '
 compile = False
 use_cache = True  # False: recompute the whole context every step (the reference path)
 speculative = False  # greedy only (temperature 0): a model with MTP modules drafts with them, verifies in one forward
-threads = 0  # torch's intra-op threads; 0: on a CPU half its cores (OMP_NUM_THREADS if set), else torch's default
+threads = 0  # torch's intra-op threads; 0: on a CPU its usable cores (OMP_NUM_THREADS if set), else torch's default
 # the model flags a trained model can run with other values of (the ones given replace the model's)
 globals().update({k: v for k, v in model_flags(runtime_only=True).items() if k != 'dropout'})
 settings = configure(settings_of(globals()), sys.argv[1:], prog='sample.py', doc=__doc__,
@@ -98,7 +98,7 @@ if speculative and compile:  # its forwards verify several tokens at once, eager
 if not 0 <= seed < 2 ** 64:
     die(f"seed must be in [0, 2**64), got {seed}")
 if threads < 0:
-    die(f"threads must be >= 0 (0: half the cores on a CPU, else torch's default), got {threads}")
+    die(f"threads must be >= 0 (0: the usable cores on a CPU, else torch's default), got {threads}")
 device = pick_device(device)
 dtype = pick_dtype(device, dtype)
 threads_used = use_threads(threads, device)  # torch's default, every core, waits on other work on a busy machine

@@ -77,7 +77,7 @@ device = 'auto'  # 'auto' (cuda, mps, cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'  # 'auto' (bf16, else fp16 on CUDA; fp32 elsewhere), 'float32', 'bfloat16', 'float16'
 compile: Optional[bool] = None  # None: on for CUDA only
 peak_flops = 0.0  # for MFU; 0: a known GPU's peak, else a matmul measured at start
-threads = 0  # torch's intra-op threads; 0: on a CPU half its cores (OMP_NUM_THREADS if set), else torch's default
+threads = 0  # torch's intra-op threads; 0: on a CPU its usable cores (OMP_NUM_THREADS if set), else torch's default
 seed = 1337
 settings = configure(settings_of(globals()), sys.argv[1:], prog='train.py', doc=__doc__)
 globals().update(settings)
@@ -107,7 +107,7 @@ check(min_lr <= learning_rate or not decay_lr, f"min_lr ({min_lr}) must not be a
                                               f"the schedule decays from the peak to it (or set decay_lr=False)")
 check(0 <= seed < 2 ** 63, f"seed must be in [0, 2**63), got {seed}")
 check(0 <= stop_accuracy <= 1, f"stop_accuracy must be in [0, 1] (0: train to max_iters), got {stop_accuracy}")
-check(threads >= 0, f"threads must be >= 0 (0: half the cores on a CPU, else torch's default), got {threads}")
+check(threads >= 0, f"threads must be >= 0 (0: the usable cores on a CPU, else torch's default), got {threads}")
 check(not (os.path.exists(out_dir) and not os.path.isdir(out_dir)), f"out_dir '{out_dir}' is a file, not a directory")
 check(init_from_problem(init_from) is None, init_from_problem(init_from))
 if eval_task:
@@ -139,7 +139,7 @@ from common.schedule import Schedule  # noqa: E402
 from common.speed import Speed, peak_for_mfu  # noqa: E402
 from common.threads import use_threads  # noqa: E402
 from common.tokenizer import token_bytes  # noqa: E402
-from chapters import GPT, RUNTIME_FLAGS, GPTConfig, moe, mtp, sparse_attention  # noqa: E402
+from chapters import GPT, RUNTIME_FLAGS, GPTConfig  # noqa: E402
 
 catch_interrupts()
 MODEL_FLAGS = tuple(f.name for f in fields(GPTConfig))
@@ -368,15 +368,9 @@ def describe_run():
 
 
 def objective_terms():
-    """What a training step minimizes besides the next-token loss (an evaluation's): the chapters' loss terms."""
-    config, terms = raw_model.config, []
-    if config.mtp_depth and config.mtp_loss_coef:
-        terms.append(f"mtp_loss_coef ({config.mtp_loss_coef}) times the MTP modules' loss")
-    if any(m.aux_coef or m.z_coef for m in moe.moe_layers(raw_model)):
-        terms.append("the MoE routers' balancing losses (moe_aux_loss_coef, moe_z_loss_coef)")
-    if config.index_loss_coef and sparse_attention.indexers(raw_model):
-        terms.append(f"index_loss_coef ({config.index_loss_coef}) times the indexers' KL loss")
-    return terms
+    """What a training step minimizes besides the next-token loss (an evaluation's): the features' loss terms,
+    each in its own words (Feature.objective)."""
+    return [term for term in (feature.objective(raw_model) for feature in raw_model.features) if term]
 
 
 def say_if_sized_for_a_gpu(peak):
@@ -457,12 +451,8 @@ def report_evaluation(losses, lr, elapsed_s, save, blown_up):
                                          if k != 'dropout' and getattr(raw_model.config, k) != trained_args[k]})
     if 'moe' in losses:  # the experts' load: a collapsed router shows as an expert with share 0
         record['moe'] = losses['moe']
-    index_loss = sparse_attention.index_loss_and_reset(raw_model)
-    if index_loss is not None:  # sparse attention: the indexers' KL loss over the steps since the last record
-        record['index_loss'] = index_loss
-    mtp_loss = mtp.mtp_loss_and_reset(raw_model)
-    if mtp_loss is not None:  # multi-token prediction: the MTP modules' mean loss over the steps since the last record
-        record['mtp_loss'] = mtp_loss
+    for feature in raw_model.features:  # their loss terms' means over the steps since the last record (mtp_loss, ...)
+        record.update({name: value for name, value in feature.figures(raw_model).items() if value is not None})
     if blown_up and not save:
         print(f"val loss {losses['val']:.4f} is over twice the best ({best_val_loss:.4f}): not saving; {kept()}")
     return record
@@ -506,20 +496,12 @@ def train_step(it):
         scaler.step(optim)
         scaler.update()
         optim.zero_grad(set_to_none=True)
-        update_expert_bias()
+        for feature in raw_model.features:  # what follows the step (sigmoid routers' balancing bias)
+            feature.after_step(raw_model, all_reduce_sum if distributed else lambda tensors: None)
     except Exception:
         deliver_interrupts(discard=True)  # what ends the process is under way: an interrupt adds nothing
         raise
     return loss_sum
-
-
-def update_expert_bias():
-    """Sigmoid routers' balancing bias follows this step's load, alike on every rank."""
-    if not moe.moe_layers(raw_model):
-        return
-    if distributed and moe.reads_expert_load(raw_model):  # a softmax router never reads the load
-        all_reduce_sum([m.load for m in moe.moe_layers(raw_model)])
-    moe.update_expert_bias(raw_model)
 
 
 def mean_loss(loss_sum):

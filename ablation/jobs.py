@@ -175,7 +175,7 @@ def _finish(job, proc, duration, cwd, settings):
 
 def run_threads(threads, parallel):
     """(each run's intra-op threads, why in words): its OMP_NUM_THREADS, which train.py's threads=0 takes. threads,
-    or for 0 ablate.py's own count on a CPU (common.threads: half the cores, or OMP_NUM_THREADS where set), shared out
+    or for 0 ablate.py's own count on a CPU (common.threads: the usable cores, or OMP_NUM_THREADS where set), shared out
     among the parallel runs, at least 1 each: torch's default would give every run every core."""
     if threads:
         return threads, '--threads'

@@ -477,11 +477,27 @@ class CompressedTables(Feature):
         tables['compressed'] = None if rope is None else (*rope, rotary.cos, rotary.sin)
         return x
 
+    def __init__(self, config):
+        super().__init__(config)
+        self.index_sums = torch.zeros(2)  # the CSA indexers' KL loss summed over training forwards, and the count
+
     def loss(self, model, idx, h, targets):
         losses = [block.attn.indexer.loss for block in model.transformer.h
                   if getattr(block.attn, 'indexer', None) is not None and isinstance(block.attn, CompressedAttention)
                   and block.attn.indexer.loss is not None]
-        return self.config.csa_index_loss_coef * sum(losses) / len(losses) if losses else None
+        if not losses:
+            return None
+        mean = sum(losses) / len(losses)
+        self.index_sums = self.index_sums.to(mean.device) + torch.stack((mean.detach(), torch.ones_like(mean.detach())))
+        return self.config.csa_index_loss_coef * mean
+
+    def objective(self, model):
+        if self.config.csa_index_loss_coef and 'I' in self.config.layer_kinds:
+            return f"csa_index_loss_coef ({self.config.csa_index_loss_coef}) times the CSA indexers' KL loss"
+        return None
+
+    def figures(self, model):
+        return {'csa_index_loss': M.mean_and_reset([self.index_sums])}
 
 
 # ----------------------------------------------------------------------------- experts

@@ -11,6 +11,7 @@ OLMo hybrid's variant: linear_neg_eigval (beta in [0, 2], so a write may flip wh
 output norm epsilon, and its own norm placement for these layers (linear_norm_position).
 """
 
+import importlib
 import math
 from dataclasses import dataclass
 from functools import lru_cache, partial
@@ -352,27 +353,28 @@ class KimiDeltaAttention(GatedDeltaNet):
 
 # On CUDA, where flash-linear-attention is installed, the chunked forms of the 'D', 'K' and 'S' layers run its
 # Triton kernels (training and prefill; a decoding step stays the recurrent form, one token). Each adapter below
-# keeps the PyTorch form's contract: (batch, heads, T, dim) in, fp32, the state's layout ours. Mamba-2's SSD is
-# fla's simple GLA (a scalar log-decay per head and token): queries C, keys B, values dt x, log-decay dt A.
+# keeps the PyTorch form's contract: (batch, heads, T, dim) in, fp32, the state's layout ours. A later chapter's
+# form adds its kernel and adapter to FLA_OPS and FLA_ADAPTERS (mamba2.py: SSD).
 # tests/test_gpu.py holds each against the PyTorch form; USE_FLA = False runs the PyTorch forms on CUDA too.
 USE_FLA = True
+
+
+# the form a kernel replaces: (fla's module, the kernel's name there)
+FLA_OPS = {'gated_delta': ('fla.ops.gated_delta_rule', 'chunk_gated_delta_rule'), 'kda': ('fla.ops.kda', 'chunk_kda')}
 
 
 @lru_cache(maxsize=None)
 def fla_ops():
     """flash-linear-attention's chunked kernels by the form they replace, or None when it is not installed."""
     try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-        from fla.ops.kda import chunk_kda
-        from fla.ops.simple_gla import chunk_simple_gla
+        return {form: getattr(importlib.import_module(module), name) for form, (module, name) in FLA_OPS.items()}
     except ImportError:
         return None
-    return {'gated_delta': chunk_gated_delta_rule, 'kda': chunk_kda, 'ssd': chunk_simple_gla}
 
 
 def fla_kernel(form, x):
-    """The kernel adapter for `form` ('gated_delta', 'kda', 'ssd') when x is on CUDA and fla is installed, else
-    None (the caller runs the PyTorch form)."""
+    """The kernel adapter for `form` (a key of FLA_OPS) when x is on CUDA and fla is installed, else None (the
+    caller runs the PyTorch form)."""
     ops = fla_ops() if USE_FLA and x.is_cuda else None
     return None if ops is None else partial(outside_compile(form), ops[form])
 
@@ -384,7 +386,7 @@ def outside_compile(form):
     return torch.compiler.disable(FLA_ADAPTERS[form])
 
 
-def _heads_second(*tensors):
+def heads_second(*tensors):
     """(batch, heads, T, ...) <-> (batch, T, heads, ...), contiguous (the kernels index them flat)."""
     return [t.transpose(1, 2).contiguous() for t in tensors]
 
@@ -392,18 +394,11 @@ def _heads_second(*tensors):
 def _fla_delta(kernel, q, k, v, g, beta, chunk, state=None, final=False):
     """gated_delta_chunked through fla's chunk_gated_delta_rule or chunk_kda (their own chunk size; q comes
     scaled, so scale 1)."""
-    out, state = kernel(*_heads_second(q, k, v, g, beta), scale=1.0, initial_state=state, output_final_state=final)
+    out, state = kernel(*heads_second(q, k, v, g, beta), scale=1.0, initial_state=state, output_final_state=final)
     return out.transpose(1, 2), state
 
 
-def _fla_ssd(kernel, x, dt, A, B, C, chunk, state=None, final=False):
-    """ssd_chunked through fla's chunk_simple_gla: its state (heads, values, keys) = ours (heads, P, N)."""
-    q, k, v, g = _heads_second(C, B, x * dt[..., None], dt * A[:, None])
-    out, state = kernel(q, k, v, g=g, scale=1.0, initial_state=state, output_final_state=final, state_v_first=True)
-    return out.transpose(1, 2), state
-
-
-FLA_ADAPTERS = {'gated_delta': _fla_delta, 'kda': _fla_delta, 'ssd': _fla_ssd}
+FLA_ADAPTERS = {'gated_delta': _fla_delta, 'kda': _fla_delta}
 
 
 LAYER_KINDS['D'] = LayerKind('Gated DeltaNet', GatedDeltaNet, 'deltanet', config_class=Config)

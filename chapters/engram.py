@@ -71,6 +71,11 @@ class Config:
     def engram_width(self):
         return self.engram_dim or self.n_embd
 
+    @property
+    def stream_copies(self):
+        """The copies of the residual stream the memory gates: 1, a plain stream (hyper_connections widens it)."""
+        return 1
+
 
 def splitmix64(value):
     value = (value + GOLDEN) & MASK64
@@ -162,11 +167,6 @@ class EngramTable(nn.Embedding):
         return super().forward(self.ids(idx, before)).flatten(-2)
 
 
-def copies_of(config):
-    """The copies of the stream the memory gates: hyper_connections' hc_mult, 1 for a plain stream."""
-    return max(getattr(config, 'hc_mult', 1), 1)
-
-
 class EngramBranch(nn.Module):
     """A memory layer's part in its block: the rows of its n-grams, gated by the stream, plus the causal
     convolution's; added to the stream before the block. With n copies of the stream (B, T, n, d), each copy
@@ -175,7 +175,7 @@ class EngramBranch(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        width, d, n = config.engram_width, config.n_embd, copies_of(config)
+        width, d, n = config.engram_width, config.n_embd, config.stream_copies
         self.copies = n
         self.key_proj = nn.Linear(width, n * d, bias=False)
         self.value_proj = nn.Linear(width, d, bias=False)
@@ -237,7 +237,7 @@ class Engram(Feature):
         c = self.config
         reach = (c.engram_conv - 1) * c.engram_ngram
         return {'engram_tokens': ((c.engram_ngram - 1,), torch.long),
-                **{f'engram_conv{i}': ((reach, copies_of(c) * c.n_embd), None) for i in layers_of(c.engram_layers, c)}}
+                **{f'engram_conv{i}': ((reach, c.stream_copies * c.n_embd), None) for i in layers_of(c.engram_layers, c)}}
 
     def embed(self, model, idx, x, start, tables):
         t, cache = model.transformer, tables['cache']

@@ -31,6 +31,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from chapters.engram import Engram, GroupedRMSNorm
+from chapters.speedrun import STREAM_FIELDS
 from model import BOOL, FEATURES, NON_NEGATIVE_NUMBER, OPTIONAL_POSITIVE_INT, POSITIVE_NUMBER, RESIDUALS, Add, \
     Feature, changed, flag_list, is_int, one_of
 
@@ -71,6 +72,9 @@ class Config:
         (lambda c: c.hc_mult > 1 and (c.mtp_depth or c.per_layer_embd or c.layer_scalar),
          lambda c: "hyper-connections with mtp_depth, per_layer_embd or layer_scalar are not supported yet: they "
                    "read one stream where there are hc_mult copies"),
+        (lambda c: c.hc_mult > 1 and changed(c, STREAM_FIELDS),  # the speedrun's, an earlier chapter's
+         lambda c: f"{flag_list(c, changed(c, STREAM_FIELDS))} with hyper-connections (hc_mult={c.hc_mult}) are "
+                   f"not supported yet: they add to one stream where there are hc_mult copies"),
         (lambda c: c.hc_rank is not None and c.hc_kind != 'gated',
          lambda c: f"hc_rank={c.hc_rank} is the gated residual's bottleneck: set hc_kind='gated' or hc_rank=None"),
         (lambda c: c.hc_kind == 'gated' and changed(c, WEIGHTED_FIELDS),
@@ -84,6 +88,10 @@ class Config:
     @property
     def residual(self):
         return self.hc_kind if self.hc_mult > 1 else super().residual
+
+    @property
+    def stream_copies(self):
+        return max(self.hc_mult, 1)
 
 
 def unweighted_rms_norm(x, eps):

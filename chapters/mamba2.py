@@ -4,7 +4,7 @@ state-space layer whose state per head, a (head dim, state dim) matrix, decays b
 read by C. Training and prefill run SSD (the state-space duality: inside a chunk in parallel, as attention with a
 decay mask; the state carried from chunk to chunk), a decoding step the recurrence, so the cache holds the state
 and the convolution's last inputs whatever the context. On CUDA, where flash-linear-attention is installed, SSD
-runs its simple-GLA kernel (deltanet.py's adapters).
+runs its simple-GLA kernel (through deltanet.py's adapters, to which this file adds SSD's).
 """
 
 import math
@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from chapters.deltanet import fla_kernel
+from chapters.deltanet import FLA_ADAPTERS, FLA_OPS, fla_kernel, heads_second
 from chapters.short_conv import causal_depthwise_conv
 from model import LAYER_KINDS, NON_NEGATIVE_NUMBER, OPTIONAL_POSITIVE_INT, LayerKind, TokenMixer, changed, is_int, kinds
 
@@ -167,4 +167,14 @@ class Mamba2(TokenMixer):
         return self.resid_dropout(self.c_proj(y.to(x.dtype)))
 
 
+def _fla_ssd(kernel, x, dt, A, B, C, chunk, state=None, final=False):
+    """ssd_chunked through fla's chunk_simple_gla (SSD is simple GLA, a scalar log-decay per head and token:
+    queries C, keys B, values dt x, log-decay dt A): its state (heads, values, keys) = ours (heads, P, N)."""
+    q, k, v, g = heads_second(C, B, x * dt[..., None], dt * A[:, None])
+    out, state = kernel(q, k, v, g=g, scale=1.0, initial_state=state, output_final_state=final, state_v_first=True)
+    return out.transpose(1, 2), state
+
+
+FLA_OPS['ssd'] = ('fla.ops.simple_gla', 'chunk_simple_gla')
+FLA_ADAPTERS['ssd'] = _fla_ssd
 LAYER_KINDS['S'] = LayerKind('Mamba-2', Mamba2, 'mamba2', config_class=Config)

@@ -64,7 +64,7 @@ class Config:
          lambda c: "mla_head_gate=True and attn_gate=True are two gates on the same heads' output (one per head, one "
                    "per head dim): set one of them"),
         (lambda c: c.attn == 'mla' and c.rope_qk_norm,
-         lambda c: "rope_qk_norm and nope_temperature apply to attn='mha' only (MLA makes its own queries and keys)"),
+         lambda c: "rope_qk_norm applies to attn='mha' only (MLA makes its own queries and keys)"),
     ]
 
     @property

@@ -327,5 +327,16 @@ class Balancing(Feature):
         balancing = [m.loss for m in moe_layers(model) if m.loss is not None]
         return sum(balancing) / len(balancing) if balancing else None
 
+    def objective(self, model):
+        if any(m.aux_coef or m.z_coef for m in moe_layers(model)):
+            return "the MoE routers' balancing losses (moe_aux_loss_coef, moe_z_loss_coef)"
+        return None
+
+    def after_step(self, model, sum_across):
+        """Sigmoid routers' balancing bias follows this step's load, alike on every process."""
+        if reads_expert_load(model):  # a softmax router never reads the load: nothing to sum
+            sum_across([m.load for m in moe_layers(model)])
+        update_expert_bias(model)
+
 
 FEATURES.append(Balancing)

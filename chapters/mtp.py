@@ -12,9 +12,9 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from chapters.sparse_attention import mean_loss_and_reset
 from generate import KVCache, cache_dtype
-from model import FEATURES, GPT, NON_NEGATIVE_NUMBER, Block, Feature, causal_mask, changed, is_int, make_norm
+from model import FEATURES, GPT, NON_NEGATIVE_NUMBER, Block, Feature, causal_mask, changed, is_int, make_norm, \
+    mean_and_reset
 
 
 @dataclass
@@ -118,7 +118,7 @@ def mtp_loss(model, idx, h, targets):
 def mtp_loss_and_reset(model):
     """The MTP modules' mean loss over the training forwards since the last call (None if none); then the counts
     restart: what train.py logs apart from the main loss."""
-    return mean_loss_and_reset(model.mtp if model.config.mtp_depth else [])
+    return mean_and_reset([m.losses for m in model.mtp] if model.config.mtp_depth else [])
 
 
 class MultiTokenPrediction(Feature):
@@ -138,6 +138,14 @@ class MultiTokenPrediction(Feature):
         if self.config.mtp_loss_coef and model.training:
             return self.config.mtp_loss_coef * mtp_loss(model, idx, h, targets)
         return None
+
+    def objective(self, model):
+        if self.config.mtp_loss_coef:
+            return f"mtp_loss_coef ({self.config.mtp_loss_coef}) times the MTP modules' loss"
+        return None
+
+    def figures(self, model):
+        return {'mtp_loss': mtp_loss_and_reset(model)}
 
     def flops(self, model, seq_len):
         return mtp_flops(model, seq_len)

@@ -20,7 +20,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from model import BOOL, FEATURES, LAYER_KINDS, NON_NEGATIVE_NUMBER, OPTIONAL_POSITIVE_INT, POSITIVE_INT, Feature, \
-    apply_rope, changed, flag_list, is_number, kinds, one_of
+    apply_rope, changed, flag_list, is_number, kinds, mean_and_reset, one_of
 
 INDEX_STAGES = ('dense', 'sparse')
 INDEX_SCORES = ('weighted_relu', 'dot_per_group')
@@ -124,14 +124,6 @@ class Config:
 
 
 RUNTIME_FLAGS = ('index_stage', 'index_loss_coef')
-
-
-def mean_loss_and_reset(modules):
-    """The mean loss the modules summed in their `losses` buffers ([sum, forwards]), None if none; then zeros."""
-    totals = sum((m.losses.cpu() for m in modules), torch.zeros(2))
-    for m in modules:
-        m.losses.zero_()
-    return (totals[0] / totals[1]).item() if totals[1] else None
 
 
 def visible_keys(mask, T, S, device):
@@ -354,7 +346,7 @@ def indexers(model):
 def index_loss_and_reset(model):
     """The indexers' mean KL loss over the training forwards since the last call (None if none), then the counts
     restart: what train.py logs apart from the main loss."""
-    return mean_loss_and_reset(indexers(model))
+    return mean_and_reset([m.losses for m in indexers(model)])
 
 
 class Indexers(Feature):
@@ -383,6 +375,14 @@ class Indexers(Feature):
         if not losses:  # the indexers learn from their own loss alone (their inputs are detached)
             return None
         return self.config.index_loss_coef * sum(losses) / len(losses)
+
+    def objective(self, model):
+        if self.config.index_loss_coef and indexers(model):
+            return f"index_loss_coef ({self.config.index_loss_coef}) times the indexers' KL loss"
+        return None
+
+    def figures(self, model):
+        return {'index_loss': index_loss_and_reset(model)}
 
 
 FEATURES.append(Indexers)

@@ -49,7 +49,7 @@ from torch.nn import functional as F
 from chapters import attention as attention_chapter
 from chapters.gemma4 import global_kinds, kv_source
 from model import ATTENTIONS, BOOL, FEATURES, LAYER_KINDS, OPTIONAL_POSITIVE_INT, Feature, apply_rope, changed, \
-    flag_list, is_int, is_number
+    flag_list, is_int, is_number, mean_and_reset
 
 GATE_DIMS = 12  # the gates read the first this many channels of their input (the speedrun's)
 VALUES = 'value_embeds'  # a value-embedding layer reads tables[(its kind's key, VALUES)]: (its kind's table, the rows)
@@ -154,9 +154,6 @@ class Config:
         (lambda c: changed(c, STREAM_FIELDS) and c.norm_position == 'post',
          lambda c: f"{flag_list(c, changed(c, STREAM_FIELDS))} add to the stream between blocks, which "
                    f"norm_position='post' normalizes: use another norm_position"),
-        (lambda c: changed(c, STREAM_FIELDS) and getattr(c, 'hc_mult', 1) > 1,
-         lambda c: f"{flag_list(c, changed(c, STREAM_FIELDS))} with hyper-connections (hc_mult={c.hc_mult}) are "
-                   f"not supported yet: they add to one stream where there are hc_mult copies"),
         (lambda c: c.unet_skips and c.n_layer < 3,
          lambda c: f"unet_skips=True needs n_layer >= 3 (a skip from layer k-1 to layer n_layer-k, k < n_layer/2), "
                    f"got n_layer={c.n_layer}"),
@@ -323,6 +320,7 @@ class Speedrun(Feature):
         c, t = self.config, model.transformer
         L = c.n_layer
         self.fraction = 0.0  # of training done, which train.py sets through progress (mtp_weights reads it)
+        self.mtp_sums = torch.zeros(2)  # the shared-head MTP loss summed over training forwards, and their count
         self.value_layers = layers_of(c.value_embed_layers, c)
         self.value_keys = sorted({t.h[i].attn.positions for i in self.value_layers}, key=str)
         if self.value_layers:  # each layer's rows as wide as its K/V heads
@@ -420,7 +418,18 @@ class Speedrun(Feature):
             if weight:
                 scored = logits[:, :T - k].reshape(-1, logits.size(-1)).float()
                 total = total + weight * F.cross_entropy(scored, targets[:, k:].reshape(-1), ignore_index=-1)
+        self.mtp_sums = self.mtp_sums.to(total.device) + torch.stack((total.detach(), torch.ones_like(total.detach())))
         return total
+
+    def objective(self, model):
+        if self.config.mtp_shared:
+            fading = ', fading over training' if self.config.mtp_shared_fade else ''
+            return (f"the shared head's losses on the {self.config.mtp_shared} tokens after the next, the k-th "
+                    f"weighted mtp_shared_decay ({self.config.mtp_shared_decay}) to the k{fading}")
+        return None
+
+    def figures(self, model):
+        return {'mtp_shared_loss': mean_and_reset([self.mtp_sums])}
 
     def progress(self, model, fraction):
         """The share of training done: the window schedule sets the local layers' window from it, the MTP loss

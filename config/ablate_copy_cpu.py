@@ -1,4 +1,4 @@
-# Issue 29's length_generalization group on a 2-core CPU: trained on strings of 1..16 symbols, evaluated at 16,
+# The length_generalization group on a 2-core CPU: trained on strings of 1..16 symbols, evaluated at 16,
 # 32 and 64 (2x, 4x the training inputs): learned positions, RoPE (plain and each scaling), NoPE, a NoPE layer in
 # four, RoPE on a quarter of each head.
 #   python data/copy/prepare.py

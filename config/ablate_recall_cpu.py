@@ -1,4 +1,4 @@
-# Issue 29's recall group on a 2-core CPU: Zoology's accuracy against width, for all global, the 3:1 Gated
+# The recall group on a 2-core CPU: Zoology's accuracy against width, for all global, the 3:1 Gated
 # DeltaNet hybrid, all Gated DeltaNet, all local windows (a quarter of L) and MLA; 3 seeds, two runs at a time:
 #   python data/recall/prepare.py --seq_len 32 --num_pairs 4 --vocab_size 64 --out_dir data/recall_32
 #   python ablate.py config/ablate_recall_cpu.py
@@ -9,7 +9,7 @@
 #   python data/recall/prepare.py --seq_len 32 --num_pairs 8 --vocab_size 64 --out_dir data/recall_32_p8
 #   python ablate.py config/ablate_recall_cpu.py --recall_widths=64 --recall_pairs=8 \
 #       --recall_archs=global,DDDG,VVVG,D,V,SSSG,S,KKKG,K
-# Zoology's protocol (issue 48): each point at 2 and 4 layers and three learning rates, the best rate reported;
+# Zoology's protocol: each point at 2 and 4 layers and three learning rates, the best rate reported;
 # global attention at 8 pairs, as docs/results.md ran it (18 runs, one at a time: about 75 minutes here; then
 # --recall_archs=global,DDDG --recall_depths=2 adds the 1:1 hybrid DG, 9 runs more):
 #   python ablate.py config/ablate_recall_cpu.py --recall_widths=64 --recall_pairs=8 --recall_archs=global \

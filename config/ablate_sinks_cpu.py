@@ -1,4 +1,4 @@
-# Issue 29's sinks group on the CPU recipe (characters, 4 layers, 128 wide, block 64, 2000 iterations), probed:
+# The sinks group on the CPU recipe (characters, 4 layers, 128 wide, block 64, 2000 iterations), probed:
 # the modern block with and without the output gate and learned sinks, and windowed layers with and without sinks.
 #   python data/shakespeare_char/prepare.py
 #   python ablate.py config/ablate_sinks_cpu.py

@@ -4,7 +4,7 @@
 # iterations: past the phase change where global attention goes from ~0.3 to ~1.0 accuracy, which comes at another
 # iteration run to run. Where it came, at width 64 on data/recall_32: between 500 and 750 with the modern block
 # (docs/training.md's command; 0.31 at 500, 0.86 at 750, 0.97 at 1,250, 1.000 at 2,500, one run on a 2-core CPU,
-# and so in issue 49's run); past 0.9 at 1,000-1,500 in the recall group's three seeds (docs/results.md);
+# and so in a second run); past 0.9 at 1,000-1,500 in the recall group's three seeds (docs/results.md);
 # 2,200-2,600 in the pilot before this recipe (docs/evidence_plan.md).
 # At 8 pairs it comes later, if at all: 2,500-2,750 where it came, at 2 or 4 layers, and which seeds cross depends
 # on the rate (none of three at 4 layers and 1e-3, two at 3e-3: docs/results.md, "Zoology's protocol"); at 2 layers
@@ -27,5 +27,5 @@ eval_interval = 250
 eval_iters = 16  # 16 x 64 = 1,024 fixed val examples: accuracy steady to about +-0.01
 log_interval = 250
 # a run ends once solved (the first evaluation at 0.99 accuracy or more): the rest of its 3,000 iterations would
-# only read 1.000 again. From issue 48's grid on; runs before it trained to 3,000 whatever their accuracy
+# only read 1.000 again. From the Zoology-protocol grid on; runs before it trained to 3,000 whatever their accuracy
 stop_accuracy = 0.99

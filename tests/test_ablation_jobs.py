@@ -82,17 +82,17 @@ def test_a_run_finished_between_the_look_and_the_claim_is_not_retrained(tmp_path
     assert ablation.jobs.take(str(path)) is None  # free: ours to train
 
 
-@pytest.mark.parametrize('args, env, expected', [([], None, 2), (['--parallel=2'], None, 1), (['--parallel=3'], None, 1),
+@pytest.mark.parametrize('args, env, expected', [([], None, 4), (['--parallel=2'], None, 2), (['--parallel=3'], None, 1),
                                                  ([], '3', 3), (['--threads=3', '--parallel=2'], None, 3)],
                          ids=['alone', 'parallel', 'more-runs-than-threads', 'OMP_NUM_THREADS', 'given'])
 def test_each_run_gets_its_threads_said_once(tmp_path, monkeypatch, capsys, args, env, expected):
     """Each run's OMP_NUM_THREADS, which train.py's threads=0 takes (issue 49.1): --threads, or ablate.py's own count
-    (common.threads: half the cores on a CPU, or OMP_NUM_THREADS where set) shared out among the parallel runs, at
-    least 1 each, one run at a time included (it was torch's default, every core, whatever else ran); one line
-    says it. Here 4 cores: 2 threads for a run alone."""
+    (common.threads: the usable cores on a CPU, or OMP_NUM_THREADS where set) shared out among the parallel runs,
+    at least 1 each; one line says it. Here 4 cores: 4 threads for a run alone, 2 each for two at once."""
     from collections import deque
     import torch
     monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: set(range(4)))
+    monkeypatch.setattr(os, 'getloadavg', lambda: (0.3, 0.3, 0.3))  # a quiet machine
     state = {'threads': int(env or 4)}  # torch's default here: a thread a core, or what OMP_NUM_THREADS names
     monkeypatch.setattr(torch, 'get_num_threads', lambda: state['threads'])
     monkeypatch.setattr(torch, 'set_num_threads', lambda n: state.update(threads=n))

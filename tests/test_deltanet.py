@@ -382,7 +382,7 @@ def test_fla_ssd_adapter_keeps_the_chunked_forms_contract():
     Bm, C = torch.randn(batch, H, T, N, generator=gen), torch.randn(batch, H, T, N, generator=gen)
     for state in (None, torch.randn(batch, H, P, N, generator=gen)):
         expected = mamba2.ssd_chunked(x, dt, A, Bm, C, 4, state, final=True)
-        got = deltanet._fla_ssd(_fla_simple_gla, x, dt, A, Bm, C, 4, state, final=True)
+        got = mamba2._fla_ssd(_fla_simple_gla, x, dt, A, Bm, C, 4, state, final=True)
         assert_close(got[0], expected[0], atol=1e-5)
         assert_close(got[1], expected[1], atol=1e-5)
 

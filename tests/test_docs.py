@@ -88,3 +88,20 @@ def test_the_readme_stays_the_front_door():
     """What a first hour needs, at most ~300 lines (nanoGPT's is about 230); the rest is docs/'s."""
     lines = (REPO / 'README.md').read_text(encoding='utf-8').count('\n')
     assert lines <= 300, f"README.md has {lines} lines: move the detail to a page of docs/"
+
+
+def test_readmes_results_table_says_one_short_claim_per_cell_with_its_unit_and_source():
+    """README's Results: a first-time reader parses each cell (a 915-character cell once held a whole study); the
+    measured cell names its unit, the published one its source (a name and a year); the long readings live in
+    docs/results.md."""
+    readme = (REPO / 'README.md').read_text(encoding='utf-8')
+    section = readme[readme.index('## Results'):readme.index('## Tests')]
+    rows = [[cell.strip() for cell in line.strip().strip('|').split(' | ')] for line in section.splitlines()
+            if line.startswith('| ')]
+    header, rows = rows[0], rows[1:]
+    assert header[:3] == ['question', 'measured (3 seeds)', 'published finding (source): ours'] and len(rows) >= 6
+    for question, measured, published, command in rows:
+        assert max(len(question), len(measured), len(published)) <= 250, question
+        assert re.search(r'nats/char|accuracy|bytes/token|tok/s', measured), question
+        assert re.search(r'\([^)]*\b(19|20)\d\d', published), question  # (who, year)
+        assert command.startswith('`python '), question

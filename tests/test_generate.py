@@ -69,6 +69,20 @@ def test_positions_that_follow_the_length_prefill_the_prompt_whole(monkeypatch):
     assert lengths[0] == 11
 
 
+@pytest.mark.parametrize('overrides', [dict(), dict(norm='rms', mlp='swiglu', pos='rope', n_kv_head=2),
+                                       dict(sliding_window=4, layers='LN', pos='rope')], ids=['vanilla', 'llama', 'local'])
+def test_engine_greedy_tokens_are_the_lessons_plain_loop(overrides):
+    """model.py's generate_plain (nanoGPT's loop, what model.py alone samples with) and the engine, with and without
+    its cache, give the same greedy tokens while the context fits block_size (past it the two drop old tokens
+    differently: the engine half the window, the plain loop one token)."""
+    model = build(**overrides)
+    prompt = torch.randint(0, VOCAB, (3, 5), generator=torch.Generator().manual_seed(3))
+    plain = model.generate_plain(prompt, BLOCK - 5, temperature=0.0)
+    assert plain.shape == (3, BLOCK)
+    for use_cache in (True, False):
+        assert torch.equal(model.generate(prompt, BLOCK - 5, temperature=0.0, use_cache=use_cache), plain), use_cache
+
+
 def test_generate_stream_yields_tokens_one_step_at_a_time():
     model = build()
     torch.manual_seed(18)

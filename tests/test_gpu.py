@@ -182,7 +182,7 @@ def test_fla_kernels_match_the_pytorch_forms(monkeypatch, layers):
     logits and gradients in fp32, and cached decoding after a prefill through them. Triton's fp32 dots may run
     in TF32, hence the tolerance; the figures are printed."""
     pytest.importorskip('fla')
-    assert deltanet.fla_ops() is not None, 'fla is importable but its chunked kernels are not where model.py looks'
+    assert deltanet.fla_ops() is not None, 'fla is importable but its chunked kernels are not where FLA_OPS looks'
     chunk = {'ssm_chunk_size': 64} if layers == 'SG' else {'linear_chunk_size': 64}
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=128, block_size=256, vocab_size=96, layers=layers, norm='rms',

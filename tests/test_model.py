@@ -2,6 +2,7 @@
 (norm, mlp, n_kv_head, pos) against attention/RoPE/norm references, init and tying, optimizer groups, accounting,
 config validation of the lesson's fields, Hugging Face interop (tiny random models, no network), and model.py run
 alone. Each later chapter's tests are tests/test_<chapter>.py; the decoding engine's, tests/test_generate.py."""
+import ast
 import itertools
 import math
 import os
@@ -823,12 +824,17 @@ for modern in (False, True):
         optimizer.step()
         losses.append(loss.item())
     print(config.norm, config.mlp, config.kv_heads, config.pos, losses[0] > losses[-1], model(data[:, :-1])[0].shape[-1])
+    torch.manual_seed(0)
+    model = GPT(config).eval()  # untrained, so the test's own process can build the same weights
+    print(model.generate(data[:2, :5], 20, temperature=0.0).tolist())  # past block_size: the window slides
+    print(model.generate(data[:2, :5], 4, temperature=0.8, top_k=5).shape)
 '''
 
 
 def test_model_py_runs_alone_in_an_empty_folder(tmp_path):
     """model.py copied by itself into an empty folder: the vanilla and the modern block build and train there (AdamW
-    steps lower the loss), with nothing else of the project on the path."""
+    steps lower the loss) and sample, with the plain loop (no generate.py on the path): its greedy tokens are the
+    engine's, here, on the same weights."""
     import shutil
     import subprocess
     import sys
@@ -837,7 +843,19 @@ def test_model_py_runs_alone_in_an_empty_folder(tmp_path):
     result = subprocess.run([sys.executable, '-c', LESSON_ALONE], cwd=tmp_path, capture_output=True, text=True,
                             env=env)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split('\n')[:2] == ['layernorm gelu 4 learned True 64', 'rms swiglu 2 rope True 64']
+    lines = result.stdout.split('\n')
+    assert lines[0::3][:2] == ['layernorm gelu 4 learned True 64', 'rms swiglu 2 rope True 64']
+    assert lines[2::3][:2] == ['torch.Size([2, 9])'] * 2
+    data = torch.randint(0, 64, (4, 17), generator=torch.Generator().manual_seed(1))
+    for modern, alone in zip((False, True), lines[1::3]):
+        flags = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=64)
+        torch.manual_seed(0)
+        model = M.GPT(M.GPTConfig(**flags, **M.swap_flags('modern', flags, modern=modern))).eval()
+        engine = model.generate(data[:2, :5], 20, temperature=0.0, use_cache=False)
+        plain = torch.tensor(ast.literal_eval(alone))
+        # the engine drops the oldest half of an overflowing window, nanoGPT's loop the oldest token: alike
+        # until the context first passes block_size (16 tokens: 11 new ones after the prompt of 5)
+        assert torch.equal(plain[:, :17], engine[:, :17]), (modern, plain, engine)
 
 
 # ----------------------------------------------------------------------------- an MLP reading the tokens

@@ -283,8 +283,10 @@ def test_a_failed_rerun_leaves_the_dataset_as_it_was(tmp_path, script):
 @pytest.mark.parametrize("script", [pytest.param(CHAR, id="shakespeare_char"), pytest.param(BPE, id="shakespeare")])
 def test_a_failed_download_names_the_offline_way(tmp_path, script):
     env = {**env_for(script), "https_proxy": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9"}
-    copy = tmp_path / "prepare.py"  # a copy: input.txt is fetched next to the script
+    copy = tmp_path / "data" / script.parent.name / "prepare.py"  # a copy: input.txt is fetched next to the script
+    copy.parent.mkdir(parents=True)
     copy.write_text(script.read_text())
+    (tmp_path / "data" / "prepare_common.py").write_text((ROOT / "data" / "prepare_common.py").read_text())
     r = run(copy, "--out_dir", tmp_path / "out", env=env)
     assert_one_line_error(r, "cannot download", "--input PATH")
 
@@ -623,3 +625,24 @@ def test_fineweb_refuses_another_datasets_folder_naming_what_it_holds(tmp_path, 
     before = dataset_files(out)
     assert f"'{out}' {holds}" in refused(monkeypatch, capsys, fwe, out, *FWE_ARGS)
     assert dataset_files(out) == before
+
+
+def test_every_preparation_takes_the_shared_machinery_from_one_module():
+    """The lock, the ownership check, the write-aside, the download and the interrupt's line live in
+    data/prepare_common.py alone: each data/*/prepare.py imports it and defines none of them again (they were
+    copied six times, and defects found in one copy had to be fixed in each)."""
+    import ast
+
+    import prepare_common_path  # noqa: F401  (data/ on the path, as each script puts it)
+    import prepare_common
+    shared = {name for name, value in vars(prepare_common).items()
+              if callable(value) and getattr(value, "__module__", None) == "prepare_common"}
+    assert {"claimed", "refuse_others", "makers", "switched", "download", "run", "fail", "reason"} <= shared
+    scripts = sorted((ROOT / "data").glob("*/prepare.py"))
+    assert len(scripts) == 6
+    for script in scripts:
+        tree = ast.parse(script.read_text(encoding="utf-8"))
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+        assert "prepare_common" in imported, script
+        assert defined & (shared - {"fail"}) == set(), (script, defined & shared)

@@ -453,17 +453,23 @@ def train_namespace(cwd, *args, monkeypatch):
         release_out_dirs()
 
 
-@pytest.mark.parametrize('flags, terms', [
-    (['--mtp_depth=1'], ["mtp_loss_coef (0.3) times the MTP modules' loss"]),
+@pytest.mark.parametrize('flags, terms, figure', [
+    (['--mtp_depth=1'], ["mtp_loss_coef (0.3) times the MTP modules' loss"], 'mtp_loss'),
     (['--mlp=moe', '--n_expert=4', '--moe_aux_loss_coef=0.01'],
-     ["the MoE routers' balancing losses (moe_aux_loss_coef, moe_z_loss_coef)"]),
-    (['--index_topk=4'], ["index_loss_coef (1.0) times the indexers' KL loss"]),
-    (['--mlp=moe', '--n_expert=4'], []),  # no balancing loss: the next-token loss alone
-    ([], []),
-], ids=['mtp', 'moe-balancing', 'indexers', 'moe-bias-only', 'plain'])
-def test_a_step_says_when_its_loss_is_the_whole_objective(workdir, run, flags, terms):
-    """With MTP, MoE balancing or the indexers' loss, what a step minimizes is more than the next-token loss an
-    evaluation prints: the line says objective and a note at the start names the terms."""
+     ["the MoE routers' balancing losses (moe_aux_loss_coef, moe_z_loss_coef)"], None),
+    (['--index_topk=4'], ["index_loss_coef (1.0) times the indexers' KL loss"], 'index_loss'),
+    (['--mlp=moe', '--n_expert=4'], [], None),  # no balancing loss: the next-token loss alone
+    (['--mtp_shared=2'], ["the shared head's losses on the 2 tokens after the next, the k-th weighted "
+                          "mtp_shared_decay (0.5) to the k, fading over training"], 'mtp_shared_loss'),
+    (['--layers=LI', '--sliding_window=4', '--attn=shared_kv', '--n_kv_head=None', '--csa_rate=2', '--csa_topk=2',
+      '--csa_index_dim=16'], ["csa_index_loss_coef (1.0) times the CSA indexers' KL loss"], 'csa_index_loss'),
+    ([], [], None),
+], ids=['mtp', 'moe-balancing', 'indexers', 'moe-bias-only', 'speedrun-mtp', 'deepseek-v4-csa', 'plain'])
+def test_a_step_says_when_its_loss_is_the_whole_objective(workdir, run, flags, terms, figure):
+    """With MTP (the modules' or the speedrun's shared head's), MoE balancing or an indexers' loss, what a step
+    minimizes is more than the next-token loss an evaluation prints: the line says objective, a note at the
+    start names the terms, each chapter's in its words (Feature.objective), and log.jsonl has the term's mean
+    over the steps since the last evaluation (Feature.figures)."""
     result = run(workdir, *MODERN, *flags, '--max_iters=2', '--eval_interval=2', '--out_dir=out')
     label = 'objective' if terms else 'loss'
     assert re.search(rf'^iter 2/2: {label} \d\.\d{{4}}, lr', result.stdout, re.M), result.stdout
@@ -473,6 +479,42 @@ def test_a_step_says_when_its_loss_is_the_whole_objective(workdir, run, flags, t
                          f"{' + '.join(terms)}; evaluations print the next-token loss alone"]
     else:
         assert not notes and 'objective' not in result.stdout
+    records = [json.loads(line) for line in (workdir / 'out' / 'log.jsonl').read_text().splitlines()]
+    if figure:
+        assert figure not in records[0] and records[-1][figure] > 0, records  # iter 0: no step yet
+
+
+def test_a_new_features_term_is_labelled_and_logged_without_an_edit_here(workdir, run, monkeypatch):
+    """A chapter's Feature says what its loss adds (objective) and what to log (figures); train.py names no
+    chapter: a Feature it has never seen gets its note, its 'objective' lines and its figure in log.jsonl, and its
+    after_step runs after every optimizer step."""
+    import model
+
+    class Penalty(model.Feature):
+        steps = 0
+
+        @staticmethod
+        def applies(config):
+            return True
+
+        def loss(self, model, idx, h, targets):
+            return 0.01 * h.pow(2).mean()
+
+        def objective(self, model):
+            return "0.01 times the hidden states' mean square"
+
+        def figures(self, model):
+            return {'penalty': Penalty.steps, 'nothing': None}
+
+        def after_step(self, model, sum_across):
+            Penalty.steps += 1
+
+    monkeypatch.setattr(model, 'FEATURES', model.FEATURES + [Penalty])
+    result = run(workdir, *MODERN, '--max_iters=3', '--eval_interval=2', '--out_dir=out')
+    assert "the next-token loss + 0.01 times the hidden states' mean square; " in result.stdout
+    assert re.search(r'^iter 3/3: objective \d\.\d{4}, lr', result.stdout, re.M), result.stdout
+    records = [json.loads(line) for line in (workdir / 'out' / 'log.jsonl').read_text().splitlines()]
+    assert [r['penalty'] for r in records] == [0, 2, 3] and not any('nothing' in r for r in records)
 
 
 def test_no_cpu_recipe_prints_a_line_per_iteration(monkeypatch):

@@ -33,6 +33,9 @@ import tiktoken
 from tqdm import tqdm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # data/: prepare_common, what every preparation shares
+import prepare_common as common  # noqa: E402
+
 SHARD = re.compile(r"fineweb_edu_(train|val)_(\d{6})\.bin")
 enc = None  # each worker's encoder
 
@@ -40,13 +43,6 @@ enc = None  # each worker's encoder
 def fail(msg, code=2):
     tqdm.write(f"error: {msg}", file=sys.stderr)  # on a line of its own, above a progress bar
     sys.exit(code)
-
-
-def reason(e):
-    if isinstance(e, OSError) and e.strerror:
-        return e.strerror
-    lines = str(e).strip().splitlines()  # library errors can span many lines; keep the error to one
-    return lines[0] if lines else type(e).__name__
 
 
 def load_encoder():
@@ -77,8 +73,8 @@ def load(args):
             ds = load_dataset("HuggingFaceFW/fineweb-edu", name=args.sample, split="train", num_proc=args.num_proc)
             return ds.select_columns(["text"])  # its other columns (url, score, ...) need not be read
         except Exception as e:
-            fail(f"cannot load FineWeb-Edu '{args.sample}' from the Hugging Face hub: {reason(e)}; offline, give "
-                 f"local parquet files with --input PATH")
+            fail(f"cannot load FineWeb-Edu '{args.sample}' from the Hugging Face hub: {common.reason(e)}; offline, "
+                 f"give local parquet files with --input PATH")
     src = args.input
     if os.path.isdir(src):
         files = sorted(glob.glob(os.path.join(src, "**", "*.parquet"), recursive=True))
@@ -95,7 +91,7 @@ def load(args):
         try:
             schema, rows = pq.read_schema(f), rows + pq.read_metadata(f).num_rows
         except Exception as e:
-            fail(f"cannot read parquet file '{f}': {reason(e)}")
+            fail(f"cannot read parquet file '{f}': {common.reason(e)}")
         if "text" not in schema.names:
             fail(f"parquet file '{f}' has no 'text' column (columns: {', '.join(schema.names)})")
         kind = schema.field("text").type
@@ -106,41 +102,7 @@ def load(args):
     try:
         return load_dataset("parquet", data_files=files, split="train", columns=["text"])
     except Exception as e:
-        fail(f"cannot read input '{src}': {reason(e)}")
-
-
-def claim(out):
-    """Lock out (its .lock file) for this preparation: a second one on the same folder is refused, as its
-    shards and meta.json would mix with ours. The kernel drops the lock however this process ends."""
-    import fcntl
-    try:
-        fd = os.open(os.path.join(out, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        fail(f"cannot write to out_dir '{out}': {reason(e)}")
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        fail(f"'{out}' is being prepared by another process (pid {holder}); wait for it to end or use another "
-             f"--out_dir")
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
-    return fd
-
-
-def makers(meta):
-    """The preparations that could have written a meta.json: its 'dataset'; for a record older than that field,
-    what its shape says (the two GPT-2 BPE text preparations wrote the same one)."""
-    if not isinstance(meta, dict):
-        return ()
-    if "dataset" in meta:
-        return (str(meta["dataset"]),)
-    if "shards" in meta:
-        return ("fineweb_edu",)
-    if "task" in meta:
-        return (str(meta["task"]),)
-    return {"char": ("shakespeare_char",), "tiktoken": ("shakespeare", "openwebtext")}.get(meta.get("kind"), ())
+        fail(f"cannot read input '{src}': {common.reason(e)}")
 
 
 def read_meta(meta_path, preparation):
@@ -152,14 +114,13 @@ def read_meta(meta_path, preparation):
         with open(meta_path, encoding="utf-8") as f:
             meta = json.load(f)
     except (OSError, ValueError) as e:
-        fail(f"cannot read '{meta_path}' ({reason(e)}); {start_over}")
-    whose = makers(meta)
+        fail(f"cannot read '{meta_path}' ({common.reason(e)}); {start_over}")
+    whose = common.makers(meta)
     if whose and "fineweb_edu" not in whose:
         out = os.path.dirname(meta_path)
         held = sorted(n for n in os.listdir(out) if n.endswith(".bin") or n == "meta.json")
-        listed = ', '.join(held[:3]) + (f" and {len(held) - 3} more files" if len(held) > 3 else "")
-        fail(f"'{out}' holds {' or '.join(whose)}'s dataset ({listed}); fineweb_edu does not write over another's "
-             f"files: use another --out_dir, or remove them first")
+        fail(f"'{out}' holds {' or '.join(whose)}'s dataset ({common.listing(held)}); fineweb_edu does not write "
+             f"over another's files: use another --out_dir, or remove them first")
     shards = meta.get("shards") if isinstance(meta, dict) else None
     if not (isinstance(shards, dict) and isinstance(meta.get("complete"), bool)
             and all(isinstance(shards.get(split), list) and all(
@@ -230,8 +191,8 @@ def write_or_fail(path, write):
     try:
         write_atomic(path, write)
     except OSError as e:
-        fail(f"cannot write '{path}' ({reason(e)}); the shards meta.json lists are whole: make room and rerun the "
-             f"same command to resume", code=1)
+        fail(f"cannot write '{path}' ({common.reason(e)}); the shards meta.json lists are whole: make room and rerun "
+             f"the same command to resume", code=1)
 
 
 def refuse_val_only(out, meta, args):
@@ -259,27 +220,10 @@ def main():
     for name in ("num_proc", "shard_tokens", "val_tokens"):
         if getattr(args, name) < 1:
             fail(f"--{name} must be at least 1, got {getattr(args, name)}")
-    try:
-        load_encoder()
-    except Exception as e:  # offline without a cache, tiktoken raises whatever its HTTP client raises
-        fail(f"cannot load the GPT-2 encoding ({type(e).__name__}); offline, set TIKTOKEN_CACHE_DIR to a tiktoken "
-             f"cache")
-    out = args.out_dir
-    if os.path.exists(out) and not os.path.isdir(out):
-        fail(f"--out_dir '{out}' is a file, not a directory")
-    created = not os.path.exists(out)
-    try:
-        os.makedirs(out, exist_ok=True)
-    except OSError as e:
-        fail(f"cannot create --out_dir '{out}': {reason(e)}")
-    lock = claim(out)
-    try:
-        prepare(args, out)
-    finally:
-        os.close(lock)
-        if created and os.listdir(out) == [".lock"]:  # a preparation that failed before writing leaves nothing
-            os.remove(os.path.join(out, ".lock"))
-            os.rmdir(out)
+    global enc
+    enc = common.gpt2_encoding()  # the workers' too, forked from here
+    with common.claimed(args.out_dir, "fineweb_edu"):  # its own check of the folder: refuse_strays below
+        prepare(args, args.out_dir)
 
 
 def prepare(args, out):
@@ -287,7 +231,7 @@ def prepare(args, out):
     meta = start_meta(args, out, meta_path)
     if meta is None:
         return
-    refuse_others(out, meta)
+    refuse_strays(out, meta)
     ds = load(args)
     if len(ds) == 0:
         fail(f"input '{args.input or source_of(args)}' is empty (no documents)")
@@ -331,7 +275,7 @@ def start_meta(args, out, meta_path):
     return meta
 
 
-def refuse_others(out, meta):
+def refuse_strays(out, meta):
     """One line for a file in out that is not ours: a shard meta.json does not list, or another dataset's .bin."""
     listed = {entry[0] for split in meta["shards"].values() for entry in split}
     # the shard the next flush writes: one there was renamed in before a kill let meta.json list it
@@ -406,16 +350,5 @@ class Shards:
         write_or_fail(self.meta_path, lambda f: f.write(json.dumps(self.meta, indent=1).encode() + b"\n"))
 
 
-def interrupted(signum, frame):
-    raise KeyboardInterrupt("SIGTERM")
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, interrupted)  # `kill` stops as Ctrl-C does
-    try:
-        main()
-    except KeyboardInterrupt as e:
-        name = "SIGTERM" if e.args == ("SIGTERM",) else "SIGINT"
-        print(f"error: interrupted ({name}); the shards meta.json lists are whole: rerun the same command to resume",
-              file=sys.stderr)
-        sys.exit(143 if name == "SIGTERM" else 130)
+    common.run(main, "the shards meta.json lists are whole: rerun the same command to resume")

@@ -18,49 +18,21 @@ accounts for) is refused in one line, and so is a second preparation of the same
 (out_dir/.lock); meta.json's 'dataset' says which preparation wrote it.
 """
 import argparse
-import fcntl
 import glob
-import json
 import math
 import os
-import re
-import signal
 import sys
-from contextlib import contextmanager
 
 import numpy as np
-import tiktoken
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from tqdm import tqdm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # data/: prepare_common, what every preparation shares
+import prepare_common as common  # noqa: E402
+
 DATASET = "openwebtext"  # meta.json's 'dataset': which preparation wrote a folder
 NAMES = ("train.bin", "val.bin", "meta.json")
-
-
-def fail(msg):
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(2)
-
-
-def reason(e):
-    if isinstance(e, UnicodeDecodeError):
-        return f"not valid UTF-8 text (byte {e.start})"
-    if isinstance(e, OSError) and e.strerror:
-        return e.strerror
-    lines = str(e).strip().splitlines()  # library errors can span many lines; keep the error to one
-    msg = lines[0] if lines else type(e).__name__
-    if e.__cause__ is not None:  # datasets wraps parser errors in a generic one; the cause says what is wrong
-        msg += f" ({reason(e.__cause__)})"
-    return msg
-
-
-def read_text(path, newline=""):
-    try:
-        with open(path, encoding="utf-8", newline=newline) as f:
-            return f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        fail(f"cannot read input '{path}': {reason(e)}")
 
 
 def paragraphs(text):
@@ -76,18 +48,18 @@ def paragraphs(text):
 
 def load_local(src):
     if not os.path.exists(src):
-        fail(f"cannot read input '{src}': No such file or directory")
+        common.fail(f"cannot read input '{src}': No such file or directory")
     if os.path.isdir(src):
         try:
             ds = load_from_disk(src)
         except FileNotFoundError:  # not a saved dataset: treat it as a folder of text files
             files = sorted(glob.glob(os.path.join(src, "**", "*.txt"), recursive=True))
             if not files:
-                fail(f"cannot read input '{src}': no .txt files and not a saved dataset")
-            return Dataset.from_dict({"text": [read_text(f) for f in files]})
+                common.fail(f"cannot read input '{src}': no .txt files and not a saved dataset")
+            return Dataset.from_dict({"text": [common.read_text(f) for f in files]})
         if isinstance(ds, DatasetDict):
             if "train" not in ds:
-                fail(f"cannot read input '{src}': saved DatasetDict has no 'train' split")
+                common.fail(f"cannot read input '{src}': saved DatasetDict has no 'train' split")
             ds = ds["train"]
         return ds
     ext = os.path.splitext(src)[1].lower()
@@ -96,7 +68,7 @@ def load_local(src):
     if ext == ".parquet":
         return load_dataset("parquet", data_files=src, split="train")
     # Universal newlines here: documents are re-joined with '\n' anyway.
-    return Dataset.from_dict({"text": paragraphs(read_text(src, newline=None))})
+    return Dataset.from_dict({"text": paragraphs(common.read_text(src, newline=None))})
 
 
 def write_split(dset, path):
@@ -115,85 +87,6 @@ def write_split(dset, path):
     return total
 
 
-def makers(meta):
-    """The preparations that could have written a meta.json: its 'dataset'; for a record older than that field,
-    what its shape says (the two GPT-2 BPE text preparations wrote the same one)."""
-    if not isinstance(meta, dict):
-        return ()
-    if "dataset" in meta:
-        return (str(meta["dataset"]),)
-    if "shards" in meta:
-        return ("fineweb_edu",)
-    if "task" in meta:
-        return (str(meta["task"]),)
-    return {"char": ("shakespeare_char",), "tiktoken": ("shakespeare", "openwebtext")}.get(meta.get("kind"), ())
-
-
-def refuse_others(out, names):
-    """One line, naming out and what it holds, where it holds another dataset's files: a meta.json another
-    preparation wrote, or .bin files that no meta.json of ours accounts for, or that ours does not write (names:
-    the files this preparation writes). A folder of our own (other settings, another seed) is replaced whole."""
-    held = sorted(n for n in os.listdir(out) if n.endswith(".bin") or n == "meta.json")
-    try:
-        with open(os.path.join(out, "meta.json"), encoding="utf-8") as f:
-            whose = makers(json.load(f))
-    except (OSError, ValueError):  # none, or not a record
-        whose = ()
-    strays = [n for n in held if n not in names]
-    if not held or (DATASET in whose and not strays):
-        return
-    if DATASET in whose:
-        what = f"{', '.join(strays[:3])}, which {DATASET}'s preparation does not write"
-    else:
-        listed = ', '.join(held[:3]) + (f" and {len(held) - 3} more files" if len(held) > 3 else "")
-        what = (f"{' or '.join(whose)}'s dataset ({listed})" if whose else
-                f"{listed}, with no meta.json saying which preparation wrote them" if "meta.json" not in held else
-                f"{listed}, whose meta.json names no preparation")
-    fail(f"'{out}' holds {what}; {DATASET} does not write over another's files: use another --out_dir, or remove "
-         f"them first")
-
-
-@contextmanager
-def claimed(out, names):
-    """out, made if need be, locked for this preparation (out/.lock: a second one on the same folder while this
-    runs is refused, as their files would mix; the kernel drops the lock however this process ends) and checked
-    by refuse_others. Files a killed preparation left aside are removed; a folder made here is removed again if
-    the preparation fails before writing to it."""
-    if os.path.exists(out) and not os.path.isdir(out):
-        fail(f"--out_dir '{out}' is a file, not a directory")
-    created = not os.path.exists(out)
-    try:
-        os.makedirs(out, exist_ok=True)
-        lock = os.open(os.path.join(out, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        fail(f"cannot write to --out_dir '{out}': {e.strerror or e}")
-    try:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.read(lock, 32).decode(errors="replace").strip() or "?"
-            fail(f"'{out}' is being prepared by another process (pid {holder}); wait for it to end or use another "
-                 f"--out_dir")
-        os.ftruncate(lock, 0)
-        os.pwrite(lock, str(os.getpid()).encode(), 0)
-        refuse_others(out, names)
-        for name in os.listdir(out):  # aside(): none is being written, as we hold the lock
-            left = re.fullmatch(r"(.+)\.\d+\.tmp", name)
-            if left and left.group(1) in names and os.path.isfile(os.path.join(out, name)):
-                os.remove(os.path.join(out, name))
-        yield
-    finally:
-        os.close(lock)
-        if created and os.listdir(out) == [".lock"]:
-            os.remove(os.path.join(out, ".lock"))
-            os.rmdir(out)
-
-
-def aside(out, name):
-    """Where name is written before the switch: a name of this process's own."""
-    return os.path.join(out, f"{name}.{os.getpid()}.tmp")
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--input", help="local corpus to use instead of the hub's openwebtext (see above)")
@@ -205,16 +98,13 @@ def main():
         parser.error("--num_proc must be at least 1")
     if not 0 < args.test_size < 1:
         parser.error("--test_size must be between 0 and 1")
-    with claimed(args.out_dir, NAMES):
+    with common.claimed(args.out_dir, DATASET, NAMES):
         prepare(args)
 
 
 def prepare(args):
     num_proc = min(args.num_proc, os.cpu_count() or 1)
-    try:
-        enc = tiktoken.get_encoding("gpt2")
-    except Exception as e:  # offline without a cache, tiktoken raises whatever its HTTP client raises
-        fail(f"cannot load the GPT-2 encoding ({type(e).__name__}); offline, set TIKTOKEN_CACHE_DIR to a tiktoken cache")
+    enc = common.gpt2_encoding()
     split = split_documents(args, num_proc)
 
     def tokenize(example):
@@ -228,7 +118,7 @@ def prepare(args):
         tokenized[name] = d.map(
             tokenize, remove_columns=d.column_names, num_proc=procs if procs > 1 else None, desc=f"tokenizing {name}"
         )
-    counts = write_dataset(args.out_dir, tokenized, enc.n_vocab)
+    counts = write_tokenized(args.out_dir, tokenized, enc.n_vocab)
     for name, d in tokenized.items():
         print(f"{name} has {len(d):,} documents, {counts[name]:,} tokens")
 
@@ -244,14 +134,14 @@ def split_documents(args, num_proc):
     except Exception as e:
         where = "load 'openwebtext' from the Hugging Face hub" if args.input is None else f"read input '{src}'"
         hint = "; offline, give a local corpus with --input PATH" if args.input is None else ""
-        fail(f"cannot {where}: {reason(e)}{hint}")
+        common.fail(f"cannot {where}: {common.reason(e)}{hint}")
     if "text" not in ds.column_names:
-        fail(f"cannot read input '{src}': no 'text' column (columns: {', '.join(ds.column_names)})")
+        common.fail(f"cannot read input '{src}': no 'text' column (columns: {', '.join(ds.column_names)})")
     n = len(ds)
     if n == 0:
-        fail(f"input '{src}' is empty (no documents)")
+        common.fail(f"input '{src}' is empty (no documents)")
     if n < 2:
-        fail(f"input '{src}' has only 1 document; need at least 2 (one for train, one for val)")
+        common.fail(f"input '{src}' has only 1 document; need at least 2 (one for train, one for val)")
 
     # An explicit count keeps tiny corpora from getting an empty split; for large ones it equals
     # what datasets would compute from the fraction (ceil), so the shuffle picks the same documents.
@@ -261,41 +151,16 @@ def split_documents(args, num_proc):
     return split
 
 
-def write_dataset(out, tokenized, vocab_size):
-    """train.bin, val.bin and meta.json of the tokenized splits -> each split's token count. They are written aside,
-    then switched: a failed run (a full disk) leaves the previous dataset whole, never half a new one beside it."""
-    try:
-        counts = {name: write_split(d, aside(out, f"{name}.bin")) for name, d in tokenized.items()}
-        with open(aside(out, "meta.json"), "w", encoding="utf-8") as f:
-            json.dump({"dataset": DATASET, "kind": "tiktoken", "encoding": "gpt2", "vocab_size": vocab_size,
-                       **{f"{name}_tokens": count for name, count in counts.items()}}, f)
-            f.write("\n")
-        # Ctrl-C waits until all three are switched: never a new train.bin beside an old meta.json
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-        try:
-            for name in NAMES:
-                os.replace(aside(out, name), os.path.join(out, name))
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
-    except OSError as e:
-        fail(f"cannot write to '{out}': {reason(e)}; the dataset there is as it was")
-    finally:
-        for name in NAMES:
-            if os.path.isfile(aside(out, name)):
-                os.remove(aside(out, name))
+def write_tokenized(out, tokenized, vocab_size):
+    """train.bin, val.bin and meta.json of the tokenized splits, written aside and switched in together -> each
+    split's token count."""
+    with common.switched(out, NAMES):
+        counts = {name: write_split(d, common.aside(out, f"{name}.bin")) for name, d in tokenized.items()}
+        common.write_meta(common.aside(out, "meta.json"), {
+            "dataset": DATASET, "kind": "tiktoken", "encoding": "gpt2", "vocab_size": vocab_size,
+            **{f"{name}_tokens": count for name, count in counts.items()}})
     return counts
 
 
-def interrupted(signum, frame):
-    raise KeyboardInterrupt("SIGTERM")
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, interrupted)  # `kill` stops as Ctrl-C does
-    try:
-        main()
-    except KeyboardInterrupt as e:  # what was written aside is removed on the way out
-        name = "SIGTERM" if e.args == ("SIGTERM",) else "SIGINT"
-        print(f"error: interrupted ({name}); nothing is half-written: the dataset there is the earlier one, or "
-              f"the new one whole", file=sys.stderr)
-        sys.exit(143 if name == "SIGTERM" else 130)
+    common.run(main)
