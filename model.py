@@ -733,7 +733,8 @@ def is_int(value, low=1, high=None):
 
 
 def is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite int or float: inf and nan (1e999 on a command line reads as inf) are no setting's value."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def kinds(names, kind):

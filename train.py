@@ -93,13 +93,13 @@ def check(ok, message):
 for name in ('batch_size', 'gradient_accumulation_steps', 'eval_interval', 'log_interval', 'eval_iters'):
     check(globals()[name] >= 1, f"{name} must be at least 1, got {globals()[name]}")
 for name in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'learning_rate', 'min_lr', 'weight_decay', 'grad_clip'):
-    check(globals()[name] >= 0, f"{name} must be >= 0, got {globals()[name]}")
+    check(0 <= globals()[name] < math.inf, f"{name} must be >= 0 and finite, got {globals()[name]}")  # 1e999 reads as inf
 for name in ('beta1', 'beta2', 'muon_momentum'):
     check(0 <= globals()[name] < 1, f"{name} must be in [0, 1), got {globals()[name]}")
 check(optimizer in ('adamw', 'muon'), f"optimizer must be 'adamw' or 'muon', got {optimizer!r}")
 check(lr_schedule in ('cosine', 'wsd'), f"lr_schedule must be 'cosine' or 'wsd', got {lr_schedule!r}")
 check(0 <= lr_decay_fraction <= 1, f"lr_decay_fraction must be in [0, 1], got {lr_decay_fraction}")
-check(muon_lr > 0, f"muon_lr must be > 0, got {muon_lr}")
+check(0 < muon_lr < math.inf, f"muon_lr must be > 0 and finite, got {muon_lr}")
 check(not (fsdp and optimizer == 'muon' and 'RANK' in os.environ),
       "optimizer='muon' cannot run with fsdp=True: Muon orthogonalizes each whole matrix and FSDP shards them over the "
       "processes; use DDP (fsdp=False) or optimizer='adamw'")

@@ -3,6 +3,7 @@ recipe; the helpers before it read the groups' settings and size a variant (MLA'
 the modern block's."""
 
 import ast
+import math
 import re
 from dataclasses import fields
 
@@ -39,11 +40,12 @@ def int_list(text, name):
 
 
 def float_list(text, name):
+    """Every list of rates here is of positive finite numbers: 'inf' parses as a float, and every run at it fails."""
     try:
         values = [float(v) for v in text.split(',')]
     except ValueError:
         values = []
-    if not values or not all(v > 0 for v in values):
+    if not values or not all(0 < v < math.inf for v in values):
         die(f"{name} must be comma-separated positive numbers, e.g. --{name}=1e-3,1e-2; got {text!r}")
     return values
 

@@ -286,6 +286,12 @@ def test_the_recall_group_sweeps_depths_and_learning_rates_as_zoology_does(tmp_p
         lines = err.strip().splitlines()
         assert code == 2 and lines == [f"error: recall_depths must be comma-separated positive integers, e.g. "
                                        f"--recall_depths=1,2,4; got '{depths}'"], err
+    for rates in ('1e-3,inf', 'nan', '1e999'):  # inf passed the check once, and every run at that rate failed
+        code, err = ablate_here(workdir, tmp_path / 'out', *args[1:4], f'--recall_lrs={rates}',
+                                monkeypatch=monkeypatch, capsys=capsys)
+        lines = err.strip().splitlines()
+        assert code == 2 and lines == [f"error: recall_lrs must be comma-separated positive numbers, e.g. "
+                                       f"--recall_lrs=1e-3,1e-2; got '{rates}'"], err
 
 
 def test_what_a_recall_run_would_fail_on_is_refused_at_the_start(tmp_path, monkeypatch, capsys):
