@@ -128,6 +128,14 @@ class Config:
         (lambda c: 'I' in c.layer_kinds and c.pos == 'rope' and c.csa_index_dim < c.rope_dim,
          lambda c: f"csa_index_dim ({c.csa_index_dim}) must be at least the rotated width of a head ({c.rope_dim}): "
                    f"the indexer rotates its first dims with the attention's tables"),
+        # a rate above block_size: no window completes, no entry forms, the compressor never learns, and the layer
+        # is plain windowed attention
+        *[(lambda c, rate=rate, kind=kind: kind in c.layer_kinds and getattr(c, rate) > c.block_size,
+           lambda c, rate=rate, kind=kind, name=name: f"{rate}={getattr(c, rate)} is above block_size "
+                                                      f"({c.block_size}): the {name} layers ({kind!r}) would never "
+                                                      f"complete a window, so never form an entry; set {rate} to "
+                                                      f"at most {c.block_size}")
+          for rate, kind, name in (('hca_rate', 'H', 'heavily compressed'), ('csa_rate', 'I', 'compressed sparse'))],
     ]
 
     @property
@@ -286,8 +294,9 @@ class Compressor(nn.Module):
             else:
                 first_kv = previous[0][:, None].to(kv.dtype)
                 first_gate = previous[1][:, None].to(gate.dtype) + self.position_bias.to(gate.dtype)[:, :width]
-            kv = torch.cat((torch.cat((first_kv, kv[:, :-1, :, :width]), 1), kv[..., width:]), dim=2)
-            gate = torch.cat((torch.cat((first_gate, gate[:, :-1, :, :width]), 1), gate[..., width:]), dim=2)
+            # [:, :n]: a sequence shorter than a window has none, and so no first halves either
+            kv = torch.cat((torch.cat((first_kv, kv[:, :-1, :, :width]), 1)[:, :n], kv[..., width:]), dim=2)
+            gate = torch.cat((torch.cat((first_gate, gate[:, :-1, :, :width]), 1)[:, :n], gate[..., width:]), dim=2)
         return self.norm((kv * gate.softmax(dim=2).to(kv.dtype)).sum(dim=2))
 
     def rotate(self, entries, windows, table):
