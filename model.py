@@ -384,7 +384,9 @@ class LayerKind:
     name: str  # a short name for bench.py's and ablate.py's variants (a model of this kind alone)
     attention: bool = False  # softmax attention over the keys a cache keeps
     full: bool = False  # it sees the whole past (no window)
-    needs: callable = None  # (a model's flags) -> what else a model with this kind must set (a window's size)
+    # (a model's flags, a window's length) -> what else a model with this kind must set, each size that follows the
+    # sequence (a window, a chunk, a pooling rate) at that length (callers give a quarter of block_size, or their own)
+    needs: callable = None
     config_class: type = object  # the config class whose fields its mixer reads (its chapter's Config)
 
 

@@ -83,14 +83,15 @@ def mla_flags(base, modern, gqa_cache):
             'kv_lora_rank': 2 * heads * cfg.head_size - rope}
 
 
-def kind_needs(pattern, recipe, size=None):
-    """What the layer kinds of a pattern need set, as the registry says (LayerKind.needs: a window's or a chunk's
-    size, a quarter of block_size), each size `size` where given."""
+def kind_needs(pattern, recipe, window=None):
+    """What the layer kinds of a pattern need set, as the registry says (LayerKind.needs: a shared key-value head,
+    a window's or a chunk's size...), the sizes that follow the sequence at `window` tokens, else a quarter of
+    block_size."""
+    window = window or max(1, recipe['block_size'] // 4)
     needs = {}
     for letter in dict.fromkeys(pattern):
-        kind = LAYER_KINDS[letter]
-        if kind.needs:
-            needs.update({flag: size or value for flag, value in kind.needs(recipe).items()})
+        if LAYER_KINDS[letter].needs:
+            needs.update(LAYER_KINDS[letter].needs(recipe, window))
     return needs
 
 

@@ -627,16 +627,18 @@ FEATURES.append(DeepseekV4Experts)
 FEATURES.append(CompressedTables)
 
 
-def _compressed_needs(flags, sparse):
-    """What a model of compressed layers needs: the one shared key-value head; CSA an indexer as wide as a head."""
+def _compressed_needs(flags, window, sparse):
+    """What a model of compressed layers needs: the one shared key-value head; HCA a window's worth of tokens in
+    each entry (V4's 128 is past a short block_size); CSA an indexer as wide as a head."""
     head = flags.get('head_dim') or flags['n_embd'] // flags['n_head']
-    return {'attn': 'shared_kv', 'n_kv_head': None, **({'csa_index_dim': max(32, head)} if sparse else {})}
+    return {'attn': 'shared_kv', 'n_kv_head': None,
+            **({'csa_index_dim': max(32, head)} if sparse else {'hca_rate': window})}
 
 
 WINDOWED.update('HI')  # every V4 layer keeps a sliding window beside its compressed entries
 LAYER_KINDS['H'] = LayerKind('heavily compressed', lambda config, layer: CompressedAttention(config, layer, False),
-                             'hca', attention=True, needs=lambda flags: _compressed_needs(flags, False),
+                             'hca', attention=True, needs=lambda flags, window: _compressed_needs(flags, window, False),
                              config_class=Config)
 LAYER_KINDS['I'] = LayerKind('compressed sparse', lambda config, layer: CompressedAttention(config, layer, True),
-                             'csa', attention=True, needs=lambda flags: _compressed_needs(flags, True),
+                             'csa', attention=True, needs=lambda flags, window: _compressed_needs(flags, window, True),
                              config_class=Config)
