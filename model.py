@@ -136,6 +136,9 @@ class GPTConfig:
 
 # Flags that change no weight, which the scripts take from the run (chapters add theirs: chapters.RUNTIME_FLAGS).
 RUNTIME_FLAGS = ('block_size', 'dropout')
+# Flags that shape training alone (a loss term, a schedule, the init): a trained model computes the same logits
+# whatever they say, so an export goes without them (chapters add theirs: chapters.TRAINING_FLAGS).
+TRAINING_FLAGS = ('dropout', 'zero_init')
 
 
 # ----------------------------------------------------------------------------- norm

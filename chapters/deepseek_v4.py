@@ -58,6 +58,7 @@ CSA_FIELDS = ('csa_rate', 'csa_topk', 'csa_index_heads', 'csa_index_dim', 'csa_i
 COMPRESSED_KINDS = ('H', 'I')
 ROUTER_SCORES = (None, 'sqrtsoftplus')
 RUNTIME_FLAGS = ('csa_index_loss_coef',)  # changes no weight
+TRAINING_FLAGS = ('csa_index_loss_coef',)  # a loss term's weight
 SWIGLU_FORMS = ('gpt-oss', 'plain', 'plain_routed', 'plain_all', 'gpt-oss_all')
 CLAMPS_ALL = ('plain_all', 'gpt-oss_all')  # the forms that clamp the dense layers' MLP too
 
