@@ -266,6 +266,7 @@ unreachable_splits = [s for s in eval_splits if example_data and model.config.po
 # (iter, val loss) of ckpt.pt and best.pt, evaluated the last iteration evaluated and logged
 iter_num, best_val_loss, elapsed_before, tokens_seen, last_saved, best_saved, evaluated = \
     run_position(checkpoint, trained_args['block_size'])
+resumed_accuracy = checkpoint.get('val_accuracy') if checkpoint else None
 if checkpoint and master and not eval_only:
     print(f"resuming {ckpt_path} at iteration {iter_num} of {max_iters} (best val loss so far {best_val_loss:.4f})")
 if master:  # records a crash left past the checkpoint go: this run logs them again
@@ -314,6 +315,7 @@ def save_state(weights, opt_state, val_loss, elapsed_s, best):
         checkpoint = new_checkpoint(raw_model, optimizer=opt_state, scaler=scaler.state_dict(), iter_num=iter_num,
                                     best_val_loss=best_val_loss, best_iter=iter_num if best else best_saved and best_saved[0],
                                     val_loss=val_loss, eval_done=evaluated == iter_num, tokens=tokens_seen,
+                                    val_accuracy=accuracy if evaluated == iter_num else None,
                                     config=dict(settings), meta=meta, rng=generator_states(device), elapsed_s=elapsed_s)
         checkpoint['model'] = weights
         save_checkpoint(checkpoint, ckpt_path)
@@ -539,7 +541,9 @@ def report_step(lossf, lr, dt):
 t_start = time.time() - elapsed_before  # elapsed_s continues across resumes
 train_time, train_steps = 0.0, 0  # since the last evaluation, for ms/iter in log.jsonl
 start_iter = iter_num
-solved = False  # stop_accuracy reached
+# val accuracy of the last evaluation (a task dataset's): a resumed checkpoint that solved the task trains no further
+accuracy = resumed_accuracy
+solved = bool(stop_accuracy) and not eval_only and evaluated == iter_num and (accuracy or 0) >= stop_accuracy
 try:
     while True:
         lr = schedule.set_lr(optim, iter_num)
@@ -556,13 +560,15 @@ try:
             improved = trained and losses['val'] < best_val_loss  # best.pt: never replaced by a worse model
             # a loss far above the best is a run blowing up: ckpt.pt keeps the better state too
             blown_up = trained and losses['val'] > 2 * best_val_loss
-            # the first trained evaluation always saves: a run never ends without a checkpoint it could have had
-            save = trained and (improved or last_saved is None or (always_save_checkpoint and not blown_up))
+            # every process reads the same accuracy (the evaluation sums over them all), so all stop together
+            accuracy = losses['accuracy']['val'] if example_data else None
+            solved = trained and bool(stop_accuracy) and accuracy >= stop_accuracy
+            # the first trained evaluation always saves: a run never ends without a checkpoint it could have had;
+            # nor without the state that solved its task, whatever its val loss
+            save = trained and (improved or solved or last_saved is None or (always_save_checkpoint and not blown_up))
             weights, opt_state = training_state() if save else (None, None)  # FSDP: every rank gathers
             elapsed_s = round(time.time() - t_start, 3)
             record = report_evaluation(losses, lr, elapsed_s, save, blown_up)
-            # every process reads the same accuracy (the evaluation sums over them all), so all stop together
-            solved = trained and bool(stop_accuracy) and losses['accuracy']['val'] >= stop_accuracy
             # the log first: a crash before the save leaves records past the checkpoint, which a resume drops
             with critical():
                 log_evaluation(record)
@@ -575,9 +581,10 @@ try:
             if master:
                 print(f"saved checkpoint to {ckpt_path}" + (f" and {best_path} (the best val loss so far)"
                                                             if improved else ''))
-        if solved and master:
-            print(f"val accuracy {losses['accuracy']['val']:.4f} reached stop_accuracy={stop_accuracy} at iter "
-                  f"{iter_num}: the task is solved, training ends here")
+        if solved and master:  # the line says which checkpoint holds the solving state, and which the best val loss
+            again = '' if iter_num > start_iter else ' (the checkpoint had: a higher stop_accuracy, or 0, trains on)'
+            print(f"val accuracy {accuracy:.4f} reached stop_accuracy={stop_accuracy} at iter {iter_num}: the task is "
+                  f"solved, training ends here{again}; {kept()}")
         if eval_only or iter_num >= max_iters or solved:
             break
 
