@@ -37,6 +37,9 @@ eval_task_fewshot = 0
 eval_task_include_path = ''  # a folder of task YAML files of your own
 always_save_checkpoint = True  # else save only when val loss improves
 init_from = 'scratch'  # 'scratch', 'resume', or a Hugging Face name or directory (GPT-2, Llama, Qwen, ...)
+# resume on a task dataset prepared again since the checkpoint (other files: its val loss is another set's); the best
+# val loss starts over and best.pt moves aside (else refused: a new out_dir starts afresh)
+resume_on_new_data = False
 # wandb (works with WANDB_MODE=offline)
 wandb_log = False
 wandb_project = 'nanoswap'
@@ -133,8 +136,9 @@ from common.evaluation import Evaluation  # noqa: E402
 from common.files import append_log, repair_log, write_json  # noqa: E402
 from common.hardware import all_reduce_sum, autocast, grad_scaler, pick_device, pick_dtype  # noqa: E402
 from common.records import accuracy_fields, accuracy_text, flat_record, start_wandb  # noqa: E402
-from common.resume import (claim_run_dir, full_state, generator_states, last_checkpoint,  # noqa: E402
-                           load_optimizer_state, restore_generators, run_position, training_checkpoint)
+from common.resume import (check_same_data, claim_run_dir, full_state, generator_states,  # noqa: E402
+                           last_checkpoint, load_optimizer_state, restore_generators, run_position,
+                           training_checkpoint)
 from common.schedule import Schedule  # noqa: E402
 from common.speed import Speed, peak_for_mfu  # noqa: E402
 from common.threads import use_threads  # noqa: E402
@@ -238,6 +242,7 @@ def new_model():
     if init_from != 'resume':
         return load_pretrained(init_from, settings), None
     checkpoint = training_checkpoint(ckpt_path, out_dir, optimizer, fsdp, dataset, meta, master)
+    check_same_data(checkpoint, ckpt_path, dataset, meta, resume_on_new_data, eval_only, master)
     return resumed_model(checkpoint), checkpoint
 
 
