@@ -83,7 +83,8 @@ devices = ''  # e.g. 'cuda:0,cuda:1': the device of each parallel slot; '' keeps
 report_only = False  # write the report from the runs finished so far, training none (e.g. after an interrupt)
 python = ''  # '' is this interpreter
 run_dir = ''
-settings = configure(settings_of(globals()), sys.argv[1:], prog='ablate.py', doc=f"{__doc__.rstrip()}\n{grid_groups()}\n")
+settings = configure(settings_of(globals()), sys.argv[1:], prog='ablate.py',
+                     doc=f"{__doc__.rstrip()}\n{grid_groups()}\n")
 globals().update(settings)
 METHODS = ('plain', 'linear', 'dynamic', 'yarn', 'window')
 

@@ -96,7 +96,8 @@ def check(ok, message):
 for name in ('batch_size', 'gradient_accumulation_steps', 'eval_interval', 'log_interval', 'eval_iters'):
     check(globals()[name] >= 1, f"{name} must be at least 1, got {globals()[name]}")
 for name in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'learning_rate', 'min_lr', 'weight_decay', 'grad_clip'):
-    check(0 <= globals()[name] < math.inf, f"{name} must be >= 0 and finite, got {globals()[name]}")  # 1e999 reads as inf
+    # finite too: --learning_rate=1e999 reads as inf
+    check(0 <= globals()[name] < math.inf, f"{name} must be >= 0 and finite, got {globals()[name]}")
 for name in ('beta1', 'beta2', 'muon_momentum'):
     check(0 <= globals()[name] < 1, f"{name} must be in [0, 1), got {globals()[name]}")
 check(optimizer in ('adamw', 'muon'), f"optimizer must be 'adamw' or 'muon', got {optimizer!r}")
