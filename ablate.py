@@ -14,20 +14,8 @@ done.json and is skipped next time (one made with other arguments is kept, and t
 the report is rewritten from every finished run made with this invocation's train_config and train_args (runs
 made with others are left out, and named). train_config must be the vanilla
 GPT-2 block; the swaps come from model.SWAPS.
-Grid groups: default (vanilla, vanilla + each swap, modern), leave_one_out (modern minus each swap),
-norm_position (pre- and post-norm; on modern also sandwich and after), mlp (relu, gelu, swiglu, geglu on vanilla), kv (modern with each of
-n_kv_heads), moe (modern dense, MoE at equal active parameters with the softmax router and aux loss, with a shared
-expert, with the sigmoid router and bias balancing, without balancing, and a dense model of the MoE's total
-size), attention (MHA, GQA, MQA and MLA with GQA's and MQA's cache sizes), long_context (vanilla and modern: for
-the length table), stability (modern with and without qk_norm at each of learning_rates), local_global (all
-global, 'LG', 'LLLG', all local, with a window of a quarter of block_size), sinks (local and 'LG' with and without
-attention sinks), gate (modern with and without the attention output gate), nope (modern, a NoPE layer in four,
-half and a quarter of each head rotated), hybrid (modern, Qwen3-Next's 3 Gated DeltaNet layers to 1 global ('DDDG'),
-all Gated DeltaNet, the DeltaNet's heads narrowed to attention's parameters), sparse (modern, and DeepSeek Sparse
-Attention reading a quarter and an eighth of block_size, with and without the indexer's KL loss), mtp (modern, and
-multi-token prediction 1 and 2 tokens further), optimizer (modern with AdamW at each of
-adamw_lrs and Muon at each of muon_lrs), schedule (cosine and WSD), recipe_mlp (modern with SwiGLU, GELU, ReLU²),
-zero_init (modern with and without zero-initialized projections, tied and untied head), custom (a dict). Other learning rates: --train_args='--learning_rate=...'.
+grid: groups, comma-separated (the list below: every group of ablation/groups.py's GROUPS). Other learning rates:
+--train_args='--learning_rate=...'.
 extrapolation: the methods of the length table: the val loss of each RoPE run's ckpt.pt (on val.bin or the val
 shards) at 1x, 2x, 4x and 8x its block_size, with plain RoPE, linear, dynamic NTK, YaRN (each stretched to the
 length) or a sliding window of block_size; learned positions give 1x only.
@@ -42,13 +30,37 @@ with scale (miniseries_loss_vs_flops.png, miniseries_multiplier_vs_flops.png; do
 Several ablate.py (one per node) can share an out_dir: each run is claimed, so no two train the same one.
 """
 
+import ast
+import io
 import os
 import shutil
 import signal
 import sys
+import textwrap
+import tokenize
 from collections import deque
 
 from configurator import configure, settings_of
+
+
+def grid_groups():
+    """'Grid groups:' and each group of ablation/groups.py's GROUPS with the comment above its entry, read from the
+    source: --help answers before torch loads, and lists every group there is."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'ablation', 'groups.py')
+    with open(path, encoding='utf-8') as f:
+        source = f.read()
+    comments = {t.start[0]: t.string.lstrip('# ') for t in tokenize.generate_tokens(io.StringIO(source).readline)
+                if t.type == tokenize.COMMENT and t.line.lstrip().startswith('#')}  # lines of comment alone
+    table = next(node.value for node in ast.parse(source).body if isinstance(node, ast.Assign)
+                 and getattr(node.targets[0], 'id', None) == 'GROUPS')
+    groups = []
+    for key in table.keys:
+        above, line = [], key.lineno - 1
+        while line in comments:
+            above.insert(0, comments[line])
+            line -= 1
+        groups.append(f"{key.value} ({' '.join(above)})" if above else key.value)
+    return textwrap.fill('Grid groups: ' + ', '.join(groups) + '.', width=116, break_on_hyphens=False)
 
 out_dir = 'out-ablate'
 train_config = 'config/shakespeare_vanilla_cpu.py'  # the base recipe of every run
@@ -80,7 +92,8 @@ tokens_per_param = 20.0  # the miniseries' tokens at each depth: this x the targ
 report_only = False  # write the report from the runs finished so far, training none (e.g. after an interrupt)
 python = ''  # '' is this interpreter
 run_dir = ''
-settings = configure(settings_of(globals()), sys.argv[1:], prog='ablate.py', doc=__doc__)
+settings = configure(settings_of(globals()), sys.argv[1:], prog='ablate.py',
+                     doc=f"{__doc__.rstrip()}\n{grid_groups()}\n")
 globals().update(settings)
 METHODS = ('plain', 'linear', 'dynamic', 'yarn', 'window')
 

@@ -110,11 +110,12 @@ VARIANTS = {'vanilla': {}, **{name: swap_flags([name], model_args) for name in S
 # each layer kind of LAYER_KINDS on top of modern, alone ('<name>') and three to one global layer ('<name>-hybrid'),
 # with what it needs (a window or a chunk of a quarter of block_size, as ablate.py's groups); the names kept from
 # before the registry said them: lllg (local-hybrid), hybrid (deltanet-hybrid), nope (a NoPE layer in four)
+_window = max(1, model_args['block_size'] // 4)
 for _letter, _kind in LAYER_KINDS.items():
     if _letter == 'G' or not getattr(_kind.build, 'mixes', True):  # global attention is modern's; '-' mixes nothing
         continue
     for _name, _pattern in ((_kind.name, _letter), (f'{_kind.name}-hybrid', _letter * 3 + 'G')):
-        VARIANTS[_name] = {**modern, 'layers': _pattern, **(_kind.needs(model_args) if _kind.needs else {})}
+        VARIANTS[_name] = {**modern, 'layers': _pattern, **(_kind.needs(model_args, _window) if _kind.needs else {})}
 VARIANTS.update({'lllg': VARIANTS['local-hybrid'], 'hybrid': VARIANTS['deltanet-hybrid'],
                  'nope': {**modern, 'layers': 'GGGN'},
                  'lg+sinks': {**VARIANTS['local'], 'layers': 'LG', 'attn_sinks': True},

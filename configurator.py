@@ -199,11 +199,22 @@ def _renamed(key, value, on_command_line):
     return f"setting '{key}' was renamed: {key}={value!r} is now {written}"
 
 
+def _model_flag_refusal(key, defaults):
+    """Why a script that takes only some model flags, or none, refuses this one: it shapes the weights, so a
+    trained model's checkpoint fixes it (a new model takes it in train.py)."""
+    runtime = [k for k in model_flags(runtime_only=True) if k in defaults]
+    return (f"'{key}' is a model flag that a trained model fixes (its checkpoint's value is used; train.py sets it for "
+            f"a new model)" + (f": only the flags that change no weight may differ here, e.g. {', '.join(runtime[:3])} "
+                               f"(--help lists them)" if runtime else ''))
+
+
 def _check(defaults, key, value, raw=None, kinds=None):
     """Return `value` as the type of defaults[key] (for a None default: None, or the type kinds[key] names,
     else any literal), or raise ConfigError."""
     if key in RENAMED_FLAGS and key not in defaults and RENAMED_FLAGS[key][0] in defaults:
         raise ConfigError(_renamed(key, value, on_command_line=raw is not None))
+    if key not in defaults and key in model_flags():
+        raise ConfigError(_model_flag_refusal(key, defaults))
     if key not in defaults:
         close = difflib.get_close_matches(key, list(defaults), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ''

@@ -219,6 +219,10 @@ def main(out_dir, hf_dir, family='', overwrite=False):
                else "this code does not know")
         print(f"note: the model was loaded from {origin}, which {why}; exporting to {chosen.model_type}",
               file=sys.stderr)
+    dropped = chosen.dropped(model.config)
+    if dropped:  # a loss term or a schedule: the state dict is the plain model's, the logits the same without them
+        print(f"note: {', '.join(dropped)} shaped training alone (no weight, the same logits): {chosen.model_type} "
+              f"goes without", file=sys.stderr)
     without = 'its run names none'  # why the directory gets no tokenizer, said with the result
     try:
         tokenizer = hf_tokenizer(checkpoint.get('config') or {})

@@ -136,6 +136,9 @@ class GPTConfig:
 
 # Flags that change no weight, which the scripts take from the run (chapters add theirs: chapters.RUNTIME_FLAGS).
 RUNTIME_FLAGS = ('block_size', 'dropout')
+# Flags that shape training alone (a loss term, a schedule, the init): a trained model computes the same logits
+# whatever they say, so an export goes without them (chapters add theirs: chapters.TRAINING_FLAGS).
+TRAINING_FLAGS = ('dropout', 'zero_init')
 
 
 # ----------------------------------------------------------------------------- norm
@@ -384,7 +387,9 @@ class LayerKind:
     name: str  # a short name for bench.py's and ablate.py's variants (a model of this kind alone)
     attention: bool = False  # softmax attention over the keys a cache keeps
     full: bool = False  # it sees the whole past (no window)
-    needs: callable = None  # (a model's flags) -> what else a model with this kind must set (a window's size)
+    # (a model's flags, a window's length) -> what else a model with this kind must set, each size that follows the
+    # sequence (a window, a chunk, a pooling rate) at that length (callers give a quarter of block_size, or their own)
+    needs: callable = None
     config_class: type = object  # the config class whose fields its mixer reads (its chapter's Config)
 
 
@@ -774,7 +779,8 @@ def is_int(value, low=1, high=None):
 
 
 def is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite int or float: inf and nan (1e999 on a command line reads as inf) are no setting's value."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def kinds(names, kind):

@@ -11,6 +11,7 @@ context with a RoPE scaling or a sliding window, e.g. --block_size=1024 --rope_s
 """
 
 import json
+import math
 import os
 import sys
 import time
@@ -80,8 +81,8 @@ def task_prompt(task):
 
 
 # settings first: a typo should not cost a model load
-if temperature < 0:
-    die(f"temperature must be >= 0 (0 is greedy), got {temperature}")
+if not 0 <= temperature < math.inf:  # 1e999 reads as inf
+    die(f"temperature must be >= 0 and finite (0 is greedy), got {temperature}")
 if top_k is not None and top_k < 1:
     die(f"top_k must be at least 1 (or None for no limit), got {top_k}")
 if not 0 < top_p <= 1:

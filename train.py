@@ -37,6 +37,9 @@ eval_task_fewshot = 0
 eval_task_include_path = ''  # a folder of task YAML files of your own
 always_save_checkpoint = True  # else save only when val loss improves
 init_from = 'scratch'  # 'scratch', 'resume', or a Hugging Face name or directory (GPT-2, Llama, Qwen, ...)
+# resume on a task dataset prepared again since the checkpoint (other files: its val loss is another set's); the best
+# val loss starts over and best.pt moves aside (else refused: a new out_dir starts afresh)
+resume_on_new_data = False
 # wandb (works with WANDB_MODE=offline)
 wandb_log = False
 wandb_project = 'nanoswap'
@@ -93,13 +96,14 @@ def check(ok, message):
 for name in ('batch_size', 'gradient_accumulation_steps', 'eval_interval', 'log_interval', 'eval_iters'):
     check(globals()[name] >= 1, f"{name} must be at least 1, got {globals()[name]}")
 for name in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'learning_rate', 'min_lr', 'weight_decay', 'grad_clip'):
-    check(globals()[name] >= 0, f"{name} must be >= 0, got {globals()[name]}")
+    # finite too: --learning_rate=1e999 reads as inf
+    check(0 <= globals()[name] < math.inf, f"{name} must be >= 0 and finite, got {globals()[name]}")
 for name in ('beta1', 'beta2', 'muon_momentum'):
     check(0 <= globals()[name] < 1, f"{name} must be in [0, 1), got {globals()[name]}")
 check(optimizer in ('adamw', 'muon'), f"optimizer must be 'adamw' or 'muon', got {optimizer!r}")
 check(lr_schedule in ('cosine', 'wsd'), f"lr_schedule must be 'cosine' or 'wsd', got {lr_schedule!r}")
 check(0 <= lr_decay_fraction <= 1, f"lr_decay_fraction must be in [0, 1], got {lr_decay_fraction}")
-check(muon_lr > 0, f"muon_lr must be > 0, got {muon_lr}")
+check(0 < muon_lr < math.inf, f"muon_lr must be > 0 and finite, got {muon_lr}")
 check(not (fsdp and optimizer == 'muon' and 'RANK' in os.environ),
       "optimizer='muon' cannot run with fsdp=True: Muon orthogonalizes each whole matrix and FSDP shards them over the "
       "processes; use DDP (fsdp=False) or optimizer='adamw'")
@@ -133,8 +137,9 @@ from common.evaluation import Evaluation  # noqa: E402
 from common.files import append_log, repair_log, write_json  # noqa: E402
 from common.hardware import all_reduce_sum, autocast, grad_scaler, pick_device, pick_dtype  # noqa: E402
 from common.records import accuracy_fields, accuracy_text, flat_record, start_wandb  # noqa: E402
-from common.resume import (claim_run_dir, full_state, generator_states, last_checkpoint,  # noqa: E402
-                           load_optimizer_state, restore_generators, run_position, training_checkpoint)
+from common.resume import (check_same_data, claim_run_dir, full_state, generator_states,  # noqa: E402
+                           last_checkpoint, load_optimizer_state, restore_generators, run_position,
+                           training_checkpoint)
 from common.schedule import Schedule  # noqa: E402
 from common.speed import Speed, peak_for_mfu  # noqa: E402
 from common.threads import use_threads  # noqa: E402
@@ -239,6 +244,7 @@ def new_model():
     if init_from != 'resume':
         return load_pretrained(init_from, settings), None
     checkpoint = training_checkpoint(ckpt_path, out_dir, optimizer, fsdp, dataset, meta, master)
+    check_same_data(checkpoint, ckpt_path, dataset, meta, resume_on_new_data, eval_only, master)
     return resumed_model(checkpoint), checkpoint
 
 
@@ -267,6 +273,7 @@ unreachable_splits = [s for s in eval_splits if example_data and model.config.po
 # (iter, val loss) of ckpt.pt and best.pt, evaluated the last iteration evaluated and logged
 iter_num, best_val_loss, elapsed_before, tokens_seen, last_saved, best_saved, evaluated = \
     run_position(checkpoint, trained_args['block_size'])
+resumed_accuracy = checkpoint.get('val_accuracy') if checkpoint else None
 if checkpoint and master and not eval_only:
     print(f"resuming {ckpt_path} at iteration {iter_num} of {max_iters} (best val loss so far {best_val_loss:.4f})")
 if master:  # records a crash left past the checkpoint go: this run logs them again
@@ -315,6 +322,7 @@ def save_state(weights, opt_state, val_loss, elapsed_s, best):
         checkpoint = new_checkpoint(raw_model, optimizer=opt_state, scaler=scaler.state_dict(), iter_num=iter_num,
                                     best_val_loss=best_val_loss, best_iter=iter_num if best else best_saved and best_saved[0],
                                     val_loss=val_loss, eval_done=evaluated == iter_num, tokens=tokens_seen,
+                                    val_accuracy=accuracy if evaluated == iter_num else None,
                                     config=dict(settings), meta=meta, rng=generator_states(device), elapsed_s=elapsed_s)
         checkpoint['model'] = weights
         save_checkpoint(checkpoint, ckpt_path)
@@ -524,7 +532,9 @@ def report_step(lossf, lr, dt):
 t_start = time.time() - elapsed_before  # elapsed_s continues across resumes
 train_time, train_steps = 0.0, 0  # since the last evaluation, for ms/iter in log.jsonl
 start_iter = iter_num
-solved = False  # stop_accuracy reached
+# val accuracy of the last evaluation (a task dataset's): a resumed checkpoint that solved the task trains no further
+accuracy = resumed_accuracy
+solved = bool(stop_accuracy) and not eval_only and evaluated == iter_num and (accuracy or 0) >= stop_accuracy
 try:
     while True:
         lr = schedule.set_lr(optim, iter_num)
@@ -541,13 +551,15 @@ try:
             improved = trained and losses['val'] < best_val_loss  # best.pt: never replaced by a worse model
             # a loss far above the best is a run blowing up: ckpt.pt keeps the better state too
             blown_up = trained and losses['val'] > 2 * best_val_loss
-            # the first trained evaluation always saves: a run never ends without a checkpoint it could have had
-            save = trained and (improved or last_saved is None or (always_save_checkpoint and not blown_up))
+            # every process reads the same accuracy (the evaluation sums over them all), so all stop together
+            accuracy = losses['accuracy']['val'] if example_data else None
+            solved = trained and bool(stop_accuracy) and accuracy >= stop_accuracy
+            # the first trained evaluation always saves: a run never ends without a checkpoint it could have had;
+            # nor without the state that solved its task, whatever its val loss
+            save = trained and (improved or solved or last_saved is None or (always_save_checkpoint and not blown_up))
             weights, opt_state = training_state() if save else (None, None)  # FSDP: every rank gathers
             elapsed_s = round(time.time() - t_start, 3)
             record = report_evaluation(losses, lr, elapsed_s, save, blown_up)
-            # every process reads the same accuracy (the evaluation sums over them all), so all stop together
-            solved = trained and bool(stop_accuracy) and losses['accuracy']['val'] >= stop_accuracy
             # the log first: a crash before the save leaves records past the checkpoint, which a resume drops
             with critical():
                 log_evaluation(record)
@@ -560,9 +572,10 @@ try:
             if master:
                 print(f"saved checkpoint to {ckpt_path}" + (f" and {best_path} (the best val loss so far)"
                                                             if improved else ''))
-        if solved and master:
-            print(f"val accuracy {losses['accuracy']['val']:.4f} reached stop_accuracy={stop_accuracy} at iter "
-                  f"{iter_num}: the task is solved, training ends here")
+        if solved and master:  # the line says which checkpoint holds the solving state, and which the best val loss
+            again = '' if iter_num > start_iter else ' (the checkpoint had: a higher stop_accuracy, or 0, trains on)'
+            print(f"val accuracy {accuracy:.4f} reached stop_accuracy={stop_accuracy} at iter {iter_num}: the task is "
+                  f"solved, training ends here{again}; {kept()}")
         if eval_only or iter_num >= max_iters or solved:
             break
 

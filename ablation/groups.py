@@ -3,6 +3,7 @@ recipe; the helpers before it read the groups' settings and size a variant (MLA'
 the modern block's."""
 
 import ast
+import math
 import re
 from dataclasses import fields
 
@@ -39,11 +40,12 @@ def int_list(text, name):
 
 
 def float_list(text, name):
+    """Every list of rates here is of positive finite numbers: 'inf' parses as a float, and every run at it fails."""
     try:
         values = [float(v) for v in text.split(',')]
     except ValueError:
         values = []
-    if not values or not all(v > 0 for v in values):
+    if not values or not all(0 < v < math.inf for v in values):
         die(f"{name} must be comma-separated positive numbers, e.g. --{name}=1e-3,1e-2; got {text!r}")
     return values
 
@@ -81,14 +83,15 @@ def mla_flags(base, modern, gqa_cache):
             'kv_lora_rank': 2 * heads * cfg.head_size - rope}
 
 
-def kind_needs(pattern, recipe, size=None):
-    """What the layer kinds of a pattern need set, as the registry says (LayerKind.needs: a window's or a chunk's
-    size, a quarter of block_size), each size `size` where given."""
+def kind_needs(pattern, recipe, window=None):
+    """What the layer kinds of a pattern need set, as the registry says (LayerKind.needs: a shared key-value head,
+    a window's or a chunk's size...), the sizes that follow the sequence at `window` tokens, else a quarter of
+    block_size."""
+    window = window or max(1, recipe['block_size'] // 4)
     needs = {}
     for letter in dict.fromkeys(pattern):
-        kind = LAYER_KINDS[letter]
-        if kind.needs:
-            needs.update({flag: size or value for flag, value in kind.needs(recipe).items()})
+        if LAYER_KINDS[letter].needs:
+            needs.update(LAYER_KINDS[letter].needs(recipe, window))
     return needs
 
 
@@ -431,41 +434,79 @@ def speedrun_members(base, modern, settings):
         [('+all', {**muon, **stacked})]
 
 
-# group name -> what builds its members; the order is the one an unknown group's error lists
+# group name -> what builds its members; the order is the one an unknown group's error lists. The comment above
+# each entry is what ablate.py --help says of the group (read from this source: --help answers before torch loads)
 GROUPS = {
+    # vanilla, vanilla + each swap, modern
     'default': default_members,
+    # modern minus each swap
     'leave_one_out': leave_one_out_members,
+    # pre- and post-norm; on modern also sandwich and after
     'norm_position': norm_position_members,
+    # relu, gelu, swiglu, geglu on vanilla
     'mlp': lambda base, modern, settings: [(f'mlp={m}', {'mlp': m}) for m in ('relu', 'gelu', 'swiglu', 'geglu')],
+    # modern with each of n_kv_heads
     'kv': lambda base, modern, settings: [(f'kv={k}', {**modern, 'n_kv_head': k})
                                           for k in int_list(settings['n_kv_heads'], 'n_kv_heads')],
+    # modern dense, MoE at equal active parameters with the softmax router and aux loss, with a shared expert, with
+    # the sigmoid router and bias balancing, without balancing, and a dense model of the MoE's total size
     'moe': moe_members,
+    # the moe group's experts scored by softmax, sigmoid and DeepSeek-V4's sqrt-softplus, then V4's hash routing
     'router': router_members,
+    # modern, MLA at GQA's cache, and DeepSeek-V4's attention: windows alone, and with HCA and CSA layers
     'compressed': compressed_members,
+    # MHA, GQA, MQA and MLA with GQA's and MQA's cache sizes
     'attention': attention_members,
+    # vanilla and modern: for the length table
     'long_context': lambda base, modern, settings: [('vanilla', {}), ('modern', modern)],
+    # modern with and without qk_norm at each of learning_rates
     'stability': stability_members,
+    # all global, 'LG', 'LLLG', all local, with a window of a quarter of block_size
     'local_global': local_global_members,
+    # modern with the attention output gate and learned sinks; local and 'LG' with and without sinks
     'sinks': sinks_members,
+    # modern with and without the attention output gate
     'gate': lambda base, modern, settings: [('modern', modern), ('modern+gate', {**modern, 'attn_gate': True})],
+    # modern, a NoPE layer in four, half and a quarter of each head rotated
     'nope': nope_members,
+    # modern; 3 constant-memory layers to 1 global and all of them, for Gated DeltaNet, Kimi Delta Attention,
+    # Mamba-2 and the gated short convolution, at about modern's parameters
     'hybrid': hybrid_members,
+    # modern, a NoPE layer in four, and Llama 4's three chunked layers to a NoPE one against windows of the chunk's
+    # size, a quarter and half of block_size
     'chunked': chunked_members,
+    # modern, and DeepSeek Sparse Attention reading a quarter and an eighth of block_size, with and without the
+    # indexer's KL loss
     'sparse': sparse_members,
+    # modern, token selection (DSA), and block selection by max, mean and learned pooling, each reading a quarter
+    # of block_size
     'block_sparse': block_sparse_members,
-    # DeepSeek-V3's multi-token prediction, one and two tokens further
+    # modern, and DeepSeek-V3's multi-token prediction one and two tokens further
     'mtp': lambda base, modern, settings: [('modern', modern)] + [(f'mtp_depth={d}', {**modern, 'mtp_depth': d})
                                                                   for d in (1, 2)],
+    # Gemma 4's cache savings: the last quarter and half of the layers sharing K/V, and K = V
     'kv_sharing': kv_sharing_members,
+    # Gemma 4's per-layer embeddings, against dense MLPs widened to the same parameters and to the same FLOPs
     'per_layer_embeddings': per_layer_embeddings_members,
+    # modern with AdamW at each of adamw_lrs and Muon at each of muon_lrs
     'optimizer': optimizer_members,
+    # cosine and WSD
     'schedule': lambda base, modern, settings: [('modern', modern), ('modern+wsd', {**modern, 'lr_schedule': 'wsd'})],
+    # modern with SwiGLU, GELU, ReLU², the plain ones 1.5x wider: equal parameters
     'recipe_mlp': recipe_mlp_members,
+    # modern with and without zero-initialized projections, tied and untied head
     'zero_init': zero_init_members,
+    # Zoology's associative recall: recall_archs at each of recall_widths, recall_lengths, recall_pairs,
+    # recall_depths and recall_lrs, on data/recall_<L>
     'recall': lambda base, modern, settings: recall_members(base, settings),
+    # on data/copy: learned positions, RoPE, NoPE, a NoPE layer in four, a quarter of each head rotated
     'length_generalization': length_generalization_members,
+    # modern + Muon with four copies of the stream, mHC and independent, against one copy widened to their
+    # parameters and to their FLOPs
     'hyper_connections': hyper_connections_members,
+    # modern + Muon, each of the speedrun's switches alone on it, and all of them stacked
     'speedrun': speedrun_members,
+    # a dict of name -> flags, --custom
     'custom': lambda base, modern, settings: list(parse_custom(settings['custom'], base).items()),
 }
 

@@ -53,6 +53,9 @@ GPTConfig = dataclass(type('GPTConfig', tuple(chapter.Config for chapter in reve
 
 # the flags that change no weight (model.RUNTIME_FLAGS), every chapter's included
 RUNTIME_FLAGS = model.RUNTIME_FLAGS + tuple(name for chapter in CHAPTERS for name in getattr(chapter, 'RUNTIME_FLAGS', ()))
+# the flags that shape training alone (model.TRAINING_FLAGS), every chapter's included
+TRAINING_FLAGS = model.TRAINING_FLAGS + tuple(name for chapter in CHAPTERS
+                                              for name in getattr(chapter, 'TRAINING_FLAGS', ()))
 
 # The next chapters' swaps, each on top of the modern block, with the published defaults: bench.py's variants
 BEYOND_MODERN = {'moe': moe.VARIANT, 'mla': mla.VARIANT}

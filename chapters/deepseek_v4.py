@@ -58,6 +58,7 @@ CSA_FIELDS = ('csa_rate', 'csa_topk', 'csa_index_heads', 'csa_index_dim', 'csa_i
 COMPRESSED_KINDS = ('H', 'I')
 ROUTER_SCORES = (None, 'sqrtsoftplus')
 RUNTIME_FLAGS = ('csa_index_loss_coef',)  # changes no weight
+TRAINING_FLAGS = ('csa_index_loss_coef',)  # a loss term's weight
 SWIGLU_FORMS = ('gpt-oss', 'plain', 'plain_routed', 'plain_all', 'gpt-oss_all')
 CLAMPS_ALL = ('plain_all', 'gpt-oss_all')  # the forms that clamp the dense layers' MLP too
 
@@ -128,6 +129,14 @@ class Config:
         (lambda c: 'I' in c.layer_kinds and c.pos == 'rope' and c.csa_index_dim < c.rope_dim,
          lambda c: f"csa_index_dim ({c.csa_index_dim}) must be at least the rotated width of a head ({c.rope_dim}): "
                    f"the indexer rotates its first dims with the attention's tables"),
+        # a rate above block_size: no window completes, no entry forms, the compressor never learns, and the layer
+        # is plain windowed attention
+        *[(lambda c, rate=rate, kind=kind: kind in c.layer_kinds and getattr(c, rate) > c.block_size,
+           lambda c, rate=rate, kind=kind, name=name: f"{rate}={getattr(c, rate)} is above block_size "
+                                                      f"({c.block_size}): the {name} layers ({kind!r}) would never "
+                                                      f"complete a window, so never form an entry; set {rate} to "
+                                                      f"at most {c.block_size}")
+          for rate, kind, name in (('hca_rate', 'H', 'heavily compressed'), ('csa_rate', 'I', 'compressed sparse'))],
     ]
 
     @property
@@ -286,8 +295,9 @@ class Compressor(nn.Module):
             else:
                 first_kv = previous[0][:, None].to(kv.dtype)
                 first_gate = previous[1][:, None].to(gate.dtype) + self.position_bias.to(gate.dtype)[:, :width]
-            kv = torch.cat((torch.cat((first_kv, kv[:, :-1, :, :width]), 1), kv[..., width:]), dim=2)
-            gate = torch.cat((torch.cat((first_gate, gate[:, :-1, :, :width]), 1), gate[..., width:]), dim=2)
+            # [:, :n]: a sequence shorter than a window has none, and so no first halves either
+            kv = torch.cat((torch.cat((first_kv, kv[:, :-1, :, :width]), 1)[:, :n], kv[..., width:]), dim=2)
+            gate = torch.cat((torch.cat((first_gate, gate[:, :-1, :, :width]), 1)[:, :n], gate[..., width:]), dim=2)
         return self.norm((kv * gate.softmax(dim=2).to(kv.dtype)).sum(dim=2))
 
     def rotate(self, entries, windows, table):
@@ -634,16 +644,18 @@ FEATURES.append(DeepseekV4Experts)
 FEATURES.append(CompressedTables)
 
 
-def _compressed_needs(flags, sparse):
-    """What a model of compressed layers needs: the one shared key-value head; CSA an indexer as wide as a head."""
+def _compressed_needs(flags, window, sparse):
+    """What a model of compressed layers needs: the one shared key-value head; HCA a window's worth of tokens in
+    each entry (V4's 128 is past a short block_size); CSA an indexer as wide as a head."""
     head = flags.get('head_dim') or flags['n_embd'] // flags['n_head']
-    return {'attn': 'shared_kv', 'n_kv_head': None, **({'csa_index_dim': max(32, head)} if sparse else {})}
+    return {'attn': 'shared_kv', 'n_kv_head': None,
+            **({'csa_index_dim': max(32, head)} if sparse else {'hca_rate': window})}
 
 
 WINDOWED.update('HI')  # every V4 layer keeps a sliding window beside its compressed entries
 LAYER_KINDS['H'] = LayerKind('heavily compressed', lambda config, layer: CompressedAttention(config, layer, False),
-                             'hca', attention=True, needs=lambda flags: _compressed_needs(flags, False),
+                             'hca', attention=True, needs=lambda flags, window: _compressed_needs(flags, window, False),
                              config_class=Config)
 LAYER_KINDS['I'] = LayerKind('compressed sparse', lambda config, layer: CompressedAttention(config, layer, True),
-                             'csa', attention=True, needs=lambda flags: _compressed_needs(flags, True),
+                             'csa', attention=True, needs=lambda flags, window: _compressed_needs(flags, window, True),
                              config_class=Config)

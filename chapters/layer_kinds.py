@@ -119,7 +119,7 @@ def nope_attention(config, layer):
 
 
 LAYER_KINDS['L'] = LayerKind('local', local_attention, 'local', attention=True, config_class=Config,
-                             needs=lambda flags: {'sliding_window': max(1, flags['block_size'] // 4)})
+                             needs=lambda flags, window: {'sliding_window': window})
 LAYER_KINDS['N'] = LayerKind('global without RoPE', nope_attention, 'nope', attention=True, full=True,
                              config_class=Config)
 LAYER_KINDS['-'] = LayerKind('no mixer: the MLP alone', NoMixer, 'mlp-only', config_class=Config)

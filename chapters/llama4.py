@@ -71,5 +71,5 @@ def chunked_attention(config, layer):
 
 
 LAYER_KINDS['C'] = LayerKind('chunked', chunked_attention, 'chunked', attention=True, config_class=Config,
-                             needs=lambda flags: {'attention_chunk_size': max(1, flags['block_size'] // 4)})
+                             needs=lambda flags, window: {'attention_chunk_size': window})
 FEATURES.append(Temperature)

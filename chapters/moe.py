@@ -20,6 +20,8 @@ from model import BOOL, FEATURES, MLPS, NON_NEGATIVE_NUMBER, OPTIONAL_POSITIVE_I
 
 ROUTERS = ('softmax', 'sigmoid')
 EXPERT_ONLY_FIELDS = ('moe_bias', 'swiglu_limit')  # the experts' own: MoE only, even with dense layers first
+# the balancing losses' weights (not the bias's step: a family without the bias, Llama 4's, needs it 0)
+TRAINING_FLAGS = ('moe_aux_loss_coef', 'moe_z_loss_coef')
 
 
 @dataclass

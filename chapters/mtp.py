@@ -34,6 +34,7 @@ class Config:
 
 
 RUNTIME_FLAGS = ('mtp_loss_coef',)
+TRAINING_FLAGS = ('mtp_loss_coef',)  # a loss term's weight
 
 
 class MTPModule(nn.Module):

@@ -124,6 +124,7 @@ class Config:
 
 
 RUNTIME_FLAGS = ('index_stage', 'index_loss_coef')
+TRAINING_FLAGS = ('index_loss_coef',)  # a loss term's weight
 
 
 def visible_keys(mask, T, S, device):

@@ -189,6 +189,9 @@ class Config:
 
 
 RUNTIME_FLAGS = ('mtp_shared', 'mtp_shared_decay', 'mtp_shared_fade', 'sliding_window_start')
+# a loss term on the head's logits, and a schedule of the window (a built model has sliding_window): a trained
+# model's logits follow neither
+TRAINING_FLAGS = RUNTIME_FLAGS
 
 
 # ----------------------------------------------------------------------------- inside attention

@@ -67,6 +67,43 @@ def check_same_vocabulary(checkpoint, dataset, meta, master):
               f"{'' if trained_meta else ' (whose vocabulary is unknown here)'}")
 
 
+def check_same_data(checkpoint, ckpt_path, dataset, meta, on_new_data, eval_only, master):
+    """Resuming on a dataset of the checkpoint's name whose files are not the ones it trained on (the sha256 its
+    meta.json recorded: prepared again, with other settings or another seed): its val loss is another val set's, so
+    a best from the old one would decide best.pt. Refused in one line unless on_new_data: then the best starts over
+    (best.pt moved aside). eval_only evaluates on it, saying so."""
+    trained_on, old = (checkpoint.get('config') or {}).get('dataset', dataset), checkpoint.get('meta')
+    if trained_on != dataset or not isinstance(old, dict) or not old.get('sha256') \
+            or old['sha256'] == meta.get('sha256'):
+        return
+    before, now, hashes = old.get('settings') or {}, meta.get('settings') or {}, meta.get('sha256') or {}
+    changes = [f"{k} {before.get(k)} -> {now.get(k)}" for k in sorted(set(before) | set(now))
+               if before.get(k) != now.get(k)]
+    files = [name for name in sorted(set(old['sha256']) | set(hashes)) if old['sha256'].get(name) != hashes.get(name)]
+    what = (f"dataset '{dataset}' was prepared again since '{ckpt_path}' trained on it "
+            f"({', '.join(changes) or 'the same settings'}; {', '.join(files)} differ)")
+    if eval_only:
+        if master:
+            print(f"note: {what}: evaluating on the new data")
+        return
+    if not on_new_data:
+        die(f"{what}: its val loss is not the checkpoint's val set's; continue on it with --resume_on_new_data=True "
+            f"(the best val loss starts over), or train into a new out_dir")
+    checkpoint['best_val_loss'], checkpoint['best_iter'] = float('inf'), None
+    if not master:
+        return
+    folder = os.path.dirname(ckpt_path)
+    aside = ''
+    if os.path.exists(os.path.join(folder, 'best.pt')):  # the old data's best: kept, not replaced by the new's
+        n = 1
+        while os.path.exists(os.path.join(folder, f'best.{n}.pt')):
+            n += 1
+        aside = os.path.join(folder, f'best.{n}.pt')
+        os.replace(os.path.join(folder, 'best.pt'), aside)
+    print(f"note: {what}: resuming on the new data, the best val loss starting over"
+          + (f"; the old data's best.pt moved to {aside}" if aside else ''))
+
+
 def saved_meta(name):
     """data/<name>/meta.json if it can be read, else None (an old checkpoint saved no copy of it)."""
     try:

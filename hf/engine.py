@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from chapters import GPT, GPTConfig
+from chapters import GPT, TRAINING_FLAGS, GPTConfig
 from chapters.long_context import ROPE_SCALINGS  # noqa: F401  (hf.shared reads it from here)
 
 # One entry per transformers architecture: the flag values it can carry (every other flag must keep its
@@ -53,10 +53,12 @@ class HFFamily:
 
     def blocked(self, config):
         """{flag: value} of config this family cannot represent (a dense model's MoE settings, which change
-        nothing, aside)."""
+        nothing, aside, and the flags that shape training alone: dropped)."""
         out = {}
         for f in fields(config):
             if (f.name in _MOE_SETTINGS or f.name in self.moe_only) and config.mlp != 'moe':
+                continue
+            if f.name in TRAINING_FLAGS and f.name not in self.carries:
                 continue
             value, allowed = getattr(config, f.name), self.carries.get(f.name, (f.default,))
             if allowed is not ANY and not (allowed(value) if callable(allowed) else value in allowed):
@@ -66,6 +68,12 @@ class HFFamily:
     def blocking(self, config):
         """The flags (name=value) of config this family cannot represent."""
         return [f"{name}={value!r}" for name, value in self.blocked(config).items()]
+
+    def dropped(self, config):
+        """The flags (name=value) of config that shape training alone (chapters.TRAINING_FLAGS: a loss term, a
+        schedule) set away from their defaults, which this family does not write: the export goes without them."""
+        return [f"{name}={getattr(config, name)!r}" for name in TRAINING_FLAGS if name not in self.carries
+                and getattr(config, name) != _DEFAULTS[name].default]
 
     def needs(self, flag, value):
         """What this family takes for flag in place of value, in words: flag=v (or v2), or, where a test decides,

@@ -286,6 +286,12 @@ def test_the_recall_group_sweeps_depths_and_learning_rates_as_zoology_does(tmp_p
         lines = err.strip().splitlines()
         assert code == 2 and lines == [f"error: recall_depths must be comma-separated positive integers, e.g. "
                                        f"--recall_depths=1,2,4; got '{depths}'"], err
+    for rates in ('1e-3,inf', 'nan', '1e999'):  # inf passed the check once, and every run at that rate failed
+        code, err = ablate_here(workdir, tmp_path / 'out', *args[1:4], f'--recall_lrs={rates}',
+                                monkeypatch=monkeypatch, capsys=capsys)
+        lines = err.strip().splitlines()
+        assert code == 2 and lines == [f"error: recall_lrs must be comma-separated positive numbers, e.g. "
+                                       f"--recall_lrs=1e-3,1e-2; got '{rates}'"], err
 
 
 def test_what_a_recall_run_would_fail_on_is_refused_at_the_start(tmp_path, monkeypatch, capsys):
@@ -300,6 +306,14 @@ def test_what_a_recall_run_would_fail_on_is_refused_at_the_start(tmp_path, monke
     chunked = variants['C_d=64_L=32']
     assert chunked['layers'] == 'C' and chunked['attention_chunk_size'] == 8 and 'sliding_window' not in chunked
     assert variants['CCCG_d=64_L=32']['attention_chunk_size'] == 8 and variants['L_d=64_L=32']['sliding_window'] == 8
+    # DeepSeek-V4's compressed layers: what they need besides a size keeps its value (each need once read as the
+    # window's size: attn=8, n_kv_head=8), and HCA pools a window's worth of tokens, not V4's 128 past block_size
+    _, _, variants = ablate_grid(monkeypatch, f'--run_dir={workdir}', '--grid=recall', '--recall_widths=64',
+                                 '--recall_lengths=32', '--recall_archs=HG,IG')
+    hca, csa = variants['HG_d=64_L=32'], variants['IG_d=64_L=32']
+    assert hca['layers'] == 'HG' and hca['attn'] == 'shared_kv' and hca['n_kv_head'] is None and hca['hca_rate'] == 8
+    assert csa['layers'] == 'IG' and csa['attn'] == 'shared_kv' and csa['n_kv_head'] is None
+    assert csa['csa_index_dim'] == 32 and 'hca_rate' not in csa
     for widths, says in (('0', ' must be comma-separated positive integers'), ('100', ': n_embd 100'),
                          ('32,100', ': n_embd 100')):
         code, err = ablate_here(workdir, tmp_path / 'out', '--grid=recall', '--recall_lengths=32',

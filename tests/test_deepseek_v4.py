@@ -240,6 +240,18 @@ def test_a_compressed_model_learns_is_causal_and_decodes_through_the_cache(flags
 
 
 @torch.no_grad()
+@pytest.mark.parametrize('flags', [HCA, CSA], ids=['hca', 'csa'])
+def test_a_sequence_shorter_than_a_window_reads_no_entry(flags):
+    """Fewer tokens than a window (a short prompt run without a cache) make no entry: CSA's overlapping pool once
+    died there on a window's first halves with nothing to join; each layer is then its window alone."""
+    model = build(**flags)
+    rate = model.transformer.h[1].attn.rate
+    idx = torch.randint(0, VOCAB, (2, rate - 1))
+    logits, _ = model(idx, idx)
+    assert logits.shape == (2, rate - 1, VOCAB) and torch.isfinite(logits).all()
+    assert model.transformer.h[1].attn.compress(model.transformer.wte(idx), None).shape[1] == 0
+
+
 def test_a_compiled_decoding_step_of_compressed_layers_is_one_graph():
     """The decoding step writes its window's slot and entry in place at tensor positions: dynamo traces it whole (its
     'eager' backend: the graph without inductor's code), one graph for every position, and it decodes what the eager
@@ -436,6 +448,11 @@ def test_a_deepseek_v4_model_trains(flags):
                                           "head: set attn='shared_kv'"),
     (dict(ATTN, layers='I', csa_index_dim=4), 'csa_index_dim (4) must be at least the rotated width of a head (6)'),
     (dict(hca_rate=0), 'hca_rate must be a positive int'),
+    # a rate past block_size forms no entry: the layer would be plain windowed attention, its compressor untrained
+    (dict(ATTN, layers='HG'), "hca_rate=128 is above block_size (16): the heavily compressed layers ('H') would "
+                              "never complete a window"),
+    (dict(ATTN, layers='IG', csa_rate=64), "csa_rate=64 is above block_size (16)"),
+    (dict(csa_index_loss_coef=float('inf')), 'csa_index_loss_coef must be a number >= 0'),
 ], ids=config_id)
 def test_bad_deepseek_v4_settings_are_one_line(overrides, fragment):
     with pytest.raises(ValueError) as e:

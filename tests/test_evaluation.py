@@ -6,6 +6,7 @@ import re
 import pytest
 import torch
 
+from common.checkpoints import load_checkpoint
 from conftest import make_char_dataset
 from test_batches import make_task, task_file
 from test_train import MODERN, log_records, run, train_namespace, workdir  # noqa: F401 (fixtures)
@@ -118,3 +119,34 @@ def test_stop_accuracy_ends_a_task_run_at_its_first_trained_evaluation_that_reac
     text = run(tmp_path, '--stop_accuracy=0.9', '--out_dir=text', check=False)
     assert text.returncode == 2 and text.stderr.count('\n') == 1
     assert "stop_accuracy=0.9 needs a task dataset" in text.stderr and "dataset 'tiny' is text" in text.stderr
+
+
+def test_a_run_stopped_by_stop_accuracy_keeps_the_state_that_solved_it(tmp_path, run, monkeypatch, capsys,
+                                                                       single_thread):
+    """always_save_checkpoint=False saves when val loss improves; an evaluation that reaches stop_accuracy saves
+    too, whatever its val loss (issue 65.1: ckpt.pt and best.pt held iter 20 of a run solved at 60, which a resume
+    trained again). The closing line names what each checkpoint holds, and a resume of it trains nothing."""
+    from common.evaluation import Evaluation
+    make_task(tmp_path, 'recall', monkeypatch, capsys)
+    real = Evaluation.estimate_loss
+
+    def worse_loss_better_accuracy(self):  # val loss rises at every evaluation while accuracy climbs
+        losses = real(self)
+        worse_loss_better_accuracy.calls += 1
+        losses['val'] = float(worse_loss_better_accuracy.calls)
+        losses['accuracy']['val'] = 0.2 * worse_loss_better_accuracy.calls
+        return losses
+    worse_loss_better_accuracy.calls = 0
+    monkeypatch.setattr(Evaluation, 'estimate_loss', worse_loss_better_accuracy)
+    task = ['--dataset=recall', '--block_size=15', '--eval_interval=2', '--out_dir=out', '--stop_accuracy=0.7',
+            '--always_save_checkpoint=False']
+    result = run(tmp_path, *task, '--max_iters=20')  # evaluations at 0, 2, 4, 6: accuracy 0.2, 0.4, 0.6, 0.8
+    ckpt = load_checkpoint(str(tmp_path / 'out' / 'ckpt.pt'))
+    best = load_checkpoint(str(tmp_path / 'out' / 'best.pt'))
+    assert ckpt['iter_num'] == 6 and ckpt['val_accuracy'] == pytest.approx(0.8) and best['iter_num'] == 2
+    assert (f"val accuracy 0.8000 reached stop_accuracy=0.7 at iter 6: the task is solved, training ends here; the "
+            f"last checkpoint is 'out/ckpt.pt' (iter 6, val loss 4.0000); the best is 'out/best.pt' (iter 2, val loss "
+            f"2.0000)") in result.stdout
+    again = run(tmp_path, *task, '--max_iters=20', '--init_from=resume')
+    assert 'at iter 6: the task is solved, training ends here (the checkpoint had' in again.stdout
+    assert worse_loss_better_accuracy.calls == 4 and load_checkpoint(str(tmp_path / 'out' / 'ckpt.pt'))['iter_num'] == 6

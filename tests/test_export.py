@@ -288,6 +288,28 @@ def test_a_model_no_family_carries_is_refused_naming_the_family_that_carries_its
     assert 'llama' not in line and not (tmp_path / 'hf').exists()
 
 
+@pytest.mark.parametrize('flags, family, note', [
+    # the speedrun's shared-head MTP and its window schedule: training's alone (issue 65.5)
+    ({'mtp_shared': 2, 'mtp_shared_decay': 0.7}, 'llama', 'mtp_shared=2, mtp_shared_decay=0.7'),
+    ({'sliding_window': 8, 'sliding_window_start': 4}, 'mistral', 'sliding_window_start=4'),  # every layer local
+], ids=['mtp_shared', 'sliding_window_start'])
+def test_flags_that_shape_training_alone_are_dropped_not_refused(tmp_path, export_here, flags, family, note):
+    """A loss term's weight or a schedule adds no weight: the export goes without it, says so in one line, and
+    computes the model's logits."""
+    model = perturbed(**{**MODERN, 'n_kv_head': 2, **flags})
+    (tmp_path / 'out').mkdir()
+    save_checkpoint(new_checkpoint(model, config={}), str(tmp_path / 'out' / 'ckpt.pt'))
+    code, err = export_here(tmp_path, 'out', 'hf')
+    assert code == 0, err
+    assert [line for line in err.splitlines() if line.startswith('note:')] == [
+        f"note: {note} shaped training alone (no weight, the same logits): {family} goes without"], err
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / 'hf').eval()
+    assert hf.config.model_type == family
+    idx = torch.randint(0, 100, (2, 24))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(idx).logits, model(idx)[0], atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize('failure', ['disk full', 'interrupt'])
 def test_a_failed_export_leaves_the_model_there_whole(failure, tmp_path, export_here, monkeypatch):
     """The new model is written aside and switched in: a failure half-way through its files (a full disk, Ctrl-C)

@@ -655,6 +655,9 @@ def test_gqa_saves_the_flops_of_the_removed_kv_heads(monkeypatch):
     (dict(layers='LGLG', sliding_window=4), 'layers'),  # longer than the 2 layers
     (dict(layers=''), 'layers'),
     (dict(norm_position='middle'), 'norm_position'),
+    (dict(rope_theta=float('inf')), 'rope_theta'),  # a number is finite: 1e999 on a command line reads as inf
+    (dict(norm_eps=float('nan')), 'norm_eps'),
+    (dict(moe_aux_loss_coef=float('inf')), 'moe_aux_loss_coef'),
 ], ids=config_id)
 def test_invalid_configs_raise_value_error_naming_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):

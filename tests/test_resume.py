@@ -154,6 +154,44 @@ def test_resume_onto_another_dataset(workdir, monkeypatch, capsys):
     one_line_error(code, err, "dataset 'other' has another vocabulary than 'same'", '--dataset=same')
 
 
+def test_resume_on_a_task_dataset_prepared_again_is_refused_unless_told(tmp_path, monkeypatch, capsys):
+    """The checkpoint records the dataset's meta.json (its settings, each file's sha256): prepared again with other
+    settings, its val set is another, so a resume is one line naming what changed (it went on once, comparing new
+    val losses with the old set's best), unless --resume_on_new_data=True: the best starts over and the old best.pt
+    moves aside. eval_only evaluates on the new data, saying so."""
+    import runpy
+    import sys
+    from test_batches import TASKS, make_task
+    from test_train import REPO
+    make_task(tmp_path, 'recall', monkeypatch, capsys)
+    task = ['--dataset=recall', '--block_size=15', '--eval_interval=2', '--out_dir=out']
+    assert train_here(tmp_path, *task, '--max_iters=2', monkeypatch=monkeypatch, capsys=capsys)[0] == 0
+    best_before = (tmp_path / 'out' / 'best.pt').read_bytes()
+    again = [a if a != '2' else '3' for a in TASKS['recall']]  # 3 pairs, not 2: other examples
+    monkeypatch.setattr(sys, 'argv', ['prepare.py', *again, '--num_train', '64', '--num_val', '16',
+                                      '--out_dir', str(tmp_path / 'data' / 'recall')])
+    runpy.run_path(str(REPO / 'data' / 'recall' / 'prepare.py'), run_name='__main__')
+    capsys.readouterr()
+    code, _, err = train_here(tmp_path, *task, '--max_iters=4', '--init_from=resume', monkeypatch=monkeypatch,
+                              capsys=capsys)
+    one_line_error(code, err, "dataset 'recall' was prepared again since 'out/ckpt.pt' trained on it (num_pairs 2 -> 3",
+                   'train.bin', '--resume_on_new_data=True', 'a new out_dir')
+    assert load_checkpoint(str(tmp_path / 'out' / 'ckpt.pt'))['iter_num'] == 2  # nothing trained, nothing lost
+    code, out, _ = train_here(tmp_path, *task, '--init_from=resume', '--eval_only=True', monkeypatch=monkeypatch,
+                              capsys=capsys)
+    assert code == 0 and 'evaluating on the new data' in out
+    code, out, _ = train_here(tmp_path, *task, '--max_iters=4', '--init_from=resume', '--resume_on_new_data=True',
+                              monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0 and "resuming on the new data, the best val loss starting over; the old data's best.pt moved " \
+                         "to out/best.1.pt" in out
+    assert (tmp_path / 'out' / 'best.1.pt').read_bytes() == best_before
+    best = load_checkpoint(str(tmp_path / 'out' / 'best.pt'))
+    assert best['iter_num'] == 4 and best['meta']['settings']['num_pairs'] == 3  # the new data's best
+    code, _, _ = train_here(tmp_path, *task, '--max_iters=6', '--init_from=resume', monkeypatch=monkeypatch,
+                            capsys=capsys)
+    assert code == 0  # the checkpoint now records the new data
+
+
 def test_eval_only_at_another_length_logs_the_trained_tokens(workdir, run):
     run(workdir, '--max_iters=4', '--eval_interval=4', '--out_dir=out')
     run(workdir, '--out_dir=out', '--init_from=resume', '--eval_only=True', '--block_size=8')

@@ -215,6 +215,9 @@ def test_cli_streams_and_reports(tmp_path):
 
 BAD_SETTINGS = {  # id: (arguments, what the error line must name)
     'temperature': (['--temperature=-0.5'], ['temperature']),
+    'temperature_inf': (['--temperature=1e999'], ['temperature must be >= 0 and finite', 'inf']),  # 1e999 reads as inf
+    # a model flag that changes weights: the trained model fixes it, which the line says (not 'unknown setting')
+    'model_flag': (['--hc_mult=1'], ["'hc_mult' is a model flag", 'checkpoint']),
     'top_k': (['--top_k=0'], ['top_k']),
     'top_p_zero': (['--top_p=0'], ['top_p']),
     'top_p_above_one': (['--top_p=1.5'], ['top_p']),

@@ -316,15 +316,24 @@ def test_train_py_grows_the_window_and_evaluates_at_the_last(workdir, monkeypatc
 
 # ----------------------------------------------------------------------------- export and settings
 
-@pytest.mark.parametrize('name', list(SWITCHES) + ['window'])
+@pytest.mark.parametrize('name', [name for name in SWITCHES if name != 'mtp_shared'])
 def test_no_hugging_face_family_carries_a_switch(name):
     pytest.importorskip('transformers')
     from export import hf_family
-    flags = dict(layers='LG', sliding_window=8, sliding_window_start=2) if name == 'window' else SWITCHES[name]
+    flags = SWITCHES[name]
     with pytest.raises(ValueError) as e:
         hf_family(tiny_config(**MODERN, **flags))
-    flag, value = next(iter(flags.items())) if name != 'window' else ('sliding_window_start', 2)
+    flag, value = next(iter(flags.items()))
     assert f"{flag}={value!r}" in str(e.value) and '\n' not in str(e.value)
+
+
+def test_the_switches_that_shape_training_alone_block_no_export():
+    """mtp_shared (a loss on the head's logits) and the window schedule add no weight: the plain model's family
+    carries the model without them (export.py says it drops them; test_export.py)."""
+    pytest.importorskip('transformers')
+    from export import hf_family
+    assert hf_family(tiny_config(**MODERN, mtp_shared=2, mtp_shared_decay=0.7)).model_type == 'llama'
+    assert hf_family(tiny_config(**MODERN, sliding_window=8, sliding_window_start=2)).model_type == 'mistral'
 
 
 @pytest.mark.parametrize('overrides, message', [

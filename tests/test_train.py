@@ -208,6 +208,8 @@ def test_init_from_local_hf_gpt2(workdir, run):
     (['--gradient_accumulation_steps=0'], ['gradient_accumulation_steps']),
     (['--beta1=1.5'], ['beta1', '[0, 1)']),
     (['--learning_rate=-1e-3'], ['learning_rate', '>= 0']),
+    (['--learning_rate=1e999'], ['learning_rate must be >= 0 and finite, got inf']),  # 1e999 reads as inf
+    (['--muon_lr=1e999'], ['muon_lr must be > 0 and finite, got inf']),
     (['--seed=-1'], ['seed']),
     (['--out_dir=' + 'x' * 300], ['cannot write to out_dir', 'too long']),
     (['--mlp=moe', '--n_expert=4', '--n_expert_active=5'], ['n_expert_active']),
