@@ -6,6 +6,7 @@ extrapolation side by side (out_dir: results.md, results.json, val_loss_vs_iter.
     python ablate.py config/ablate_shakespeare_char.py --grid=default,kv --n_kv_heads=1,2,4 --seeds=3
     python ablate.py config/ablate_shakespeare_char.py --grid=moe --seeds=3 --parallel=2
     python ablate.py --grid=custom --custom="{'vanilla': {}, 'tiny_rope': {'pos': 'rope', 'rope_theta': 500.0}}"
+    python ablate.py --compare=out-shakespeare-vanilla-cpu,out-shakespeare-modern-cpu --out_dir=out-compare
 
 Each variant x seed (1337, 1338, ...) is a run `python train.py <train_config> <settings> <train_args> --seed=<seed>
 --out_dir=<out_dir>/runs/<variant>/seed<seed>` in run_dir ('': this repo), logged to train.log there; a variant's
@@ -35,6 +36,8 @@ parallel: runs at once; devices: a device per slot (cuda:0,cuda:1,...); threads:
 default half the cores (train.py's own default) shared out among the parallel runs (torch's default, every core for
 each run, would make runs and other work wait on each other).
 Several ablate.py (one per node) can share an out_dir: each run is claimed, so no two train the same one.
+compare: runs trained outside a grid (train.py's out_dirs, two or more), reported as a grid's variants are: the
+table, and val loss against iterations, training FLOPs and seconds (val_loss_vs_flops.png too); no run trains.
 """
 
 import os
@@ -69,6 +72,7 @@ parallel = 1  # runs at once
 threads = 0  # each run's intra-op threads (its OMP_NUM_THREADS); 0: ablate's own (half the cores on a CPU, or OMP_NUM_THREADS) shared out among the parallel runs, at least 1 each
 devices = ''  # e.g. 'cuda:0,cuda:1': the device of each parallel slot; '' keeps the recipe's
 report_only = False  # write the report from the runs finished so far, training none (e.g. after an interrupt)
+compare = ''  # train.py out_dirs, e.g. 'out-a,out-b': their table and val loss plots into out_dir; no grid
 python = ''  # '' is this interpreter
 run_dir = ''
 settings = configure(settings_of(globals()), sys.argv[1:], prog='ablate.py', doc=__doc__)
@@ -103,6 +107,9 @@ from common.errors import Interrupted, die  # noqa: E402
 
 def main():
     cwd, out = os.path.abspath(run_dir or REPO), os.path.abspath(out_dir)
+    if compare:
+        from ablation.compare import write_comparison
+        return write_comparison(compare, out, cwd, settings)
     if not os.path.isfile(os.path.join(cwd, train_config)):
         die(f"train_config '{train_config}' not found in run_dir '{cwd}'")
     base = base_recipe(cwd, settings)

@@ -453,7 +453,7 @@ def variant_table(variants, runs, reference, settings):
     cells = {name: [cell(name, agg) for _, cell in columns] for name, agg in variants.items()}
     empty = {'n/a', '-'}
     shown = [i for i, (header, _) in enumerate(columns) if i < 11 or any(c[i] not in empty for c in cells.values())]
-    lines = ["One seed each: no spread and no test (more with --seeds).", ''] if one_seed and variants else []
+    lines = ["One seed each: no spread and no test.", ''] if one_seed and variants else []
     lines += ['| ' + ' | '.join(columns[i][0] for i in shown) + ' |', '|' + ' --- |' * len(shown)]
     return lines + ['| ' + ' | '.join(c[i] for i in shown) + ' |' for c in cells.values()]
 

@@ -393,3 +393,26 @@ def test_kill_or_ctrl_c_stops_the_runs_with_one_line(tmp_path, signame, code):
                                         f'resumes'], err
     with pytest.raises(ProcessLookupError):
         os.kill(child, 0)
+
+
+def test_compare_reports_ordinary_runs_against_iterations_flops_and_seconds(tmp_path, monkeypatch, capsys):
+    """Two train.py runs made outside a grid (vanilla and modern recipes): the table (their own val losses, the
+    flag they differ in) and the three plots, from --compare; a directory that is no run is one line."""
+    workdir = make_workdir(tmp_path)
+    for out_dir, flags in (('out-vanilla', []), ('out-rope', ['--pos=rope'])):
+        subprocess.run([sys.executable, str(REPO / 'train.py'), 'tiny.py', f'--out_dir={out_dir}', *flags],
+                       cwd=workdir, check=True, capture_output=True, timeout=HANG_S)
+    monkeypatch.chdir(workdir)
+    import_ablate(monkeypatch, '--compare=out-vanilla,out-rope', '--out_dir=cmp', f'--run_dir={workdir}').main()
+    md = (workdir / 'cmp' / 'results.md').read_text(encoding='utf-8')
+    rows, header = table_rows(md), tables(md)[0][0]
+    assert list(rows) == ['out-vanilla', 'out-rope'] and rows['out-rope'][1] == 'pos=rope'
+    for name in rows:
+        last = [json.loads(line) for line in (workdir / name / 'log.jsonl').read_text().splitlines()][-1]
+        assert rows[name][header.index('final val loss')] == f"{last['val_loss']:.4f}"
+    assert all((workdir / 'cmp' / p).stat().st_size > 0
+               for p in ('val_loss_vs_iter.png', 'val_loss_vs_flops.png', 'val_loss_vs_time.png'))
+    code, err = ablate_here(workdir, workdir / 'cmp', '--compare=out-vanilla,nowhere', monkeypatch=monkeypatch,
+                            capsys=capsys)
+    assert code == 2 and err.strip() == ("error: compare: 'nowhere' is not a trained train.py out_dir (it has no "
+                                         "log.jsonl and no ckpt.pt)"), err
