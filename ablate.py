@@ -100,7 +100,8 @@ check(not unknown_methods, f"unknown extrapolation method(s) {', '.join(map(repr
 # the heavy imports only now (torch comes with them): --help and a mistyped setting answer before torch loads
 from ablation.files import REPO  # noqa: E402
 from ablation.grid import base_recipe, build_grid, run_path  # noqa: E402
-from ablation.jobs import Runner  # noqa: E402
+from ablation.estimate import grid_estimate  # noqa: E402
+from ablation.jobs import Runner, run_threads  # noqa: E402
 from ablation.report import check_report_files, write_report  # noqa: E402
 from common.errors import Interrupted, die  # noqa: E402
 
@@ -118,7 +119,10 @@ def main():
         check_report_files(out)
     jobs = deque((name, flags, 1337 + s, run_path(out, name, flags, 1337 + s, settings))
                  for name, flags in variants.items() for s in range(seeds))
-    failed, busy = ([], []) if report_only else Runner(jobs, cwd, settings).run()
+    estimates = {} if report_only else grid_estimate(
+        [j for j in jobs if not os.path.exists(os.path.join(j[3], 'done.json'))], base, settings,
+        run_threads(threads, parallel)[0])
+    failed, busy = ([], []) if report_only else Runner(jobs, cwd, settings, estimates).run()
     reported = write_report(out, list(variants), failed, cwd, base['n_layer'], settings)
     busy = [name for name, path in busy if os.path.abspath(path) not in reported]  # unless finished meanwhile
     if busy:

@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from ablation.estimate import eta
 from ablation.files import TRAIN_PY
 from ablation.grid import ablate_command, run_args
 from ablation.runs import SUMMARY_VERSION, summarize_run
@@ -195,8 +196,9 @@ class Runner:
     """Trains the jobs ((name, flags, seed, path) each, in order), `parallel` at once, each on the least busy of the
     devices' slots; a run finished or claimed by another process is skipped, saying so."""
 
-    def __init__(self, jobs, cwd, settings):
+    def __init__(self, jobs, cwd, settings, estimates=None):
         self.jobs, self.cwd, self.settings, self.parallel = jobs, cwd, settings, settings['parallel']
+        self.estimates, self.finished = estimates or {}, []  # {path: seconds} (ablation.estimate); paths done
         self.slots = [d.strip() for d in settings['devices'].split(',') if d.strip()] or [None]
         self.total, self.counter, self.running = len(jobs), 0, {}
         self.durations, self.failed, self.busy = [], [], []
@@ -266,8 +268,10 @@ class Runner:
                 self.failed.append(f'{job[0]} seed {job[2]}')
             else:
                 self.durations.append(time.time() - t0)  # failures are quick: they would shrink the ETA
-            left = len(self.jobs) + len(self.running)
-            eta = f", ETA {fmt_duration(statistics.mean(self.durations) * left / self.parallel)}" \
-                if left and self.durations else ''
-            print(f"{label} " + (f"FAILED {why}" if why else f"done in {fmt_duration(self.durations[-1])}") + eta,
+                self.finished.append(job[3])
+            left = [j[3] for j in self.jobs] + [r[0][3] for r in self.running.values()]
+            seconds = eta(self.estimates, self.finished, self.durations, left, self.parallel) if self.estimates \
+                else statistics.mean(self.durations or [0]) * len(left) / self.parallel
+            eta_text = f", ETA {fmt_duration(seconds)}" if left and self.durations else ''
+            print(f"{label} " + (f"FAILED {why}" if why else f"done in {fmt_duration(self.durations[-1])}") + eta_text,
                   flush=True)

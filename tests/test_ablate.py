@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,10 @@ def ablated(tmp_path_factory):
 def test_report_has_a_row_per_variant_with_extrapolation(ablated):
     _, out, result = ablated
     assert '[4/4] rope seed 1338' in result.stdout and 'ETA' in result.stdout
+    # the whole grid's estimate before the first run starts, from its FLOPs and a timed step
+    assert re.search(r"^grid: 4 run\(s\) to train, about \d+ s in all \(2 at once; each run's FLOPs at the \S+ GFLOP/s "
+                     r"of vanilla's steps timed here", result.stdout, re.M), result.stdout
+    assert result.stdout.index('grid: 4 run(s)') < result.stdout.index('[1/4] vanilla seed 1337 started')
     # two at a time: the second run started before the first finished
     assert result.stdout.index('[2/4] vanilla seed 1338 started') < result.stdout.index('done in')
     md = (out / 'results.md').read_text(encoding='utf-8')
@@ -416,3 +421,13 @@ def test_compare_reports_ordinary_runs_against_iterations_flops_and_seconds(tmp_
                             capsys=capsys)
     assert code == 2 and err.strip() == ("error: compare: 'nowhere' is not a trained train.py out_dir (it has no "
                                          "log.jsonl and no ckpt.pt)"), err
+
+
+def test_the_eta_scales_the_runs_left_by_how_the_finished_ones_kept_to_their_estimates():
+    """Estimates from FLOPs: runs that took twice theirs double what is left; a run's FLOPs grow with its steps."""
+    from ablation.estimate import eta, run_flops
+    estimates = {'a': 10.0, 'b': 10.0, 'c': 30.0, 'd': 50.0}
+    assert eta(estimates, ['a', 'b'], [20.0, 20.0], ['c', 'd'], 1) == pytest.approx(160.0)
+    assert eta(estimates, ['a'], [5.0], ['c', 'd'], 2) == pytest.approx(20.0)
+    recipe = dict(batch_size=4, block_size=16, gradient_accumulation_steps=1, eval_iters=2, eval_interval=10)
+    assert run_flops({**recipe, 'max_iters': 100}, 1.0) > 1.9 * run_flops({**recipe, 'max_iters': 50}, 1.0)
