@@ -293,4 +293,5 @@ def test_contended_timings_are_said_in_the_report_and_the_time_plot(tmp_path, mo
         done.write_text(json.dumps({**json.loads(done.read_text()), 'load_avg': 1.5}))
     notes.clear()
     code, _, err = report_here(workdir, out, '--extrapolation=', '--seeds=1', monkeypatch=monkeypatch, capsys=capsys)
-    assert code == 0 and 'Timings contended' not in (out / 'results.md').read_text(encoding='utf-8') and notes == ['', '']
+    md = (out / 'results.md').read_text(encoding='utf-8')
+    assert code == 0 and 'Timings contended' not in md and notes == ['', '']

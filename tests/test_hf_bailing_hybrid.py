@@ -5,7 +5,7 @@ import torch
 
 from export import to_hf
 from hf_tiny import (BLOCK, GPT, HF_FAMILIES, NEW, PROMPT, VOCAB, YARN_DEEPSEEK, GPTConfig, check_export_choice,
-                     check_parity, randomized, tiny, transformers)
+                     check_parity, randomized, transformers)
 from hf.tiny import bailing_hybrid
 
 pytestmark = pytest.mark.usefixtures('single_thread')

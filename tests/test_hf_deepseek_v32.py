@@ -6,7 +6,7 @@ import torch
 from chapters import sparse_attention
 from export import hf_family
 from hf import HF_FAMILIES
-from hf_tiny import GPT, M, VOCAB, YARN_DEEPSEEK, GPTConfig, check_parity, deepseek, randomized, transformers
+from hf_tiny import GPT, M, VOCAB, YARN_DEEPSEEK, GPTConfig, check_parity, randomized, transformers
 from hf.tiny import deepseek_v32
 
 pytestmark = pytest.mark.usefixtures('single_thread')

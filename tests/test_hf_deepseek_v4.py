@@ -9,7 +9,7 @@ import torch
 from export import hf_family, to_hf
 from hf import HF_FAMILIES
 from chapters.deepseek_v4 import hash_table
-from hf_tiny import BLOCK, GPT, PROMPT, VOCAB, WINDOW, GPTConfig, check_parity, randomized, tiny, transformers
+from hf_tiny import BLOCK, GPT, PROMPT, VOCAB, WINDOW, GPTConfig, check_parity, randomized, transformers
 from hf.tiny import deepseek_v4
 
 pytestmark = pytest.mark.usefixtures('single_thread')

@@ -7,7 +7,7 @@ from chapters import gemma4
 from export import to_hf
 from hf import HF_FAMILIES
 from hf_tiny import (BLOCK, GPT, M, NEW, PROMPT, VOCAB, WINDOW, GPTConfig, check_export_choice, check_parity,
-                     randomized, tiny, transformers)
+                     randomized, transformers)
 from hf.tiny import gemma4_text
 
 pytestmark = pytest.mark.usefixtures('single_thread')

@@ -6,7 +6,7 @@ import torch
 
 from export import to_hf
 from hf_tiny import (BLOCK, GPT, HF_FAMILIES, NEW, PROMPT, VOCAB, GPTConfig, check_export_choice, check_parity,
-                     randomized, tiny, transformers)
+                     randomized, transformers)
 from hf.tiny import glm5_next
 
 pytestmark = pytest.mark.usefixtures('single_thread')

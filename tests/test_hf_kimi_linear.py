@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from export import to_hf
-from hf_tiny import BLOCK, GPT, VOCAB, GPTConfig, check_parity, randomized, tiny, transformers
+from hf_tiny import BLOCK, GPT, VOCAB, GPTConfig, check_parity, randomized, transformers
 from hf.tiny import kimi_linear
 
 pytestmark = pytest.mark.usefixtures('single_thread')

@@ -4,8 +4,7 @@ import pytest
 import torch
 
 from hf import HF_FAMILIES
-from hf_tiny import (GPT, NEW, PROMPT, VOCAB, GPTConfig, check_export_choice, check_parity, randomized, tiny,
-                     transformers)
+from hf_tiny import GPT, NEW, PROMPT, VOCAB, GPTConfig, check_export_choice, check_parity, randomized, transformers
 from hf.tiny import nemotron_h
 
 pytestmark = pytest.mark.usefixtures('single_thread')

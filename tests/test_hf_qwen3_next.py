@@ -6,7 +6,7 @@ import torch
 from common.checkpoints import load_checkpoint, model_from_checkpoint, new_checkpoint, save_checkpoint
 from export import to_hf
 from hf import HF_FAMILIES
-from hf_tiny import GPT, NEW, PROMPT, VOCAB, check_parity, randomized, tiny, transformers
+from hf_tiny import GPT, NEW, PROMPT, VOCAB, check_parity, randomized, transformers
 from hf.tiny import qwen3_next, qwen3_5_text
 
 pytestmark = pytest.mark.usefixtures('single_thread')

@@ -8,7 +8,7 @@ import torch
 from export import to_hf
 from hf_tiny import (BLOCK, GPT, HF_FAMILIES, NEW, PROMPT, VOCAB, GPTConfig, check_export_choice, check_parity,
                      randomized, transformers)
-from hf.tiny import qwen4_exp, EOS
+from hf.tiny import EOS, qwen4_exp
 
 pytestmark = pytest.mark.usefixtures('single_thread')
 
