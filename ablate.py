@@ -6,6 +6,7 @@ extrapolation side by side (out_dir: results.md, results.json, val_loss_vs_iter.
     python ablate.py config/ablate_shakespeare_char.py --grid=default,kv --n_kv_heads=1,2,4 --seeds=3
     python ablate.py config/ablate_shakespeare_char.py --grid=moe --seeds=3 --parallel=2
     python ablate.py --grid=custom --custom="{'vanilla': {}, 'tiny_rope': {'pos': 'rope', 'rope_theta': 500.0}}"
+    python ablate.py --compare=out-shakespeare-vanilla-cpu,out-shakespeare-modern-cpu --out_dir=out-compare
 
 Each variant x seed (1337, 1338, ...) is a run `python train.py <train_config> <settings> <train_args> --seed=<seed>
 --out_dir=<out_dir>/runs/<variant>/seed<seed>` in run_dir ('': this repo), logged to train.log there; a variant's
@@ -28,6 +29,8 @@ the schedule at the recipe's fractions of each run's length); the report adds ea
 against the target (--target, else the reference) on FLOPs, steps and seconds, with 90% intervals and its trend
 with scale (miniseries_loss_vs_flops.png, miniseries_multiplier_vs_flops.png; docs/miniseries.md).
 Several ablate.py (one per node) can share an out_dir: each run is claimed, so no two train the same one.
+compare: runs trained outside a grid (train.py's out_dirs, two or more), reported as a grid's variants are: the
+table, and val loss against iterations, training FLOPs and seconds (val_loss_vs_flops.png too); no run trains.
 """
 
 import ast
@@ -90,6 +93,7 @@ aspect = 64  # the miniseries' n_embd = aspect x depth (nanochat's aspect ratio)
 head_dim = 0  # the miniseries' head width (n_head = n_embd / head_dim); 0: the recipe's n_embd / n_head
 tokens_per_param = 20.0  # the miniseries' tokens at each depth: this x the target's non-embedding (active) parameters
 report_only = False  # write the report from the runs finished so far, training none (e.g. after an interrupt)
+compare = ''  # train.py out_dirs, e.g. 'out-a,out-b': their table and val loss plots into out_dir; no grid
 python = ''  # '' is this interpreter
 run_dir = ''
 settings = configure(settings_of(globals()), sys.argv[1:], prog='ablate.py',
@@ -118,7 +122,8 @@ check(not unknown_methods, f"unknown extrapolation method(s) {', '.join(map(repr
 # the heavy imports only now (torch comes with them): --help and a mistyped setting answer before torch loads
 from ablation.files import REPO  # noqa: E402
 from ablation.grid import base_recipe, build_grid, run_path  # noqa: E402
-from ablation.jobs import Runner  # noqa: E402
+from ablation.estimate import grid_estimate  # noqa: E402
+from ablation.jobs import Runner, run_threads  # noqa: E402
 from ablation.miniseries import plan  # noqa: E402
 from ablation.report import check_report_files, write_report  # noqa: E402
 from common.errors import Interrupted, die  # noqa: E402
@@ -126,6 +131,9 @@ from common.errors import Interrupted, die  # noqa: E402
 
 def main():
     cwd, out = os.path.abspath(run_dir or REPO), os.path.abspath(out_dir)
+    if compare:
+        from ablation.compare import write_comparison
+        return write_comparison(compare, out, cwd, settings)
     if not os.path.isfile(os.path.join(cwd, train_config)):
         die(f"train_config '{train_config}' not found in run_dir '{cwd}'")
     base = base_recipe(cwd, settings)
@@ -135,7 +143,10 @@ def main():
         check_report_files(out)
     jobs = deque((name, flags, 1337 + s, run_path(out, name, flags, 1337 + s, settings))
                  for name, flags in variants.items() for s in range(seeds))
-    failed, busy = ([], []) if report_only else Runner(jobs, cwd, settings).run()
+    estimates = {} if report_only else grid_estimate(
+        [j for j in jobs if not os.path.exists(os.path.join(j[3], 'done.json'))], base, settings,
+        run_threads(threads, parallel)[0])
+    failed, busy = ([], []) if report_only else Runner(jobs, cwd, settings, estimates).run()
     reported = write_report(out, list(variants), failed, cwd, base['n_layer'], settings, series)
     busy = [name for name, path in busy if os.path.abspath(path) not in reported]  # unless finished meanwhile
     if busy:

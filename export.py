@@ -178,6 +178,12 @@ def write_aside(hf, tokenizer, hf_dir):
             tokenizer.save_pretrained(fresh)
         if not os.path.isfile(os.path.join(fresh, 'config.json')):
             die(f"nothing was written to hf_dir '{hf_dir}'", code=1)
+        # transformers writes model.safetensors 0600 (a temporary file's mode): each file as config.json, whose
+        # mode is the umask's, so a shared model folder is readable by whoever can read its config
+        mode = os.stat(os.path.join(fresh, 'config.json')).st_mode & 0o777
+        for file in os.listdir(fresh):
+            if os.path.isfile(os.path.join(fresh, file)):
+                os.chmod(os.path.join(fresh, file), mode)
         with critical():  # both renames, or an interrupt waits
             if os.path.exists(target):
                 os.rename(target, old)

@@ -35,7 +35,7 @@ top_p = 1.0  # keep the fewest likeliest tokens whose probabilities reach top_p
 seed = 1337
 device = 'auto'  # 'auto' (cuda, mps, cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'  # 'auto' (bf16, else fp16 on CUDA; fp32 elsewhere), 'float32', 'bfloat16', 'float16'
-compile = False
+compile = False  # compile the decoding step: a minute or more at start; pays on long decodings (docs/sampling.md)
 use_cache = True  # False: recompute the whole context every step (the reference path)
 speculative = False  # greedy only (temperature 0): a model with MTP modules drafts with them, verifies in one forward
 threads = 0  # torch's intra-op threads; 0: on a CPU its usable cores (OMP_NUM_THREADS if set), else torch's default
@@ -174,6 +174,14 @@ if compile:  # generate's decoding step, one static-shape graph (the prefill sta
         with warnings_after(), torch.no_grad(), autocast(device, dtype):  # the line whole, a warning after it
             model.generate(idx, 3, temperature, top_k, top_p, use_cache, vocab_limit)
             print(f"compiled in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+elif max_new_tokens:  # a first forward pays one-time costs (lazy imports, the allocator's first blocks) that would
+    # read as a slow decoding: 2 tokens from the prompt's last, untimed, before the seed (the samples stay the same)
+    with torch.no_grad(), autocast(device, dtype):
+        model.generate(idx[:, -1:], 2, temperature, top_k, top_p, use_cache, vocab_limit)
+if len(prompt) + max_new_tokens > model.config.block_size:
+    print(f"note: the prompt and max_new_tokens ({len(prompt)} + {max_new_tokens}) outgrow block_size "
+          f"{model.config.block_size}: when the context is full its oldest half is dropped, so from there the text "
+          f"differs from the same model's under transformers (docs/hf.md)", file=sys.stderr, flush=True)
 torch.manual_seed(seed)
 torch.cuda.manual_seed(seed)
 t0 = time.perf_counter()

@@ -81,6 +81,7 @@ dtype = 'auto'  # 'auto' (bf16, else fp16 on CUDA; fp32 elsewhere), 'float32', '
 compile: Optional[bool] = None  # None: on for CUDA only
 peak_flops = 0.0  # for MFU; 0: a known GPU's peak, else a matmul measured at start
 threads = 0  # torch's intra-op threads; 0: on a CPU its usable cores (OMP_NUM_THREADS if set), else torch's default
+cpu_anyway = False  # a recipe sized for a GPU (over half an hour) started on a CPU stops at once, unless True
 seed = 1337
 settings = configure(settings_of(globals()), sys.argv[1:], prog='train.py', doc=__doc__)
 globals().update(settings)
@@ -381,17 +382,21 @@ def objective_terms():
     return [term for term in (feature.objective(raw_model) for feature in raw_model.features) if term]
 
 
-def say_if_sized_for_a_gpu(peak):
-    """At a CPU's usual ~40% MFU: a recipe sized for a GPU says so at once, not after minutes of silence."""
+def stop_if_sized_for_a_gpu(peak):
+    """At a CPU's usual ~40% MFU: a recipe sized for a GPU stops at once with its estimate, not after minutes of
+    silence (or goes on, said in a note, with cpu_anyway)."""
     total_seconds = (max_iters - iter_num) * flops_per_iter / (0.4 * peak) \
         + eval_seconds * (1 + (max_iters - iter_num) // eval_interval)
     if device_type != 'cpu' or total_seconds <= 1800 or eval_only:
         return
     recipe = next((a for a in sys.argv[1:] if a.endswith('.py')), None)
     cpu_recipe = recipe[:-3] + '_cpu.py' if recipe and os.path.exists(recipe[:-3] + '_cpu.py') else None
-    print(f"note: this run is sized for a GPU: on this CPU it would take about {total_seconds / 3600:.1f} h; "
-          + (f"the CPU recipe is {cpu_recipe}" if cpu_recipe else
-             "config/shakespeare_modern_cpu.py is a recipe sized for a CPU"), flush=True)
+    estimate = (f"this run is sized for a GPU: on this CPU it would take about {total_seconds / 3600:.1f} h; "
+                + (f"the CPU recipe is {cpu_recipe}" if cpu_recipe else
+                   "config/shakespeare_modern_cpu.py is a recipe sized for a CPU"))
+    if not cpu_anyway:
+        die(f"{estimate} (--cpu_anyway=True trains it here all the same)")
+    print(f"note: {estimate}; training all the same (cpu_anyway)", flush=True)
 
 
 flops_per_iter = raw_model.flops_per_token() * tokens_per_iter
@@ -403,7 +408,7 @@ if master:
     peak, measured = peak_for_mfu(peak_flops, device, dtype)
     speed = Speed(raw_model, batch_size * local_accum, device, dtype, peak, measured)
     eval_seconds = 2 * eval_iters * batch_size * block_size * raw_model.flops_per_token() / 3 / (0.4 * peak)
-    say_if_sized_for_a_gpu(peak)
+    stop_if_sized_for_a_gpu(peak)
     wandb = start_wandb(wandb_project, wandb_run_name, settings, out_dir) if wandb_log else None
 evaluation = Evaluation(batches, eval_iters, ctx, eval_model, raw_model, rank, world_size, distributed, fsdp,
                         skip=unreachable_splits, progress=master and eval_seconds > 10,
@@ -472,7 +477,7 @@ def log_evaluation(record):
         return
     append_log(log_path, record)
     if wandb:
-        wandb.log({**flat_record(record), 'mfu': speed.mfu * 100})
+        wandb.log({**flat_record(record), **({'mfu': speed.mfu * 100} if speed.show_mfu else {})})
 
 
 def schedule_features(fraction):
@@ -528,10 +533,23 @@ def report_step(lossf, lr, dt):
           f"{tokens_per_iter / dt:,.0f} tok/s, {speed.line(max_iters - iter_num)}")
 
 
+def summary(final_val, trained_s):
+    """The run's last line: what a user would otherwise dig out of the log. trained_s: this process's seconds in
+    training steps (evaluations and saves left out), which its tokens/s divides by."""
+    from common.progress import fmt_duration
+    final = f"final val loss {final_val:.4f}" if final_val is not None else "no evaluation this run"
+    best = f", best {best_saved[1]:.4f} (iter {best_saved[0]})" if best_saved else ''
+    steps = iter_num - start_iter
+    rate = f", {steps * tokens_per_iter / trained_s:,.0f} tok/s" if steps and trained_s > 0 else ''
+    return (f"done: iter {iter_num}/{max_iters}, {final}{best}, {steps} iterations in "
+            f"{fmt_duration(time.time() - t_process)}{rate}")
+
+
 # ----------------------------------------------------------------------------- training loop
 t_start = time.time() - elapsed_before  # elapsed_s continues across resumes
 train_time, train_steps = 0.0, 0  # since the last evaluation, for ms/iter in log.jsonl
 start_iter = iter_num
+t_process, trained_s, final_val = time.time(), 0.0, None  # for the summary line
 # val accuracy of the last evaluation (a task dataset's): a resumed checkpoint that solved the task trains no further
 accuracy = resumed_accuracy
 solved = bool(stop_accuracy) and not eval_only and evaluated == iter_num and (accuracy or 0) >= stop_accuracy
@@ -545,6 +563,7 @@ try:
         if ((iter_num % eval_interval == 0 or iter_num == max_iters) and iter_num != evaluated) or eval_only:
             schedule_features(1.0)  # what a feature schedules, at its end
             losses = evaluation.estimate_loss()
+            final_val = losses['val']
             stop_non_finite('train loss', losses['train'])
             stop_non_finite('val loss', losses['val'])
             trained = iter_num > 0 and not eval_only  # a model this run may save: iter 0's is not trained yet
@@ -592,6 +611,7 @@ try:
         lossf = mean_loss(loss_sum) if logging else None  # reading the loss waits for the device
         dt = time.time() - t0
         train_time, train_steps = train_time + dt, train_steps + 1
+        trained_s += dt
         if logging:
             stop_non_finite('train loss', lossf)
             report_step(lossf, lr, dt)
@@ -620,6 +640,8 @@ if master and last_saved is None and not eval_only:  # say it: the out_dir holds
     print(f"note: no checkpoint was saved: {'max_iters=0 trains nothing' if max_iters == 0 else 'no evaluation after training started'}; "
           f"out_dir '{out_dir}' holds only log.jsonl")
 
+if master and not eval_only:
+    print(summary(final_val, trained_s))
 if wandb:
     wandb.finish()
 if distributed:

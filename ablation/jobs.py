@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from ablation.estimate import eta
 from ablation.files import TRAIN_PY
 from ablation.grid import ablate_command, run_args
 from ablation.runs import SUMMARY_VERSION, summarize_run
@@ -141,11 +142,12 @@ def start(flags, seed, path, cwd, device, settings, threads):
     return proc, log
 
 
-def finish(job, proc, log, duration, cwd, settings):
-    """'' when the run finished (done.json written; a diverged run counts), else why it failed."""
+def finish(job, proc, log, duration, cwd, settings, loads=()):
+    """'' when the run finished (done.json written; a diverged run counts), else why it failed. loads: the
+    machine's load averages sampled while it ran (the report says when they exceeded the cores)."""
     log.close()
     try:
-        return _finish(job, proc, duration, cwd, settings)
+        return _finish(job, proc, duration, cwd, settings, loads)
     except FileNotFoundError as e:  # its folder was deleted while it ran: that run alone failed
         return f"(exit {proc.returncode}): its folder went away while it ran ('{e.filename}' is missing)"
     except (Exception, SystemExit) as e:  # its summary could not be made (e.g. a checkpoint this code cannot read,
@@ -154,7 +156,7 @@ def finish(job, proc, log, duration, cwd, settings):
         return f"(exit {proc.returncode}): its summary failed: {what}"
 
 
-def _finish(job, proc, duration, cwd, settings):
+def _finish(job, proc, duration, cwd, settings, loads=()):
     name, flags, seed, path = job
     log_path = os.path.join(path, 'train.log')
     diverged = proc.returncode == 1 and os.path.exists(os.path.join(path, 'diverged.json'))
@@ -165,10 +167,16 @@ def _finish(job, proc, duration, cwd, settings):
         return f"(exit {proc.returncode}): {why}; see {log_path}"
     write_json(os.path.join(path, 'done.json'), {'variant': name, 'flags': flags, 'seed': seed,
                                                   'args': run_args(flags, seed, settings), 'command': ablate_command(),
-                                                  'duration_s': round(duration, 1),
+                                                  'duration_s': round(duration, 1), **load_figures(loads),
                                                   **summarize_run(path, cwd), 'version': SUMMARY_VERSION})
     return ''
 
+
+def load_figures(loads):
+    """The mean load average while a run ran (one taken now if none was sampled) and the cores it had."""
+    loads = list(loads) or ([os.getloadavg()[0]] if hasattr(os, 'getloadavg') else [])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+    return {'load_avg': round(statistics.mean(loads), 2), 'cores': cores} if loads else {}
 
 
 # ----------------------------------------------------------------------------- the runner
@@ -188,13 +196,14 @@ class Runner:
     """Trains the jobs ((name, flags, seed, path) each, in order), `parallel` at once, each on the least busy of the
     devices' slots; a run finished or claimed by another process is skipped, saying so."""
 
-    def __init__(self, jobs, cwd, settings):
+    def __init__(self, jobs, cwd, settings, estimates=None):
         self.jobs, self.cwd, self.settings, self.parallel = jobs, cwd, settings, settings['parallel']
+        self.estimates, self.finished = estimates or {}, []  # {path: seconds} (ablation.estimate); paths done
         self.slots = [d.strip() for d in settings['devices'].split(',') if d.strip()] or [None]
         self.total, self.counter, self.running = len(jobs), 0, {}
         self.durations, self.failed, self.busy = [], [], []
         self.threads, self.threads_why = run_threads(settings['threads'], self.parallel)
-        self.threads_said = False
+        self.threads_said, self.sampled = False, 0.0
 
     def run(self):
         """(failed, busy): the runs that failed ('<variant> seed <seed>'), and (that name, path) of the runs another
@@ -205,6 +214,7 @@ class Runner:
                 self.start_free_slots()
                 time.sleep(0.2)
                 self.collect()
+                self.sample_load()
                 if time.time() - last_refresh > 60:  # keep the claims fresh for other nodes
                     last_refresh = time.time()
                     for job, *_ in self.running.values():
@@ -216,6 +226,13 @@ class Runner:
                 log.close()
                 release(job[3])
         return self.failed, self.busy
+
+    def sample_load(self, every=5.0):
+        """The 1-minute load average, every few seconds, into each running run's list."""
+        if hasattr(os, 'getloadavg') and time.time() - self.sampled >= every:
+            self.sampled, load = time.time(), os.getloadavg()[0]
+            for entry in self.running.values():
+                entry[5].append(load)
 
     def start_free_slots(self):
         """Start the next jobs while fewer than `parallel` run; a job not ours to train is skipped."""
@@ -238,21 +255,23 @@ class Runner:
                       flush=True)
                 self.threads_said = True
             proc, log = start(flags, seed, path, self.cwd, device, self.settings, self.threads)
-            self.running[proc] = (job, log, time.time(), device, label)
+            self.running[proc] = (job, log, time.time(), device, label, [])
             print(f"{label} started{f' on {device}' if device else ''}", flush=True)
 
     def collect(self):
         """Finish the runs whose train.py ended (done.json, or why it failed), each a line with the ETA."""
         for proc in [p for p in self.running if p.poll() is not None]:
-            job, log, t0, device, label = self.running.pop(proc)
-            why = finish(job, proc, log, time.time() - t0, self.cwd, self.settings)
+            job, log, t0, device, label, loads = self.running.pop(proc)
+            why = finish(job, proc, log, time.time() - t0, self.cwd, self.settings, loads)
             release(job[3])
             if why:
                 self.failed.append(f'{job[0]} seed {job[2]}')
             else:
                 self.durations.append(time.time() - t0)  # failures are quick: they would shrink the ETA
-            left = len(self.jobs) + len(self.running)
-            eta = f", ETA {fmt_duration(statistics.mean(self.durations) * left / self.parallel)}" \
-                if left and self.durations else ''
-            print(f"{label} " + (f"FAILED {why}" if why else f"done in {fmt_duration(self.durations[-1])}") + eta,
+                self.finished.append(job[3])
+            left = [j[3] for j in self.jobs] + [r[0][3] for r in self.running.values()]
+            seconds = eta(self.estimates, self.finished, self.durations, left, self.parallel) if self.estimates \
+                else statistics.mean(self.durations or [0]) * len(left) / self.parallel
+            eta_text = f", ETA {fmt_duration(seconds)}" if left and self.durations else ''
+            print(f"{label} " + (f"FAILED {why}" if why else f"done in {fmt_duration(self.durations[-1])}") + eta_text,
                   flush=True)

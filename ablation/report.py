@@ -282,23 +282,48 @@ def plot_title(xlabel, settings):
             f"{os.path.basename(settings['train_config'])}")
 
 
-def plot(variants, x_index, xlabel, path, settings, goal_loss=None):
+def contention(runs):
+    """A line saying the runs' timings were contended (the machine's load average above its cores while some
+    ran: each waited for a core, so ms/iter and seconds compare poorly), or ''."""
+    loaded = [r for r in runs if r.get('load_avg') is not None and r['load_avg'] > r['cores']]
+    if not loaded:
+        return ''
+    worst = max(loaded, key=lambda r: r['load_avg'] / r['cores'])
+    return (f"timings contended: load average above the cores in {len(loaded)} of {len(runs)} runs (up to "
+            f"{worst['load_avg']:.1f} on {worst['cores']}): seconds and ms/iter compare poorly")
+
+
+MARKERS, LINESTYLES = 'osD^v<>px*', ('-', '--', ':', '-.')
+
+
+def loss_figure(variants, x_index, xlabel, title, goal_loss=None, note=''):
+    """val loss against curve column x_index, every point on the chart (a log axis: the start's ln(vocab) and the
+    end's small differences both readable), each line its own marker and, past 10, dash: none hides another."""
     import matplotlib
     matplotlib.use('Agg')  # files only: no display needed
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 5))
-    for name, agg in variants.items():
-        ax.plot([c[x_index] for c in agg['curve']], [c[1] for c in agg['curve']], marker='.', label=name)
+    for i, (name, agg) in enumerate(variants.items()):
+        ax.plot([c[x_index] for c in agg['curve']], [c[1] for c in agg['curve']], label=name, alpha=0.8,
+                marker=MARKERS[i % len(MARKERS)], markersize=4, linestyle=LINESTYLES[i // len(MARKERS) % 4])
     if goal_loss is not None:  # the target: where a curve first crosses it is its time to target
         ax.axhline(goal_loss, color='grey', linestyle='--', linewidth=1, label=f'target {goal_loss:.4f}')
-    ax.set(xlabel=xlabel, ylabel='val loss (mean over seeds)', title=plot_title(xlabel, settings))
-    ax.grid(alpha=0.3)
-    # the loss at iteration 0 (ln vocab) would squash the differences that matter: start the axis below it
-    later = [c[1] for agg in variants.values() for c in agg['curve'][1:] if c[1] == c[1] and c[1] < 1e3]
-    if later:
-        ax.set_ylim(min(later) - 0.05, min(max(later), 2 * min(later)) + 0.05)
+    ax.set(xlabel=xlabel, ylabel='val loss (mean over seeds)', title=title, yscale='log')
+    shown = [c[1] for agg in variants.values() for c in agg['curve'] if 0 < c[1] < 1e3]  # not a diverged run's
+    if shown:
+        ax.set_ylim(0.97 * min(shown), 1.03 * max(shown))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.grid(alpha=0.3, which='both')
+    if note:
+        ax.text(0.5, 0.98, note, transform=ax.transAxes, ha='center', va='top', fontsize='small', color='darkred',
+                wrap=True)
     ax.legend(fontsize='small')
-    save_figure(fig, path)
+    return fig
+
+
+def plot(variants, x_index, xlabel, path, title, goal_loss=None, note=''):
+    save_figure(loss_figure(variants, x_index, xlabel, title, goal_loss, note), path)
 
 
 def save_figure(fig, path):
@@ -382,35 +407,57 @@ def reach_cell(runs, reference_runs, loss, index):
 def main_table(variants, runs, reference, command, settings):
     """The report's first lines: the base recipe and command, then a row per variant."""
     train_args = settings['train_args']
+    return [f"Base recipe `{settings['train_config']}`{f' with `{train_args}`' if train_args else ''}, seeds "
+            f"{', '.join(str(1337 + s) for s in range(settings['seeds']))}; command: `{command}`", '',
+            *variant_table(variants, runs, reference, settings)]
+
+
+def variant_table(variants, runs, reference, settings):
+    """A row per variant; a column only where some row has something in it (a grid without MoE has no load
+    column, one where nothing diverged no 'diverged at'), and no '(1 seed)' in every cell where every variant
+    ran one seed (the line above the table says so once)."""
     # how soon each seed's val loss is at the target's mean final loss, in iterations and in seconds
     goal, goal_loss = goal_of(variants, reference, settings)
     goal_runs = [r for r in runs if r['variant'] == goal]
-    # a downstream task's metric is a column when runs logged one (train.py's eval_task)
-    tasks = list(dict.fromkeys(k for agg in variants.values() for k in agg['task']))
-    accuracy = any(agg['accuracy'] is not None for agg in variants.values())  # a task dataset's runs
-    lines = [f"Base recipe `{settings['train_config']}`{f' with `{train_args}`' if train_args else ''}, seeds "
-             f"{', '.join(str(1337 + s) for s in range(settings['seeds']))}; command: `{command}`", '',
-             f'| variant | flags | parameters | active | final val loss | best val loss | Δ final vs {reference} '
-             f'| iters to {goal}\'s loss | seconds to it | ms/iter | tokens/s | KV cache bytes/token | load max/mean '
-             f'| diverged at |'
-             + ''.join(f' {t} |' for t in tasks)
-             + (f' val accuracy | Δ accuracy vs {reference} |' if accuracy else ''),
-             '|' + ' --- |' * (14 + len(tasks) + 2 * accuracy)]
-    for name, agg in variants.items():
-        seeds_runs = [r for r in runs if r['variant'] == name]
-        flags = ', '.join(f'{k}={v}' for k, v in agg['flags'].items()).replace('|', '\\|') or '(base recipe)'
-        diverged = ', '.join(str(d) for d in agg['diverged_at'] if d is not None) or '-'
-        lines.append('| ' + ' | '.join([
-            name, flags, fmt(agg['parameters'], ','), fmt(agg['active_parameters'], ','),
-            mean_std([r['final_val_loss'] for r in seeds_runs]), mean_std([r['best_val_loss'] for r in seeds_runs]),
-            delta(agg, variants[reference], 'final_val_loss', len(seeds_runs)),
-            *(reach_cell(seeds_runs, goal_runs if name != goal else None, goal_loss, i) for i in (0, 1)),
-            fmt(agg['ms_per_iter'], '.1f'),
-            fmt(agg['tokens_per_s'], ',.0f'), fmt(agg['kv_bytes_per_token'], ',.0f'),
-            fmt(agg['load_max_over_mean'], '.2f'), diverged] + [fmt(agg['task'].get(t)) for t in tasks]
-            + ([mean_std([r['accuracy'] for r in seeds_runs]), delta(agg, variants[reference], 'accuracy',
-                                                                     len(seeds_runs))] if accuracy else [])) + ' |')
-    return lines
+    seeds_of = {name: [r for r in runs if r['variant'] == name] for name in variants}
+    one_seed = all(len(rs) == 1 for rs in seeds_of.values())
+    spread = (lambda values, spec='.4f': mean_std(values, spec).replace(' (1 seed)', '')) if one_seed else mean_std
+
+    def delta_cell(agg, key, n):
+        text = delta(agg, variants[reference], key, n)
+        return text.partition(' (')[0] if one_seed else text
+
+    def flags(agg):
+        return ', '.join(f'{k}={v}' for k, v in agg['flags'].items()).replace('|', '\\|') or '(base recipe)'
+
+    def reach(name, index):
+        cell = reach_cell(seeds_of[name], goal_runs if name != goal else None, goal_loss, index)
+        return cell.replace(' (1 seed)', '') if one_seed else cell
+
+    # (header, cell of a variant); the task metrics and a task dataset's accuracy where runs logged them
+    columns = [('variant', lambda n, a: n), ('flags', lambda n, a: flags(a)),
+               ('parameters', lambda n, a: fmt(a['parameters'], ',')),
+               ('active', lambda n, a: fmt(a['active_parameters'], ',')),
+               ('final val loss', lambda n, a: spread([r['final_val_loss'] for r in seeds_of[n]])),
+               ('best val loss', lambda n, a: spread([r['best_val_loss'] for r in seeds_of[n]])),
+               (f'Δ final vs {reference}', lambda n, a: delta_cell(a, 'final_val_loss', len(seeds_of[n]))),
+               (f"iters to {goal}'s loss", lambda n, a: reach(n, 0)), ('seconds to it', lambda n, a: reach(n, 1)),
+               ('ms/iter', lambda n, a: fmt(a['ms_per_iter'], '.1f')),
+               ('tokens/s', lambda n, a: fmt(a['tokens_per_s'], ',.0f')),
+               ('KV cache bytes/token', lambda n, a: fmt(a['kv_bytes_per_token'], ',.0f')),
+               ('load max/mean', lambda n, a: fmt(a['load_max_over_mean'], '.2f')),
+               ('diverged at', lambda n, a: ', '.join(str(d) for d in a['diverged_at'] if d is not None) or '-')]
+    columns += [(t, lambda n, a, t=t: fmt(a['task'].get(t)))
+                for t in dict.fromkeys(k for agg in variants.values() for k in agg['task'])]
+    if any(agg['accuracy'] is not None for agg in variants.values()):
+        columns += [('val accuracy', lambda n, a: spread([r['accuracy'] for r in seeds_of[n]])),
+                    (f'Δ accuracy vs {reference}', lambda n, a: delta_cell(a, 'accuracy', len(seeds_of[n])))]
+    cells = {name: [cell(name, agg) for _, cell in columns] for name, agg in variants.items()}
+    empty = {'n/a', '-'}
+    shown = [i for i, (header, _) in enumerate(columns) if i < 11 or any(c[i] not in empty for c in cells.values())]
+    lines = ["One seed each: no spread and no test.", ''] if one_seed and variants else []
+    lines += ['| ' + ' | '.join(columns[i][0] for i in shown) + ' |', '|' + ' --- |' * len(shown)]
+    return lines + ['| ' + ' | '.join(c[i] for i in shown) + ' |' for c in cells.values()]
 
 
 def other_commands(runs, command):
@@ -494,7 +541,8 @@ def write_report(out, order, failed, cwd, n_layer, settings, series=None):
                                                                 **(judged['json'] if judged else {})}, indent=1),
                  'results.json')
     lines = main_table(variants, runs, reference, command, settings) + other_commands(runs, command) + \
-        notes(variants, reference, n_layer) + (judged['lines'] if judged else [])
+        notes(variants, reference, n_layer) + (['', f"{contention(runs).capitalize()}."] if contention(runs) else []) + \
+        (judged['lines'] if judged else [])
     if methods:
         lines += extrapolation_table(variants, no_data, iters)
     lines += lengths_table(variants, runs, reference, iters) + recall_table(variants, runs) + probes_table(variants)
@@ -508,8 +556,10 @@ def write_report(out, order, failed, cwd, n_layer, settings, series=None):
     write_output(os.path.join(out, 'results.md'), '\n'.join(lines) + '\n', 'results.md')
     if variants:
         goal_loss = goal_of(variants, reference, settings)[1]
-        plot(variants, 0, 'iteration', os.path.join(out, 'val_loss_vs_iter.png'), settings, goal_loss)
-        plot(variants, 2, 'time (s)', os.path.join(out, 'val_loss_vs_time.png'), settings, goal_loss)
+        plot(variants, 0, 'iteration', os.path.join(out, 'val_loss_vs_iter.png'), plot_title('iteration', settings),
+             goal_loss)
+        plot(variants, 2, 'time (s)', os.path.join(out, 'val_loss_vs_time.png'), plot_title('time (s)', settings),
+             goal_loss, contention(runs))
     if judged and judged['records']:
         miniseries.plot_series(judged['records'], judged['figures'], judged['target'],
                                os.path.join(out, 'miniseries_loss_vs_flops.png'),

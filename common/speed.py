@@ -13,10 +13,14 @@ MEASURED_PEAK_CAVEAT = ("MFU is against a matmul measured on this machine, not a
 
 def peak_for_mfu(peak_flops, device, dtype):
     """(FLOP/s, measured?): the given peak_flops, else the datasheet's or a measured matmul, said in a line (a
-    measured one with bench.py's caveat)."""
+    measured one with bench.py's caveat). A CPU has no datasheet peak and its measured one swings with the other
+    jobs on its cores (MFU read 57% under load): there the peak only sizes estimates and no MFU is shown."""
     if peak_flops > 0:
         return peak_flops, False
     peak, how = hardware.peak_flops(device, dtype)
+    if device.startswith('cpu'):
+        print("no MFU on a CPU without a known peak: give --peak_flops (FLOP/s) for one")
+        return peak, True
     print(f"peak {peak / 1e12:.3g} TFLOP/s for MFU ({how})")
     measured = how.startswith('measured')
     if measured:
@@ -33,20 +37,23 @@ class Speed:
         self.model, self.batch, self.device, self.dtype = model, batch, device, dtype
         self.peak, self.measured, self.remeasured = peak, measured, 0
         self.mfu, self.recent_dt = -1.0, []
+        self.show_mfu = not (measured and device.startswith('cpu'))  # peak_for_mfu's rule
 
     def update(self, dt):
         self.recent_dt = (self.recent_dt + [dt])[-20:]
         mfu = self.model.estimate_mfu(self.batch, dt, self.peak)  # per device
-        if mfu > 1 and self.measured and self.remeasured < 3:
+        if mfu > 1 and self.measured and self.show_mfu and self.remeasured < 3:
             self.remeasured += 1
             self.peak = max(self.peak, hardware.measure_matmul_flops(self.device, hardware.DTYPES[self.dtype]))
             mfu, self.mfu = self.model.estimate_mfu(self.batch, dt, self.peak), -1.0
         self.mfu = mfu if self.mfu == -1.0 else 0.9 * self.mfu + 0.1 * mfu
 
     def line(self, iters_left):
-        """'mfu ..., eta ...' for the progress line."""
+        """'mfu ..., eta ...' for the progress line ('eta ...' alone where no MFU is shown)."""
         eta = time.strftime('%H:%M:%S', time.gmtime(sum(self.recent_dt) / len(self.recent_dt) * iters_left)) \
             if self.recent_dt else '--:--:--'
+        if not self.show_mfu:
+            return f"eta {eta}"
         mfu = '--' if self.mfu < 0 else f'{self.mfu * 100:.2f}%' + (
             ' (over 100%: the peak is too low, set --peak_flops)' if self.mfu > 1 else '')
         return f"mfu {mfu}, eta {eta}"

@@ -122,6 +122,16 @@ def _hf_tokenizer(name, source, required=True):
 GPT2_FILES = 'https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/'  # tiktoken's source and cache key
 
 
+def char_tokenizer(chars):
+    """A transformers tokenizer of one token per character (id: its place in chars), joined back without spaces."""
+    from tokenizers import Regex, Tokenizer as RawTokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    raw = RawTokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token=None))
+    raw.pre_tokenizer = pre_tokenizers.Split(Regex(r'[\s\S]'), behavior='isolated')
+    raw.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=raw)
+
+
 def hf_tokenizer(config):
     """A run's tokenizer as transformers loads it, from the run's config (a checkpoint's 'config'): its
     dataset's character vocabulary, GPT-2's BPE (tiktoken's own files), or the pretrained model's tokenizer;
@@ -134,13 +144,8 @@ def hf_tokenizer(config):
         if meta.get('kind') == 'char' and not meta.get('chars'):
             raise ValueError(f"'{meta_path}' is a character vocabulary without its 'chars' list (rerun the "
                              f"dataset's prepare.py)")
-        if meta.get('kind') == 'char':  # one token per character, joined back without spaces
-            from tokenizers import Regex, Tokenizer as RawTokenizer, decoders, models, pre_tokenizers
-            from transformers import PreTrainedTokenizerFast
-            raw = RawTokenizer(models.WordLevel({c: i for i, c in enumerate(meta['chars'])}, unk_token=None))
-            raw.pre_tokenizer = pre_tokenizers.Split(Regex(r'[\s\S]'), behavior='isolated')
-            raw.decoder = decoders.Fuse()
-            return PreTrainedTokenizerFast(tokenizer_object=raw)
+        if meta.get('kind') == 'char':
+            return char_tokenizer(meta['chars'])
         if meta.get('encoding') == 'gpt2':  # GPT-2's vocab.json and merges.txt are tiktoken's (cached) files
             import tempfile
 

@@ -14,25 +14,12 @@ import torch  # noqa: E402
 transformers = pytest.importorskip('transformers')
 
 from hf import HF_FAMILIES  # noqa: E402
+from hf.tiny import BLOCK, VOCAB, WINDOW, deepseek, randomized, randomized_experts, tiny  # noqa: E402,F401
 import model as M  # noqa: E402,F401  (re-exported, as GPT and GPTConfig below)
 from export import to_hf  # noqa: E402
 from chapters import GPT, GPTConfig  # noqa: E402,F401  (the tests of the families import them from here)
 
-VOCAB, BLOCK = 96, 64
 PROMPT, NEW = 10, 30  # 40 positions: past every window and original length below, inside BLOCK
-
-WINDOW = 8  # shorter than PROMPT + NEW
-
-
-def randomized(hf, seed):
-    """Norm gains away from 1 and biases and buffers away from 0, so a wrong mapping of either shows."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in list(hf.named_parameters()) + list(hf.named_buffers()):
-            if p.dim() == 1 and p.is_floating_point() and 'inv_freq' not in name:
-                noise = torch.randn(p.shape, generator=g)
-                p.copy_(0.1 * noise if name.endswith(('bias', 'correction_bias')) else 1.0 + 0.3 * noise)
-    return hf.eval()
 
 
 def check_parity(hf, path, seed=0, family=None):
@@ -55,13 +42,6 @@ def check_parity(hf, path, seed=0, family=None):
     return ours
 
 
-def tiny(config_class, **overrides):
-    args = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=BLOCK, rms_norm_eps=1e-6, tie_word_embeddings=False,
-                bos_token_id=0, eos_token_id=None, pad_token_id=0)
-    return config_class(**{**args, **overrides})
-
-
 LLAMA3 = {'rope_type': 'llama3', 'rope_theta': 500000.0, 'factor': 8.0, 'low_freq_factor': 1.0,
           'high_freq_factor': 4.0, 'original_max_position_embeddings': 16}
 ROPES = {
@@ -79,24 +59,6 @@ ROPES = {
 
 YARN_DEEPSEEK = {'rope_type': 'yarn', 'rope_theta': 10000.0, 'factor': 4.0, 'original_max_position_embeddings': 16,
                  'mscale': 1.0, 'mscale_all_dim': 0.707}
-
-
-def randomized_experts(hf, seed):
-    """randomized() and the experts' biases, which are (n_expert, width) and start at zero."""
-    randomized(hf, seed)
-    g = torch.Generator().manual_seed(seed + 100)
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if name.endswith('_proj_bias'):
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
-    return hf
-
-
-def deepseek(config_class, moe, **overrides):
-    args = dict(num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=4, qk_nope_head_dim=8,
-                v_head_dim=6, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, n_shared_experts=1,
-                n_group=2, topk_group=1, routed_scaling_factor=2.5, first_k_dense_replace=1 if moe else 2)
-    return tiny(config_class, **{**args, **overrides})
 
 
 def check_export_choice(config, family, refused):

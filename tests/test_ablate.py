@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,10 @@ def ablated(tmp_path_factory):
 def test_report_has_a_row_per_variant_with_extrapolation(ablated):
     _, out, result = ablated
     assert '[4/4] rope seed 1338' in result.stdout and 'ETA' in result.stdout
+    # the whole grid's estimate before the first run starts, from its FLOPs and a timed step
+    assert re.search(r"^grid: 4 run\(s\) to train, about \d+ s in all \(2 at once; each run's FLOPs at the \S+ GFLOP/s "
+                     r"of vanilla's steps timed here", result.stdout, re.M), result.stdout
+    assert result.stdout.index('grid: 4 run(s)') < result.stdout.index('[1/4] vanilla seed 1337 started')
     # two at a time: the second run started before the first finished
     assert result.stdout.index('[2/4] vanilla seed 1338 started') < result.stdout.index('done in')
     md = (out / 'results.md').read_text(encoding='utf-8')
@@ -46,11 +51,10 @@ def test_report_has_a_row_per_variant_with_extrapolation(ablated):
     rows = table_rows(md)
     assert list(rows) == ['vanilla', 'rope']
     for cells in rows.values():
-        assert len(cells) == 14
+        assert len(cells) == 12  # no experts, nothing diverged: no load or 'diverged at' column
         assert '±' in cells[4] and '±' in cells[5]
         assert int(cells[2].replace(',', '')) == int(cells[3].replace(',', '')) > 0  # dense: all active
         float(cells[4].split('±')[0]), float(cells[9]), float(cells[11].replace(',', ''))
-        assert cells[12] == 'n/a' and cells[13] == '-'  # no experts; nothing diverged
     assert rows['vanilla'][6] == '+0.0000'
     # time to target: each seed's first evaluation at or below vanilla's mean final loss, in iterations and seconds,
     # mean over the seeds that reached it (the speedrun's yardstick)
@@ -410,3 +414,36 @@ def test_help_lists_every_group_of_the_registry_before_torch_loads():
     for name in GROUPS:
         assert f" {name} (" in listed or listed.startswith(f"Grid groups: {name} ("), name  # named, and said what it is
     assert "recall (Zoology's associative recall" in listed and 'custom (a dict of name -> flags' in listed
+
+
+def test_compare_reports_ordinary_runs_against_iterations_flops_and_seconds(tmp_path, monkeypatch, capsys):
+    """Two train.py runs made outside a grid (vanilla and modern recipes): the table (their own val losses, the
+    flag they differ in) and the three plots, from --compare; a directory that is no run is one line."""
+    workdir = make_workdir(tmp_path)
+    for out_dir, flags in (('out-vanilla', []), ('out-rope', ['--pos=rope'])):
+        subprocess.run([sys.executable, str(REPO / 'train.py'), 'tiny.py', f'--out_dir={out_dir}', *flags],
+                       cwd=workdir, check=True, capture_output=True, timeout=HANG_S)
+    monkeypatch.chdir(workdir)
+    import_ablate(monkeypatch, '--compare=out-vanilla,out-rope', '--out_dir=cmp', f'--run_dir={workdir}').main()
+    md = (workdir / 'cmp' / 'results.md').read_text(encoding='utf-8')
+    rows, header = table_rows(md), tables(md)[0][0]
+    assert list(rows) == ['out-vanilla', 'out-rope'] and rows['out-rope'][1] == 'pos=rope'
+    for name in rows:
+        last = [json.loads(line) for line in (workdir / name / 'log.jsonl').read_text().splitlines()][-1]
+        assert rows[name][header.index('final val loss')] == f"{last['val_loss']:.4f}"
+    assert all((workdir / 'cmp' / p).stat().st_size > 0
+               for p in ('val_loss_vs_iter.png', 'val_loss_vs_flops.png', 'val_loss_vs_time.png'))
+    code, err = ablate_here(workdir, workdir / 'cmp', '--compare=out-vanilla,nowhere', monkeypatch=monkeypatch,
+                            capsys=capsys)
+    assert code == 2 and err.strip() == ("error: compare: 'nowhere' is not a trained train.py out_dir (it has no "
+                                         "log.jsonl and no ckpt.pt)"), err
+
+
+def test_the_eta_scales_the_runs_left_by_how_the_finished_ones_kept_to_their_estimates():
+    """Estimates from FLOPs: runs that took twice theirs double what is left; a run's FLOPs grow with its steps."""
+    from ablation.estimate import eta, run_flops
+    estimates = {'a': 10.0, 'b': 10.0, 'c': 30.0, 'd': 50.0}
+    assert eta(estimates, ['a', 'b'], [20.0, 20.0], ['c', 'd'], 1) == pytest.approx(160.0)
+    assert eta(estimates, ['a'], [5.0], ['c', 'd'], 2) == pytest.approx(20.0)
+    recipe = dict(batch_size=4, block_size=16, gradient_accumulation_steps=1, eval_iters=2, eval_interval=10)
+    assert run_flops({**recipe, 'max_iters': 100}, 1.0) > 1.9 * run_flops({**recipe, 'max_iters': 50}, 1.0)

@@ -116,3 +116,11 @@ def test_each_run_gets_its_threads_said_once(tmp_path, monkeypatch, capsys, args
     assert started == [str(expected)] * 2
     out = capsys.readouterr().out
     assert out.count('each run: ') == 1 and f'each run: {expected} thread' in out
+
+
+def test_a_run_keeps_the_load_average_it_ran_under():
+    """The report says when timings were contended: each run's mean load average while it ran, and its cores."""
+    from ablation.jobs import load_figures
+    cores = len(os.sched_getaffinity(0))
+    assert load_figures([3.0, 5.0]) == {'load_avg': 4.0, 'cores': cores}
+    assert set(load_figures([])) == {'load_avg', 'cores'}  # none sampled (a short run): one taken at its end

@@ -14,7 +14,8 @@ def test_one_seed_shows_no_spread():
     assert mean_std([1.0, 2.0]) == '1.5000 ± 0.7071'
 
 
-def fabricated_run(workdir, out, name, flags, seed, val_loss, accuracy, lengths=None, records=None, command=None):
+def fabricated_run(workdir, out, name, flags, seed, val_loss, accuracy, lengths=None, records=None, command=None,
+                   **done):
     """A finished run written by hand: an old done.json (so the report summarizes it again from its log.jsonl)
     and a log of evaluations (by default two, the last with the given val loss and task accuracy)."""
     path = out / 'runs' / name / f'seed{seed}'
@@ -23,7 +24,7 @@ def fabricated_run(workdir, out, name, flags, seed, val_loss, accuracy, lengths=
                                                                                       '--wandb_log=False']
     (path / 'done.json').write_text(json.dumps({'variant': name, 'flags': flags, 'seed': seed, 'args': args,
                                                 'duration_s': 1.0, 'version': 3,
-                                                **({'command': command} if command else {})}))
+                                                **({'command': command} if command else {}), **done}))
     records = records or [
         {'iter': 0, 'val_loss': 3.0, 'elapsed_s': 0.0, 'ms_per_iter': None, 'tokens': 0, 'accuracy': 0.1},
         {'iter': 4, 'val_loss': val_loss, 'elapsed_s': 1.0, 'ms_per_iter': 10.0, 'tokens': 64,
@@ -234,3 +235,63 @@ def test_the_report_names_the_commands_of_runs_an_earlier_invocation_made(tmp_pa
     code, _, err = report_here(workdir, out, '--extrapolation=', monkeypatch=monkeypatch, capsys=capsys)
     assert code == 0, err
     assert 'made by other commands' not in (out / 'results.md').read_text(encoding='utf-8')
+
+
+def test_a_column_shows_only_where_it_has_something_and_one_seed_is_said_once(tmp_path, monkeypatch, capsys):
+    """One seed each, nothing diverged, no MoE: no '(1 seed)' in every cell (a line says it once), no load or
+    'diverged at' column; a diverged run brings its column back."""
+    workdir = make_workdir(tmp_path)
+    out = tmp_path / 'out'
+    for name, flags, loss in (('vanilla', {}, 2.0), ('rope', {'pos': 'rope'}, 1.9)):
+        fabricated_run(workdir, out, name, flags, 1337, loss, None)
+    code, _, err = report_here(workdir, out, '--extrapolation=', '--seeds=1', monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, err
+    md = (out / 'results.md').read_text(encoding='utf-8')
+    header, rows = tables(md)[0][0], table_rows(md)
+    assert 'One seed each: no spread and no test' in md and '(1 seed' not in md
+    assert 'load max/mean' not in header and 'diverged at' not in header and 'KV cache bytes/token' not in header
+    assert rows['rope'][header.index('final val loss')] == '1.9000'
+    assert rows['rope'][header.index('Δ final vs vanilla')] == '-0.1000'
+    run = out / 'runs' / 'rope' / 'seed1337'
+    (run / 'diverged.json').write_text(json.dumps({'iter': 4}))
+    (run / 'done.json').write_text(json.dumps({**json.loads((run / 'done.json').read_text()), 'version': 3}))
+    code, _, err = report_here(workdir, out, '--extrapolation=', '--seeds=1', monkeypatch=monkeypatch, capsys=capsys)
+    md = (out / 'results.md').read_text(encoding='utf-8')
+    header = tables(md)[0][0]
+    assert code == 0 and table_rows(md)['rope'][header.index('diverged at')] == '4', err
+
+
+def test_the_loss_plot_shows_every_point_and_tells_each_line_apart():
+    """The first evaluation (ln vocab) stays on the chart, and lines that coincide differ in marker or dash."""
+    from ablation.report import loss_figure
+    curve = [[0, 4.2, 0.0], [100, 1.9, 10.0], [200, 1.6, 20.0]]
+    variants = {f'v{i}': {'curve': curve} for i in range(12)}
+    fig = loss_figure(variants, 0, 'iteration', 'title', goal_loss=1.6)
+    ax = fig.axes[0]
+    low, high = ax.get_ylim()
+    assert low < 1.6 and high > 4.2 and ax.get_yscale() == 'log'
+    styles = [(line.get_marker(), line.get_linestyle()) for line in ax.get_lines() if line.get_label() in variants]
+    assert len(styles) == 12 and len(set(styles)) == 12
+
+
+def test_contended_timings_are_said_in_the_report_and_the_time_plot(tmp_path, monkeypatch, capsys):
+    """Runs that ran with the load average above the cores: ms/iter compares poorly (vanilla's 268.5 against
+    +gqa's 147.4 under load), and the report and the time plot say so."""
+    import ablation.report
+    workdir = make_workdir(tmp_path)
+    out = tmp_path / 'out'
+    notes = []
+    monkeypatch.setattr(ablation.report, 'plot', lambda *a, **k: notes.append(a[-1] if len(a) > 6 else ''))
+    fabricated_run(workdir, out, 'vanilla', {}, 1337, 2.0, None, load_avg=5.2, cores=2)
+    fabricated_run(workdir, out, 'rope', {'pos': 'rope'}, 1337, 1.9, None, load_avg=1.0, cores=2)
+    code, _, err = report_here(workdir, out, '--extrapolation=', '--seeds=1', monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, err
+    said = 'timings contended: load average above the cores in 1 of 2 runs (up to 5.2 on 2)'
+    assert said.capitalize() in (out / 'results.md').read_text(encoding='utf-8')
+    assert len(notes) == 2 and notes[0] == '' and notes[1].startswith(said), notes
+    for done in out.glob('runs/*/seed*/done.json'):
+        done.write_text(json.dumps({**json.loads(done.read_text()), 'load_avg': 1.5}))
+    notes.clear()
+    code, _, err = report_here(workdir, out, '--extrapolation=', '--seeds=1', monkeypatch=monkeypatch, capsys=capsys)
+    md = (out / 'results.md').read_text(encoding='utf-8')
+    assert code == 0 and 'Timings contended' not in md and notes == ['', '']

@@ -121,6 +121,21 @@ def test_export_cli(tmp_path, export_here):
     assert not (tmp_path / 'hf2').exists()
 
 
+@pytest.mark.parametrize('umask', [0o022, 0o027])
+def test_every_exported_file_has_the_umasks_mode(tmp_path, export_here, umask):
+    """transformers writes model.safetensors 0600: the export writes it as its other files, by the umask."""
+    (tmp_path / 'out').mkdir()
+    save_checkpoint(new_checkpoint(perturbed(**MODERN), config={}), str(tmp_path / 'out' / 'ckpt.pt'))
+    old = os.umask(umask)
+    try:
+        code, err = export_here(tmp_path, 'out', 'hf')
+    finally:
+        os.umask(old)
+    assert code == 0, err
+    modes = {f.name: f.stat().st_mode & 0o777 for f in (tmp_path / 'hf').iterdir()}
+    assert 'model.safetensors' in modes and set(modes.values()) == {0o666 & ~umask}, modes
+
+
 def test_a_character_model_exports_with_its_tokenizer_and_samples_back(tmp_path, monkeypatch, capsys):
     """The exported directory alone: transformers loads model and tokenizer (no stray bos/eos ids), and
     sample.py --init_from=DIR decodes the same characters as from the checkpoint."""

@@ -5,21 +5,10 @@ import torch
 
 from export import to_hf
 from hf_tiny import (BLOCK, GPT, HF_FAMILIES, NEW, PROMPT, VOCAB, YARN_DEEPSEEK, GPTConfig, check_export_choice,
-                     check_parity, randomized, tiny, transformers)
+                     check_parity, randomized, transformers)
+from hf.tiny import bailing_hybrid
 
 pytestmark = pytest.mark.usefixtures('single_thread')
-
-
-def bailing_hybrid(**overrides):
-    """Ling 3's shapes: two Kimi Delta Attention layers (4 heads of 8, full-rank decay and gate) then MLA with
-    RoPE on a shared key part of 4 and a gate per head (layer_group_size 3); a dense first MLP then DeepSeek-V3's
-    MoE (sigmoid router, groups, a shared expert, scaling). Weights drawn 5x wider than its init (0.1), so the
-    logits are of order 1 and a part mapped wrong shows far beyond the tolerance."""
-    args = dict(num_key_value_heads=4, head_dim=8, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=4,
-                qk_nope_head_dim=8, v_head_dim=6, short_conv_kernel_size=4, num_hidden_layers=3, layer_group_size=3,
-                first_k_dense_replace=1, num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
-                n_shared_experts=1, n_group=2, topk_group=1, routed_scaling_factor=2.5, initializer_range=0.1)
-    return tiny(transformers.BailingHybridConfig, **{**args, **overrides})
 
 
 @pytest.mark.parametrize('moe', [True, False], ids=['moe-safe-gate-yarn', 'dense-kda-gate-q-lora'])

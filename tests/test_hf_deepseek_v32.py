@@ -6,17 +6,10 @@ import torch
 from chapters import sparse_attention
 from export import hf_family
 from hf import HF_FAMILIES
-from hf_tiny import GPT, M, VOCAB, YARN_DEEPSEEK, GPTConfig, check_parity, deepseek, randomized, transformers
+from hf_tiny import GPT, M, VOCAB, YARN_DEEPSEEK, GPTConfig, check_parity, randomized, transformers
+from hf.tiny import deepseek_v32
 
 pytestmark = pytest.mark.usefixtures('single_thread')
-
-
-def deepseek_v32(config_class=None, **overrides):
-    """A tiny DeepSeek-V3.2: V3's MLA (a query bottleneck, which its indexer reads) and experts, and an indexer of
-    8 heads keeping 6 tokens, well below the test's 40 positions."""
-    args = dict(q_lora_rank=16, index_topk=6, index_n_heads=8, index_head_dim=8, mlp_layer_types=None, n_group=2,
-                topk_group=1)
-    return deepseek(config_class or transformers.DeepseekV32Config, True, **{**args, **overrides})
 
 
 @pytest.mark.parametrize('rope', [None, YARN_DEEPSEEK], ids=['rope', 'yarn'])

@@ -9,21 +9,10 @@ import torch
 from export import hf_family, to_hf
 from hf import HF_FAMILIES
 from chapters.deepseek_v4 import hash_table
-from hf_tiny import BLOCK, GPT, PROMPT, VOCAB, WINDOW, GPTConfig, check_parity, randomized, tiny, transformers
+from hf_tiny import BLOCK, GPT, PROMPT, VOCAB, WINDOW, GPTConfig, check_parity, randomized, transformers
+from hf.tiny import deepseek_v4
 
 pytestmark = pytest.mark.usefixtures('single_thread')
-
-
-def deepseek_v4(**overrides):
-    """A tiny DeepSeek-V4 of sliding layers: 4 query heads of 16 over one key-value head, half of each rotated
-    (its last 8 dims, in pairs), a query bottleneck of 8, the output in 2 groups of 8, a window shorter than the
-    test's 40 positions; 4 experts of 16, 2 a token, one shared expert, the SwiGLU clamped at 1 (so it acts);
-    4 copies of the stream; the first layer's experts chosen by the token id (hash routing), the second's learned."""
-    args = dict(intermediate_size=16, num_key_value_heads=1, head_dim=16, q_lora_rank=8, o_groups=2, o_lora_rank=8,
-                sliding_window=WINDOW, partial_rotary_factor=0.5, layer_types=['sliding_attention'] * 2,
-                mlp_layer_types=['hash_moe', 'moe'], n_routed_experts=4, num_experts_per_tok=2, swiglu_limit=1.0,
-                routed_scaling_factor=1.5)
-    return tiny(transformers.DeepseekV4Config, **{**args, **overrides})
 
 
 def three_kinds(**overrides):

@@ -7,22 +7,10 @@ from chapters import gemma4
 from export import to_hf
 from hf import HF_FAMILIES
 from hf_tiny import (BLOCK, GPT, M, NEW, PROMPT, VOCAB, WINDOW, GPTConfig, check_export_choice, check_parity,
-                     randomized, tiny, transformers)
+                     randomized, transformers)
+from hf.tiny import gemma4_text
 
 pytestmark = pytest.mark.usefixtures('single_thread')
-
-
-def gemma4_text(**overrides):
-    """A tiny Gemma 4: local layers of 4 heads of 8 (2 K/V heads), global ones of 16 wide heads, K = V with 1 K/V head,
-    proportional RoPE; the last 2 of 5 layers share K/V, per-layer embeddings 8 wide."""
-    rope = {'sliding_attention': {'rope_type': 'default', 'rope_theta': 100.0},
-            'full_attention': {'rope_type': 'proportional', 'partial_rotary_factor': 0.25, 'rope_theta': 10000.0}}
-    args = dict(num_hidden_layers=5, head_dim=8, global_head_dim=16, num_global_key_value_heads=1,
-                attention_k_eq_v=True, layer_types=['sliding_attention', 'full_attention'] * 2 + ['full_attention'],
-                sliding_window=WINDOW, num_kv_shared_layers=2, hidden_size_per_layer_input=8,
-                vocab_size_per_layer_input=VOCAB, final_logit_softcapping=30.0, rope_parameters=rope,
-                initializer_range=0.2, tie_word_embeddings=True)
-    return tiny(transformers.Gemma4TextConfig, **{**args, **overrides})
 
 
 def test_gemma4_text_dense_block(tmp_path):

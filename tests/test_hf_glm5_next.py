@@ -6,26 +6,10 @@ import torch
 
 from export import to_hf
 from hf_tiny import (BLOCK, GPT, HF_FAMILIES, NEW, PROMPT, VOCAB, GPTConfig, check_export_choice, check_parity,
-                     randomized, tiny, transformers)
-from hf.glm5_next import _PLACEHOLDER_VISION
+                     randomized, transformers)
+from hf.tiny import glm5_next
 
 pytestmark = pytest.mark.usefixtures('single_thread')
-
-
-def glm5_next(**overrides):
-    """GLM-5.3-Flash's shapes: Kimi Delta Attention (4 heads of 8, the safe gate) and MLA without positions (a
-    query bottleneck) whose indexer picks 2 of the finished blocks of 4 keys (KPool, index_topk 8) beside the
-    unfinished one; a dense first MLP then DeepSeek-V3's MoE; every SwiGLU clamped at 1, low enough to bite; mHC
-    over 3 copies; rms_norm_eps its default, 1e-5 (MLA's latent norms take it too). Weights drawn 5x wider than its init, so the logits are of order 1."""
-    args = dict(num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=8, qk_rope_head_dim=0, qk_nope_head_dim=8,
-                v_head_dim=6, num_hidden_layers=4, mlp_layer_types=['dense', 'sparse', 'sparse', 'sparse'],
-                layer_types=['linear_attention', 'indexed_attention', 'linear_attention', 'indexed_attention'],
-                linear_head_dim=8, linear_num_heads=4, n_routed_experts=4, num_experts_per_tok=2,
-                moe_intermediate_size=16, n_shared_experts=1, n_group=2, topk_group=1, routed_scaling_factor=2.5,
-                index_topk=8, index_kpool=4, index_n_heads=8, index_head_dim=8, hc_mult=3, swiglu_limit=1.0,
-                rms_norm_eps=1e-5, initializer_range=0.1)
-    text = tiny(transformers.Glm5NextTextConfig, **{**args, **overrides}).to_dict()
-    return transformers.Glm5NextConfig(text_config=text, vision_config=dict(_PLACEHOLDER_VISION))
 
 
 def build(config, seed=10):

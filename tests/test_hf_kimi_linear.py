@@ -4,21 +4,10 @@ import pytest
 import torch
 
 from export import to_hf
-from hf_tiny import BLOCK, GPT, VOCAB, GPTConfig, check_parity, randomized, tiny, transformers
+from hf_tiny import BLOCK, GPT, VOCAB, GPTConfig, check_parity, randomized, transformers
+from hf.tiny import kimi_linear
 
 pytestmark = pytest.mark.usefixtures('single_thread')
-
-
-def kimi_linear(**overrides):
-    """Kimi Linear's shapes: two Kimi Delta Attention layers (4 heads of 8) then MLA without positions, its shared
-    key part of 4 dims unrotated; a dense first MLP then DeepSeek-V3's MoE (sigmoid router, groups, a shared
-    expert, scaling)."""
-    args = dict(num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=6,
-                linear_head_dim=8, linear_num_heads=4, linear_conv_kernel_dim=4, num_hidden_layers=3,
-                layer_types=['linear_attention', 'linear_attention', 'full_attention'],
-                mlp_layer_types=['dense', 'sparse', 'sparse'], num_local_experts=4, num_experts_per_tok=2,
-                moe_intermediate_size=16, n_shared_experts=1, n_group=2, topk_group=1, routed_scaling_factor=2.5)
-    return tiny(transformers.KimiLinearConfig, **{**args, **overrides})
 
 
 @pytest.mark.parametrize('moe', [True, False], ids=['moe', 'dense'])

@@ -4,19 +4,10 @@ import pytest
 import torch
 
 from hf import HF_FAMILIES
-from hf_tiny import (GPT, NEW, PROMPT, VOCAB, GPTConfig, check_export_choice, check_parity, randomized, tiny,
-                     transformers)
+from hf_tiny import GPT, NEW, PROMPT, VOCAB, GPTConfig, check_export_choice, check_parity, randomized, transformers
+from hf.tiny import nemotron_h
 
 pytestmark = pytest.mark.usefixtures('single_thread')
-
-
-def nemotron_h(**overrides):
-    """Nemotron-H's layers, each one part: Mamba-2 ('linear_attention': 8 heads of 6, a state of 5, B and C in 2
-    groups, chunks of 7 that do not divide the test's lengths), an MLP alone, attention without RoPE."""
-    args = dict(layers_block_type=['linear_attention', 'mlp', 'linear_attention', 'full_attention', 'mlp'],
-                num_hidden_layers=5, head_dim=16, mamba_num_heads=8, mamba_head_dim=6, ssm_state_size=5, n_groups=2,
-                conv_kernel=4, chunk_size=7, layer_norm_epsilon=1e-6)
-    return tiny(transformers.NemotronHConfig, **{**args, **overrides})
 
 
 def test_nemotron_h_mamba2_attention_and_mlp_layers(tmp_path):

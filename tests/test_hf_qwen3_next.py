@@ -6,19 +6,10 @@ import torch
 from common.checkpoints import load_checkpoint, model_from_checkpoint, new_checkpoint, save_checkpoint
 from export import to_hf
 from hf import HF_FAMILIES
-from hf_tiny import GPT, NEW, PROMPT, VOCAB, check_parity, randomized, tiny, transformers
+from hf_tiny import GPT, NEW, PROMPT, VOCAB, check_parity, randomized, transformers
+from hf.tiny import qwen3_next, qwen3_5_text
 
 pytestmark = pytest.mark.usefixtures('single_thread')
-
-
-def qwen3_next(**overrides):
-    """Qwen3-Next's shapes: head_dim 16 (not 32 / 4), a quarter of it rotated, two key heads of 8 for four value
-    heads of 6 in the Gated DeltaNet layers."""
-    args = dict(head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
-                linear_value_head_dim=6, linear_conv_kernel_dim=4, partial_rotary_factor=0.25,
-                layer_types=['linear_attention', 'linear_attention', 'full_attention'], num_hidden_layers=3,
-                num_experts=0)
-    return tiny(transformers.Qwen3NextConfig, **{**args, **overrides})
 
 
 @pytest.mark.parametrize('moe', [False, True], ids=['dense', 'moe'])
@@ -33,13 +24,6 @@ def test_qwen3_next_deltanet_layers_gated_attention_and_shared_expert(moe, tmp_p
     assert cfg.linear_dims == {'k_heads': 2, 'v_heads': 4, 'k_dim': 8, 'v_dim': 6}
     if moe:
         assert cfg.mlp == 'moe' and cfg.first_dense_layers == 1 and cfg.n_shared_expert == 1 and cfg.shared_expert_gate
-
-
-def qwen3_5_text(**overrides):
-    """Qwen3.5's text config in qwen3_next's shapes (its own class has no MoE fields)."""
-    config = qwen3_next(**overrides)
-    return {k: v for k, v in config.to_dict().items() if k in transformers.Qwen3_5TextConfig.__dataclass_fields__
-            or k == 'partial_rotary_factor'}
 
 
 def tiny_qwen3_5():

@@ -8,33 +8,9 @@ import torch
 from export import to_hf
 from hf_tiny import (BLOCK, GPT, HF_FAMILIES, NEW, PROMPT, VOCAB, GPTConfig, check_export_choice, check_parity,
                      randomized, transformers)
+from hf.tiny import EOS, qwen4_exp
 
 pytestmark = pytest.mark.usefixtures('single_thread')
-
-EOS = 5
-
-
-def qwen4_exp(**overrides):
-    """Qwen4-Exp's shapes, tiny: Gated DeltaNet (2 key heads serving 4 value heads of 8) and gated attention (4
-    heads of 8, half of each rotated) whose QSA indexer (16 heads of 16) reads 4 of the finished blocks of 2 keys
-    beside the unfinished one; the MoE (4 experts, 2 a token, a gated shared expert) on every layer; 3 copies of
-    the stream through a rank-8 gated residual; PLE n-gram memories (bigrams and trigrams, 2 heads each, prime
-    tables from 101) on layers 1 and 3 (one-indexed: the first gates the copies as they are made); eos 5.
-    Weights drawn 5x wider than its init, so the logits are of order 1. 16 indexer heads, so that no two blocks
-    tie at a score of 0 (every head's ReLU'd dot negative): transformers' topk breaks such ties as torch's kernel
-    happens to, ours the earliest first (with 4 heads a tie at the cut of 4 blocks showed, 0.05 apart)."""
-    args = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                head_dim=8, max_position_embeddings=BLOCK, rms_norm_eps=1e-6, tie_word_embeddings=False,
-                bos_token_id=0, pad_token_id=0, eos_token_id=EOS, initializer_range=0.1,
-                layer_types=['linear_attention', 'indexed_attention', 'linear_attention', 'indexed_attention'],
-                rope_parameters={'rope_type': 'default', 'rope_theta': 10000.0, 'partial_rotary_factor': 0.5},
-                linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
-                linear_num_value_heads=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
-                shared_expert_intermediate_size=16, hc_count=3, hc_lowrank=8, ple_layer_ids=[1, 3], ple_embed_dim=16,
-                ngram_size=3, heads_per_ngram=2, ngram_vocab_size_base=101, indexer_n_heads=16, indexer_kv_heads=1,
-                indexer_head_dim=16, indexer_budget=8, indexer_compress_ratio=2)
-    return transformers.Qwen4ExpTextConfig(**{**args, **overrides})
-
 
 def build(config, seed=10):
     """The model, 1-d weights off their init (randomized: every (1 + w) gain, A_log, dt_bias) and the PLE

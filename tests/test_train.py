@@ -418,14 +418,18 @@ def test_compiled_training_matches_eager(workdir, run):
             a['train_loss'], rel=1e-4)
 
 
-def test_a_gpu_recipe_on_a_cpu_says_so_at_once(workdir):
-    """config/shakespeare_modern.py on a CPU: one line with the estimated time and the CPU recipe, before the
-    long first evaluation, which shows its progress."""
+def test_a_gpu_recipe_on_a_cpu_stops_at_once_unless_told_to_go_on(workdir):
+    """config/shakespeare_modern.py on a CPU: one error line with the estimated time and the CPU recipe, exit 2,
+    before the long first evaluation; with --cpu_anyway=True a note, and the evaluation shows its progress."""
     (workdir / 'config').mkdir()
     for name in ('shakespeare_vanilla.py', 'shakespeare_modern.py', 'shakespeare_modern_cpu.py'):
         (workdir / 'config' / name).write_text((REPO / 'config' / name).read_text())
-    proc = subprocess.Popen([sys.executable, str(REPO / 'train.py'), 'config/shakespeare_modern.py', '--dataset=tiny',
-                             '--device=cpu', '--out_dir=out'], cwd=workdir, stdout=subprocess.PIPE,
+    cmd = [sys.executable, str(REPO / 'train.py'), 'config/shakespeare_modern.py', '--dataset=tiny', '--device=cpu',
+           '--out_dir=out']
+    stopped = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=120)
+    line = one_line_error(stopped.returncode, stopped.stderr, 'this run is sized for a GPU', '--cpu_anyway=True')
+    assert ' h; the CPU recipe is config/shakespeare_modern_cpu.py' in line and not (workdir / 'out').exists()
+    proc = subprocess.Popen(cmd + ['--cpu_anyway=True'], cwd=workdir, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         lines = []
@@ -434,14 +438,26 @@ def test_a_gpu_recipe_on_a_cpu_says_so_at_once(workdir):
             if line.startswith('note:'):
                 break
         assert lines and lines[-1].startswith('note: this run is sized for a GPU'), ''.join(lines)
-        assert ' h; the CPU recipe is config/shakespeare_modern_cpu.py' in lines[-1]
+        assert 'training all the same (cpu_anyway)' in lines[-1]
         progress = ''
-        while 'evaluating' not in progress:  # tqdm's bar on stderr
+        while 'evaluating' not in progress:  # the progress line on stderr
             progress += proc.stderr.read(64)
             assert progress, 'no progress shown'
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_run_ends_with_one_summary_line(workdir, run):
+    """The last line: final and best val loss (as log.jsonl has them), iterations, wall time, tokens/s."""
+    out = run(workdir, '--max_iters=6', '--eval_interval=3', '--out_dir=out').stdout.strip().splitlines()
+    val = [r['val_loss'] for r in log_records(workdir / 'out')]
+    match = re.fullmatch(r'done: iter 6/6, final val loss (\S+), best (\S+) \(iter (\d)\), 6 iterations in \d+ s, '
+                         r'([\d,]+) tok/s', out[-1])
+    assert match, out[-1]
+    final, best, best_iter, rate = match.groups()
+    assert float(final) == pytest.approx(val[-1], abs=1e-4) and float(best) == pytest.approx(min(val[1:]), abs=1e-4)
+    assert int(best_iter) == 3 * (1 + val[1:].index(min(val[1:]))) and int(rate.replace(',', '')) > 0
 
 
 def train_namespace(cwd, *args, monkeypatch):
