@@ -55,4 +55,4 @@ GPTConfig = dataclass(type('GPTConfig', tuple(chapter.Config for chapter in reve
 RUNTIME_FLAGS = model.RUNTIME_FLAGS + tuple(name for chapter in CHAPTERS for name in getattr(chapter, 'RUNTIME_FLAGS', ()))
 
 # The next chapters' swaps, each on top of the modern block, with the published defaults: bench.py's variants
-BEYOND_MODERN = {'moe': moe.VARIANT, 'mla': mla.VARIANT}
+BEYOND_MODERN = {'moe': moe.VARIANT, 'mla': mla.VARIANT, 'mhc': hyper_connections.VARIANT}

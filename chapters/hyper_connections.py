@@ -35,6 +35,7 @@ from model import BOOL, FEATURES, NON_NEGATIVE_NUMBER, OPTIONAL_POSITIVE_INT, PO
     Feature, changed, flag_list, is_int, one_of
 
 HC_KINDS = ('mhc', 'ihc', 'gated')
+VARIANT = {'hc_mult': 4}  # bench.py's 'mhc': DeepSeek-V4's four copies, mixed
 HC_FINALS = ('learned', 'mean')
 HC_FIELDS = ('hc_kind', 'hc_sinkhorn_iters', 'hc_eps', 'hc_post_scale', 'hc_final', 'hc_post_eps', 'hc_rank')
 WEIGHTED_FIELDS = ('hc_sinkhorn_iters', 'hc_eps', 'hc_post_eps')  # mhc's and ihc's, which 'gated' has no use for
