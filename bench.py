@@ -101,13 +101,13 @@ VS_HF_ONLY = ('vs_hf_batches', 'vs_hf_repeats', 'vs_hf_profile', 'vs_hf_dtype')
 import torch  # noqa: E402
 
 from common.errors import catch_interrupts, die  # noqa: E402
+from common.flops import training_flops  # noqa: E402
 from common.files import output_refusal, write_output  # noqa: E402
 from common.hardware import DTYPES, autocast, peak_flops as measure_peak_flops, pick_device, pick_dtype  # noqa: E402
 from common.progress import progress  # noqa: E402
 from common.threads import use_threads  # noqa: E402
 from chapters import BEYOND_MODERN, GPT, SWAPS, GPTConfig, swap_flags  # noqa: E402
 from model import LAYER_KINDS, TokenMixer  # noqa: E402
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 catch_interrupts()  # Ctrl-C or kill: one line, exit 130 or 143
 MODEL_FLAGS = tuple(f.name for f in fields(GPTConfig))
@@ -261,14 +261,8 @@ def training_batch():
 def torch_flops_per_token(model):
     """Forward + backward FLOPs per token of one training step as torch's FlopCounterMode counts them: its
     formulas for matmuls, convolutions and attention, whatever model.flops_per_token's say."""
-    x, y = training_batch()
     model.train()
-    with FlopCounterMode(display=False) as counter:
-        with ctx:
-            _, loss = model(x, y)
-        loss.backward()
-    model.zero_grad(set_to_none=True)
-    return counter.get_total_flops() / (batch_size * block_size)
+    return training_flops(model, *training_batch(), ctx) / (batch_size * block_size)
 
 
 def masked(model):
