@@ -398,6 +398,7 @@ def _fla_delta(kernel, q, k, v, g, beta, chunk, state=None, final=False):
 
 def _fla_ssd(kernel, x, dt, A, B, C, chunk, state=None, final=False):
     """ssd_chunked through fla's chunk_simple_gla: its state (heads, values, keys) = ours (heads, P, N)."""
+    B, C = (t.repeat_interleave(x.size(1) // t.size(1), dim=1) for t in (B, C))  # a group's to each of its heads
     q, k, v, g = _heads_second(C, B, x * dt[..., None], dt * A[:, None])
     out, state = kernel(q, k, v, g=g, scale=1.0, initial_state=state, output_final_state=final, state_v_first=True)
     return out.transpose(1, 2), state
