@@ -31,10 +31,11 @@ FLOPs per token are given twice: by our formula (model.flops_per_token, what MFU
 FlopCounterMode counts one training step (a mask's skipped keys counted as computed: 'mask' in the row).
 baseline: a variant whose training steps each variant's take in turn; the table then gives each one's time, FLOPs
 (torch's) and cost per FLOP (ms per FLOP) over the baseline's, from the fastest step of each, so that a machine
-other jobs slow shows the ratios nearly as a quiet one would:
+other jobs slow shows the ratios nearly as a quiet one would (timer='process', one thread: the CPU seconds the steps
+took, which waiting for a core does not add to, on a machine shared with many jobs):
 
     python bench.py --variants=deltanet,kda-hybrid,mamba2-hybrid --baseline=modern --n_layer=4 --n_head=4 \
-        --n_embd=128 --batch_size=8 --threads=2 --device=cpu --train_iters=15 --decode_uncached=False
+        --n_embd=128 --batch_size=8 --threads=1 --timer=process --device=cpu --train_iters=10 --decode_uncached=False
 """
 
 import contextlib
@@ -77,6 +78,7 @@ compare_dtype = ''  # e.g. 'bfloat16': training steps in this dtype too, taken i
 compile: Optional[bool] = None  # None: on for CUDA only (training model only; decoding uses the raw model)
 peak_flops = 0.0
 seed = 1337
+timer = 'wall'  # 'wall': seconds on the clock; 'process': CPU seconds of this process (a CPU's steps, one thread: what they cost where other jobs share the cores and take turns with them)
 baseline = ''  # a variant: each variant's training steps taken in turn with its, for time and cost per FLOP over it
 json = ''  # path: also write the figures as JSON (a bare --json: bench.json)
 # decoding against Hugging Face (no training rows): each variant exported with the same weights (export.to_hf),
@@ -93,7 +95,7 @@ defaults = settings_of(globals())
 settings = configure(defaults, argv, prog='bench.py', doc=__doc__)
 globals().update(settings)
 # settings one kind of run reads and the other does not: given to the other, a note says so, not silence
-TABLE_ONLY = ('compare_dtype', 'baseline', 'nanogpt_dir', 'train_iters', 'warmup_iters', 'batch_size', 'decode_batch',
+TABLE_ONLY = ('compare_dtype', 'baseline', 'timer', 'nanogpt_dir', 'train_iters', 'warmup_iters', 'batch_size', 'decode_batch',
               'decode_uncached', 'compile', 'peak_flops')
 VS_HF_ONLY = ('vs_hf_batches', 'vs_hf_repeats', 'vs_hf_profile', 'vs_hf_dtype')
 
@@ -173,6 +175,8 @@ for name in names or ['']:
     except ValueError as e:
         die(f"variant {name!r}: {e}" if name else str(e))
     configs.append((name or f"{cfg.norm}+{cfg.mlp}+kv{cfg.kv_heads}/{cfg.n_head}+{cfg.pos}", cfg))
+if timer not in ('wall', 'process'):
+    die(f"timer must be 'wall' or 'process', got {timer!r}")
 baseline_config = GPTConfig(**{**model_args, **VARIANTS[baseline]}) if baseline else None
 if baseline and not train_iters:
     die(f"baseline={baseline!r} compares training steps and train_iters=0 takes none: give train_iters >= 1")
@@ -198,6 +202,8 @@ if nanogpt_dir:
 
 device = pick_device(device)
 device_type = device.split(':')[0]
+if timer == 'process' and device_type != 'cpu':
+    die(f"timer='process' counts this process's CPU seconds, which time no {device_type} kernel: use timer='wall'")
 dtype = pick_dtype(device, dtype)
 if threads < 0:
     die(f"threads must be >= 0 (0: half the cores on a CPU, else torch's default), got {threads}")
@@ -238,7 +244,8 @@ hardware = gpu or platform.processor() or platform.machine()
 print(f"{device} ({hardware}), dtype {dtype}, compile {compile}, torch {torch.__version__}, {threads_said}; "
       f"batch {batch_size}x{block_size}, "
       f"{f'median of {train_iters} steps after {warmup_iters}' if train_iters else 'no training steps'}"
-      f"{f', each in turn with {baseline} (the fastest step of each for the ratios)' if baseline else ''}, "
+      f"{f', each in turn with {baseline} (the fastest step of each for the ratios)' if baseline else ''}"
+      f"{', CPU seconds of this process' if timer == 'process' else ''}, "
       f"decode {decode_batch}x{decode_tokens} tokens after a "
       f"{decode_prompt}-token prompt", flush=True)
 
@@ -275,6 +282,7 @@ def train_step_seconds(*runs):
     """Seconds of each timed full training step of each (model, dtype), on training_batch(); several runs take
     their steps in turn, so a noisy machine slows them alike."""
     x, y = training_batch()
+    clock = time.process_time if timer == 'process' else time.perf_counter
     steppers = []
     for model, run_dtype in runs:
         model.train()
@@ -285,7 +293,7 @@ def train_step_seconds(*runs):
     for it in progress(range(warmup_iters + train_iters), warmup_iters + train_iters, 'training steps'):
         for model, optimizer, scaler, run_ctx, times in steppers:
             sync()
-            t0 = time.perf_counter()
+            t0 = clock()
             with run_ctx:
                 _, loss = model(x, y)
             scaler.scale(loss).backward()
@@ -294,7 +302,7 @@ def train_step_seconds(*runs):
             optimizer.zero_grad(set_to_none=True)
             sync()
             if it >= warmup_iters:
-                times.append(time.perf_counter() - t0)
+                times.append(clock() - t0)
     return [times for *_, times in steppers]
 
 

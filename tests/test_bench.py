@@ -101,9 +101,11 @@ BASELINE_KEYS = ('time_vs_baseline', 'flops_vs_baseline', 'cost_per_flop')
 def test_baseline_gives_time_flops_and_cost_per_flop_over_its_steps(tmp_path):
     """--baseline: each variant's steps taken in turn with the baseline's; its time, torch's FLOPs and their
     quotient over the baseline's, in the table and the JSON; a window's row says its count includes the mask."""
-    result = bench('--variants=modern,deltanet,local', '--baseline=modern', '--json=b.json', cwd=tmp_path)
+    result = bench('--variants=modern,deltanet,local', '--baseline=modern', '--timer=process', '--json=b.json',
+                   cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert 'each in turn with modern' in result.stdout.splitlines()[0]
+    assert 'CPU seconds of this process' in result.stdout.splitlines()[0]
     lines = [line for line in result.stdout.splitlines() if line.startswith('|')]
     header = [c.strip() for c in lines[0].strip('|').split('|')]
     assert header[8:11] == ['time / base', 'FLOPs / base', 'cost per FLOP / base']
@@ -120,6 +122,7 @@ def test_baseline_gives_time_flops_and_cost_per_flop_over_its_steps(tmp_path):
 
 def test_a_baseline_without_training_steps_or_unknown_is_one_error_line(tmp_path):
     expect_one_error(bench('--variants=modern', '--baseline=mdoern', cwd=tmp_path), "'mdoern'")
+    expect_one_error(bench('--variants=modern', '--timer=cpu', cwd=tmp_path), 'timer', "'wall' or 'process'")
     expect_one_error(bench('--variants=modern', '--baseline=modern', '--train_iters=0', cwd=tmp_path),
                      'baseline', 'train_iters')
 
