@@ -9,7 +9,8 @@ ms/iter, tokens/s and MFU, decoding tokens/s with and without the KV cache, and 
 variants: '' benchmarks the one model the flags describe; else a comma-separated list, each applied on top
 of the flags: vanilla (the flags unchanged: with the defaults, GPT-2's block), each swap of model.SWAPS
 (rms, swiglu, gqa: n_kv_head = n_head // 2, rope), modern (all of them), and on top of modern: mha (n_kv_head
-None), mqa (n_kv_head 1), each of chapters.BEYOND_MODERN (moe, mla), mla-rebuild (MLA decoding that rebuilds
+None), mqa (n_kv_head 1), each of chapters.BEYOND_MODERN (moe, mla, mhc:
+four copies of the stream), mla-rebuild (MLA decoding that rebuilds
 past keys and values instead of attending over the latents with absorbed weights), and per-layer attention with a
 window of block_size/4: each layer kind of model.LAYER_KINDS by its name, every layer of that kind (local, chunked,
 shortconv, deltanet, kda, mamba2) and three of them to one global layer (local-hybrid, ...; deltanet-hybrid is
@@ -26,6 +27,15 @@ vs_hf: greedy decoding of each variant against Hugging Face generate on the same
     python bench.py --vs_hf=True --variants=mha,modern,mla --decode_prompt=1024 --block_size=1280 --threads=2
 Training times full steps (forward, backward, AdamW) on random tokens; decoding samples decode_tokens new
 tokens (temperature 1) from a one-token prompt. peak_flops 0: a known GPU's datasheet, else a measured matmul.
+FLOPs per token are given twice: by our formula (model.flops_per_token, what MFU reads) and as torch's
+FlopCounterMode counts one training step (a mask's skipped keys counted as computed: 'mask' in the row).
+baseline: a variant whose training steps each variant's take in turn; the table then gives each one's time, FLOPs
+(torch's) and cost per FLOP (ms per FLOP) over the baseline's, from the fastest step of each, so that a machine
+other jobs slow shows the ratios nearly as a quiet one would (timer='process', one thread: the CPU seconds the steps
+took, which waiting for a core does not add to, on a machine shared with many jobs):
+
+    python bench.py --variants=deltanet,kda-hybrid,mamba2-hybrid --baseline=modern --n_layer=4 --n_head=4 \
+        --n_embd=128 --batch_size=8 --threads=1 --timer=process --device=cpu --train_iters=10 --decode_uncached=False
 """
 
 import contextlib
@@ -68,6 +78,8 @@ compare_dtype = ''  # e.g. 'bfloat16': training steps in this dtype too, taken i
 compile: Optional[bool] = None  # None: on for CUDA only (training model only; decoding uses the raw model)
 peak_flops = 0.0
 seed = 1337
+timer = 'wall'  # 'wall': seconds on the clock; 'process': CPU seconds of this process (a CPU's steps, one thread: what they cost where other jobs share the cores and take turns with them)
+baseline = ''  # a variant: each variant's training steps taken in turn with its, for time and cost per FLOP over it
 json = ''  # path: also write the figures as JSON (a bare --json: bench.json)
 # decoding against Hugging Face (no training rows): each variant exported with the same weights (export.to_hf),
 # greedy, decode_tokens new tokens after a decode_prompt-token prompt, at each of vs_hf_batches
@@ -83,7 +95,7 @@ defaults = settings_of(globals())
 settings = configure(defaults, argv, prog='bench.py', doc=__doc__)
 globals().update(settings)
 # settings one kind of run reads and the other does not: given to the other, a note says so, not silence
-TABLE_ONLY = ('compare_dtype', 'nanogpt_dir', 'train_iters', 'warmup_iters', 'batch_size', 'decode_batch',
+TABLE_ONLY = ('compare_dtype', 'baseline', 'timer', 'nanogpt_dir', 'train_iters', 'warmup_iters', 'batch_size', 'decode_batch',
               'decode_uncached', 'compile', 'peak_flops')
 VS_HF_ONLY = ('vs_hf_batches', 'vs_hf_repeats', 'vs_hf_profile', 'vs_hf_dtype')
 
@@ -91,12 +103,13 @@ VS_HF_ONLY = ('vs_hf_batches', 'vs_hf_repeats', 'vs_hf_profile', 'vs_hf_dtype')
 import torch  # noqa: E402
 
 from common.errors import catch_interrupts, die  # noqa: E402
+from common.flops import training_flops  # noqa: E402
 from common.files import output_refusal, write_output  # noqa: E402
 from common.hardware import DTYPES, autocast, peak_flops as measure_peak_flops, pick_device, pick_dtype  # noqa: E402
 from common.progress import progress  # noqa: E402
 from common.threads import use_threads  # noqa: E402
 from chapters import BEYOND_MODERN, GPT, SWAPS, GPTConfig, swap_flags  # noqa: E402
-from model import LAYER_KINDS  # noqa: E402
+from model import LAYER_KINDS, TokenMixer  # noqa: E402
 
 catch_interrupts()  # Ctrl-C or kill: one line, exit 130 or 143
 MODEL_FLAGS = tuple(f.name for f in fields(GPTConfig))
@@ -153,7 +166,7 @@ def note_unread():
 
 
 names = [v.strip() for v in variants.split(',') if v.strip()]
-unknown = [v for v in names if v not in VARIANTS]
+unknown = [v for v in names + ([baseline] if baseline else []) if v not in VARIANTS]
 if unknown:
     die(f"unknown variant(s) {', '.join(map(repr, unknown))}; choose from {', '.join(VARIANTS)}")
 configs = []
@@ -163,6 +176,11 @@ for name in names or ['']:
     except ValueError as e:
         die(f"variant {name!r}: {e}" if name else str(e))
     configs.append((name or f"{cfg.norm}+{cfg.mlp}+kv{cfg.kv_heads}/{cfg.n_head}+{cfg.pos}", cfg))
+if timer not in ('wall', 'process'):
+    die(f"timer must be 'wall' or 'process', got {timer!r}")
+baseline_config = GPTConfig(**{**model_args, **VARIANTS[baseline]}) if baseline else None
+if baseline and not train_iters:
+    die(f"baseline={baseline!r} compares training steps and train_iters=0 takes none: give train_iters >= 1")
 if json:  # a checkpoint, a hard-linked file, a directory or a place we cannot write: said now, not after the timing
     refusal = output_refusal(json)
     if refusal:
@@ -185,6 +203,8 @@ if nanogpt_dir:
 
 device = pick_device(device)
 device_type = device.split(':')[0]
+if timer == 'process' and device_type != 'cpu':
+    die(f"timer='process' counts this process's CPU seconds, which time no {device_type} kernel: use timer='wall'")
 dtype = pick_dtype(device, dtype)
 if threads < 0:
     die(f"threads must be >= 0 (0: the usable cores on a CPU, else torch's default), got {threads}")
@@ -224,7 +244,9 @@ compare_peak = (peak_flops or measure_peak_flops(device, compare_dtype)[0]) if c
 hardware = gpu or platform.processor() or platform.machine()
 print(f"{device} ({hardware}), dtype {dtype}, compile {compile}, torch {torch.__version__}, {threads_said}; "
       f"batch {batch_size}x{block_size}, "
-      f"{f'median of {train_iters} steps after {warmup_iters}' if train_iters else 'no training steps'}, "
+      f"{f'median of {train_iters} steps after {warmup_iters}' if train_iters else 'no training steps'}"
+      f"{f', each in turn with {baseline} (the fastest step of each for the ratios)' if baseline else ''}"
+      f"{', CPU seconds of this process' if timer == 'process' else ''}, "
       f"decode {decode_batch}x{decode_tokens} tokens after a "
       f"{decode_prompt}-token prompt", flush=True)
 
@@ -238,11 +260,30 @@ def sync():
         torch.mps.synchronize()
 
 
-def train_step_seconds(*runs):
-    """Median seconds of a full training step of each (model, dtype), on one fixed batch of random tokens (the
-    same for every row); several runs take their steps in turn, so a noisy machine slows them alike."""
+def training_batch():
+    """One fixed batch of random tokens, the same for every row: inputs and targets."""
     tokens = torch.randint(vocab_size, (batch_size, block_size + 1), generator=torch.Generator().manual_seed(seed))
-    x, y = tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
+    return tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
+
+
+def torch_flops_per_token(model):
+    """Forward + backward FLOPs per token of one training step as torch's FlopCounterMode counts them: its
+    formulas for matmuls, convolutions and attention, whatever model.flops_per_token's say."""
+    model.train()
+    return training_flops(model, *training_batch(), ctx) / (batch_size * block_size)
+
+
+def masked(model):
+    """Whether a token mixer sees fewer keys than the context (a window, a chunk): its attention runs with a
+    mask, over which torch counts every key."""
+    return any(isinstance(m, TokenMixer) and m.window for m in model.modules())
+
+
+def train_step_seconds(*runs):
+    """Seconds of each timed full training step of each (model, dtype), on training_batch(); several runs take
+    their steps in turn, so a noisy machine slows them alike."""
+    x, y = training_batch()
+    clock = time.process_time if timer == 'process' else time.perf_counter
     steppers = []
     for model, run_dtype in runs:
         model.train()
@@ -253,7 +294,7 @@ def train_step_seconds(*runs):
     for it in progress(range(warmup_iters + train_iters), warmup_iters + train_iters, 'training steps'):
         for model, optimizer, scaler, run_ctx, times in steppers:
             sync()
-            t0 = time.perf_counter()
+            t0 = clock()
             with run_ctx:
                 _, loss = model(x, y)
             scaler.scale(loss).backward()
@@ -262,8 +303,8 @@ def train_step_seconds(*runs):
             optimizer.zero_grad(set_to_none=True)
             sync()
             if it >= warmup_iters:
-                times.append(time.perf_counter() - t0)
-    return [statistics.median(times) for *_, times in steppers]
+                times.append(clock() - t0)
+    return [times for *_, times in steppers]
 
 
 def decode_tokens_per_second(model, ours=True, **use_cache):
@@ -291,21 +332,33 @@ def decode_tokens_per_second(model, ours=True, **use_cache):
     return decode_batch * decode_tokens / (time.perf_counter() - t0)
 
 
-def bench(name, model, accounting, ours=True):
+def bench(name, model, accounting, ours=True, base=None):
     """The variant's rows (a second with compare_dtype). accounting: our GPT of the same shape, for MFU and cache
-    size (nanoGPT has no KV cache). 'mfu' holds the achieved FLOP/s until the peaks are known (below)."""
+    size (nanoGPT has no KV cache). 'mfu' holds the achieved FLOP/s until the peaks are known (below). base: the
+    baseline's model, whose steps are taken in turn with these, or None."""
     print(f"benchmarking {name} ...", file=sys.stderr, flush=True)
     model.to(device)
     if compile:
         torch._dynamo.reset()  # compile each row afresh: dynamo's per-function cache would fill and fall back
     # train_iters 0: decoding only (a long context's training step can take minutes on a CPU)
     runs = [(model, dtype)] + ([(copy.deepcopy(model), compare_dtype)] if compare_dtype else []) if train_iters else []
-    dt, *other = train_step_seconds(*[(torch.compile(m) if compile else m, d) for m, d in runs]) if runs else [None]
+    torch_flops = torch_flops_per_token(model) if runs else None
+    base_runs = [(base, dtype)] if base is not None else []
+    times = train_step_seconds(*[(torch.compile(m) if compile else m, d) for m, d in runs + base_runs]) if runs else []
+    base_times = times.pop() if base_runs else None
+    dt, *other = [statistics.median(t) for t in times] or [None]
+    versus = {'time_vs_baseline': None, 'flops_vs_baseline': None, 'cost_per_flop': None}
+    if base_times:  # the fastest step of each: what the machine allows when other jobs leave it be
+        base_flops = torch_flops_per_token(base)
+        versus['time_vs_baseline'] = min(times[0]) / min(base_times)
+        versus['flops_vs_baseline'] = torch_flops / base_flops
+        versus['cost_per_flop'] = versus['time_vs_baseline'] / versus['flops_vs_baseline']
     compared = [{'variant': f'{name} ({compare_dtype})', 'params': None, 'active_params': None,
                  'train_ms_per_iter': 1000 * t, 'train_tokens_per_s': batch_size * block_size / t,
                  'mfu': accounting.estimate_mfu(batch_size, t, 1.0), 'decode_tokens_per_s_cached': None,
                  'decode_tokens_per_s_uncached': None, 'cache_speedup': None, 'kv_bytes_per_token': None,
-                 'kv_bytes_per_sequence': None}
+                 'kv_bytes_per_sequence': None, 'flops_per_token': None, 'torch_flops_per_token': None,
+                 'masked': None, 'time_vs_baseline': None, 'flops_vs_baseline': None, 'cost_per_flop': None}
                 for t in other]  # the same steps in compare_dtype, taken in turn with these
     if name == 'mla-rebuild':
         for block in model.transformer.h:
@@ -318,6 +371,8 @@ def bench(name, model, accounting, ours=True):
            'train_ms_per_iter': 1000 * dt if dt else None,
            'train_tokens_per_s': batch_size * block_size / dt if dt else None,
            'mfu': accounting.estimate_mfu(batch_size, dt, 1.0) if dt else None,
+           'flops_per_token': accounting.flops_per_token(), 'torch_flops_per_token': torch_flops,
+           'masked': masked(model) if ours else None, **versus,
            'decode_tokens_per_s_cached': cached, 'decode_tokens_per_s_uncached': uncached,
            'cache_speedup': cached / uncached if ours and uncached else None,
            'kv_bytes_per_token': accounting.kv_cache_bytes(1, block_size, cache_dtype) // block_size if ours else None,
@@ -330,9 +385,13 @@ rows = []
 for name, cfg in configs:
     torch.manual_seed(seed)  # every variant starts from the same random state
     model = GPT(cfg)
-    row, *compared = bench(name, model, model)
+    base = None
+    if baseline_config is not None:
+        torch.manual_seed(seed)
+        base = GPT(baseline_config).to(device)
+    row, *compared = bench(name, model, model, base=base)
     rows += [row] + compared
-    del model
+    del model, base
     # each row as it ends, so a run stopped early (a time limit) still leaves its figures
     trained = f"train {row['train_ms_per_iter']:.4g} ms/iter, " if train_iters else ''
     print(f"  {name}: {trained}decode {row['decode_tokens_per_s_cached']:.4g} tok/s", file=sys.stderr, flush=True)
@@ -376,7 +435,11 @@ if measured:  # as train.py: a measured peak is only as good as the machine was 
 COLUMNS = [('variant', 'variant', '{}'), ('params (M)', 'params', '{:.2f}', 1e-6),
            ('active (M)', 'active_params', '{:.2f}', 1e-6),
            ('train ms/iter', 'train_ms_per_iter', '{:.1f}'), ('train tok/s', 'train_tokens_per_s', '{:,.0f}'),
-           ('MFU %', 'mfu', '{:.2f}', 100), ('decode tok/s cached', 'decode_tokens_per_s_cached', '{:,.0f}'),
+           ('MFU %', 'mfu', '{:.2f}', 100), ('FLOPs/token', 'flops_per_token', '{:.4g}'),
+           ('torch FLOPs/token', 'torch_flops_per_token', '{:.4g}'),
+           *([('time / base', 'time_vs_baseline', '{:.2f}x'), ('FLOPs / base', 'flops_vs_baseline', '{:.2f}x'),
+              ('cost per FLOP / base', 'cost_per_flop', '{:.2f}x')] if baseline else []),
+           ('decode tok/s cached', 'decode_tokens_per_s_cached', '{:,.0f}'),
            ('decode tok/s uncached', 'decode_tokens_per_s_uncached', '{:,.0f}'),
            ('cached/uncached decode', 'cache_speedup', '{:.2f}x'), ('KV bytes/token', 'kv_bytes_per_token', '{:,}'),
            ('cache MB/sequence', 'kv_bytes_per_sequence', '{:.4g}', 1e-6)]
@@ -384,7 +447,9 @@ COLUMNS = [('variant', 'variant', '{}'), ('params (M)', 'params', '{:.2f}', 1e-6
 
 def cell(row, key, fmt, scale=None):
     value = row[key]
-    return '-' if value is None else fmt.format(value * scale if scale else value)
+    text = '-' if value is None else fmt.format(value * scale if scale else value)
+    # a window's mask: torch counts the keys it skips, so its FLOPs read high and its cost per FLOP low
+    return text + ' (mask)' if row['masked'] and key in ('torch_flops_per_token', 'cost_per_flop') else text
 
 
 print('| ' + ' | '.join(c[0] for c in COLUMNS) + ' |')

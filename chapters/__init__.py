@@ -58,4 +58,4 @@ TRAINING_FLAGS = model.TRAINING_FLAGS + tuple(name for chapter in CHAPTERS
                                               for name in getattr(chapter, 'TRAINING_FLAGS', ()))
 
 # The next chapters' swaps, each on top of the modern block, with the published defaults: bench.py's variants
-BEYOND_MODERN = {'moe': moe.VARIANT, 'mla': mla.VARIANT}
+BEYOND_MODERN = {'moe': moe.VARIANT, 'mla': mla.VARIANT, 'mhc': hyper_connections.VARIANT}

@@ -36,6 +36,7 @@ from model import BOOL, FEATURES, NON_NEGATIVE_NUMBER, OPTIONAL_POSITIVE_INT, PO
     Feature, changed, flag_list, is_int, one_of
 
 HC_KINDS = ('mhc', 'ihc', 'gated')
+VARIANT = {'hc_mult': 4}  # bench.py's 'mhc': DeepSeek-V4's four copies, mixed
 HC_FINALS = ('learned', 'mean')
 HC_FIELDS = ('hc_kind', 'hc_sinkhorn_iters', 'hc_eps', 'hc_post_scale', 'hc_final', 'hc_post_eps', 'hc_rank')
 WEIGHTED_FIELDS = ('hc_sinkhorn_iters', 'hc_eps', 'hc_post_eps')  # mhc's and ihc's, which 'gated' has no use for
@@ -94,8 +95,42 @@ class Config:
         return max(self.hc_mult, 1)
 
 
-def unweighted_rms_norm(x, eps):
-    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+def normed_projection(x, weight, eps):
+    """F.linear of x's unweighted RMS norm, the norm's scalar per token applied to the few outputs instead of to
+    the n * d inputs (an elementwise pass over the copies less, forward and backward)."""
+    return F.linear(x, weight) * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+
+
+def sinkhorn_sums(iters):
+    """The dims Sinkhorn's normalisations sum over, in order: columns, then rows and columns iters - 1 times."""
+    return [-2] + [-1, -2] * (iters - 1)
+
+
+class Sinkhorn(torch.autograd.Function):
+    """comb / (its sums over each of sinkhorn_sums(iters) + eps), one after another, with the gradient autograd would
+    give. Its own backward because autograd records three operators a normalisation and runs more for its backward,
+    on (B, T, n, n) tensors too small for the work to outweigh each operator's overhead (20 iterations: a fifth of
+    a one-layer mHC model's training step on the CPU). The forward keeps each normalisation's output and denominator."""
+
+    @staticmethod
+    def forward(ctx, comb, iters, eps):
+        kept = []
+        for dim in sinkhorn_sums(iters):
+            den = comb.sum(dim=dim, keepdim=True).add_(eps)
+            comb = comb / den
+            kept += [comb, den]
+        ctx.save_for_backward(*kept)
+        ctx.iters = iters
+        return comb
+
+    @staticmethod
+    def backward(ctx, grad):
+        kept = ctx.saved_tensors
+        # y = c / (sum_dim c + eps): dL/dc = (dL/dy - sum_dim(dL/dy * y)) / (sum_dim c + eps)
+        for i, dim in reversed(list(enumerate(sinkhorn_sums(ctx.iters)))):
+            y, den = kept[2 * i], kept[2 * i + 1]
+            grad = (grad - (grad * y).sum(dim=dim, keepdim=True)) / den
+        return grad, None, None
 
 
 class HyperConnection(nn.Module):
@@ -118,7 +153,7 @@ class HyperConnection(nn.Module):
     def weights(self, x):
         """pre (B, T, n), post (B, T, n) and comb (B, T, n, n) or None, in fp32."""
         n = self.n
-        mixes = F.linear(unweighted_rms_norm(x.flatten(2).float(), self.norm_eps), self.fn.float())
+        mixes = normed_projection(x.flatten(2).float(), self.fn.float(), self.norm_eps)
         parts = mixes.split([n, n, n * n] if self.mixed else [n, n], dim=-1)
         bases = self.base.float().split([n, n, n * n] if self.mixed else [n, n])
         logits = [part * scale + base for part, scale, base in zip(parts, self.scale.float().unbind(0), bases)]
@@ -127,22 +162,19 @@ class HyperConnection(nn.Module):
         if not self.mixed:
             return pre, post, None
         comb = torch.softmax(logits[2].unflatten(-1, (n, n)), dim=-1) + self.eps
-        comb = comb / (comb.sum(dim=-2, keepdim=True) + self.eps)  # Sinkhorn: columns, then rows and columns
-        for _ in range(self.iters - 1):
-            comb = comb / (comb.sum(dim=-1, keepdim=True) + self.eps)
-            comb = comb / (comb.sum(dim=-2, keepdim=True) + self.eps)
-        return pre, post, comb
+        return pre, post, Sinkhorn.apply(comb, self.iters, self.eps)
 
     def connect(self, x, branch):
         pre, post, comb = self.weights(x)
         y = branch((pre.unsqueeze(-1) * x).sum(dim=2).to(x.dtype))  # the collapse: elementwise, then a sum
-        kept = x if comb is None else torch.matmul(comb.to(x.dtype).transpose(-1, -2), x)
+        # the mix comb^T x per token, as products summed over the copies: a matmul of (n, n) by (n, d) per token
+        # runs on the CPU as a loop over the tokens (a bmm of B T tiny matrices), 1.2x the time forward and backward
+        kept = x if comb is None else (comb.to(x.dtype).unsqueeze(-1) * x.unsqueeze(-2)).sum(dim=2)
         return post.to(x.dtype).unsqueeze(-1) * y.unsqueeze(-2) + kept
 
     def token_flops(self, seq_len):
-        """The projection as a Linear's; the mix, a (n, n) by (n, d) matmul per token, forward and backward."""
-        mix = 6 * self.n * self.fn.size(1) if self.mixed else 0  # 6 n n d: fn is (outputs, n d)
-        return 6 * self.fn.numel() + mix
+        """The projection as a Linear's (the mix runs as elementwise products, left out as the norms are)."""
+        return 6 * self.fn.numel()
 
 
 class HyperConnections(Add):
@@ -213,7 +245,7 @@ class HyperHead(nn.Module):
         self.hc_scale = nn.Parameter(torch.full((1,), 0.01))
 
     def forward(self, x):
-        mixes = F.linear(unweighted_rms_norm(x.flatten(2).float(), self.norm_eps), self.hc_fn.float())
+        mixes = normed_projection(x.flatten(2).float(), self.hc_fn.float(), self.norm_eps)
         pre = torch.sigmoid(mixes * self.hc_scale.float() + self.hc_base.float()) + self.eps
         return (pre.unsqueeze(-1) * x).sum(dim=2).to(x.dtype)
 

@@ -57,30 +57,38 @@ class Config:
 def ssd_chunked(x, dt, A, B, C, chunk, state=None, final=False):
     """Mamba-2's selective state-space recurrence over a sequence, chunk tokens at a time (SSD: inside a chunk
     in parallel, as attention with a decay mask; the state carried from chunk to chunk). x (batch, H, T, P),
-    time steps dt (batch, H, T), decay rates A (H,) (negative), B and C (batch, H, T, N), all fp32; state
-    (batch, H, P, N) or None (zeros). Returns the outputs (batch, H, T, P) and, with final=True, the state after
-    the last token.
+    time steps dt (batch, H, T), decay rates A (H,) (negative), B and C (batch, G, T, N), each of the G groups
+    serving H / G consecutive heads (G = H: one each), all fp32; state (batch, H, P, N) or None (zeros). Returns
+    the outputs (batch, H, T, P) and, with final=True, the state after the last token.
 
     Per token t (the recurrent form): S = e^(dt_t A) S + (dt_t x_t) B_t^T; y_t = S C_t. Inside a chunk, with G_t
     the log-decay summed from the chunk's start and S0 the state before it:
-    y_t = e^G_t S0 C_t + sum_(j<=t) e^(G_t - G_j) (C_t.B_j) dt_j x_j."""
+    y_t = e^G_t S0 C_t + sum_(j<=t) e^(G_t - G_j) (C_t.B_j) dt_j x_j. The decay is a scalar per head and token, so
+    it stays out of the products with B and C: the scores C.B are a group's, computed once for its heads (not
+    once per head on copies of B and C), and e^G_t scales what S0 C_t reads."""
     batch, H, T, P = x.shape
+    groups = B.size(1)
     n_chunks, L = -(-T // min(chunk, T)), min(chunk, T)
     pad = n_chunks * L - T  # padded tokens write nothing (x dt = 0) and do not decay (dt A = 0)
-    g = F.pad(dt * A[:, None], (0, pad)).view(batch, H, n_chunks, L).cumsum(-1)
-    x, B, C = (F.pad(t, (0, 0, 0, pad)).view(batch, H, n_chunks, L, -1) for t in (x * dt[..., None], B, C))
+    # heads as (group, head in the group): B, C and their scores broadcast over a group's heads
+    g = F.pad(dt * A[:, None], (0, pad)).view(batch, groups, H // groups, n_chunks, L).cumsum(-1)
+    x = F.pad(x * dt[..., None], (0, 0, 0, pad)).view(batch, groups, H // groups, n_chunks, L, P)
+    B, C = (F.pad(t, (0, 0, 0, pad)).view(batch, groups, 1, n_chunks, L, -1) for t in (B, C))
     below = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
     decay = (g[..., :, None] - g[..., None, :]).masked_fill(~below, float('-inf')).exp()  # e^(G_t - G_j), j <= t
     out = (C @ B.transpose(-1, -2)) * decay @ x  # within each chunk
-    C_decayed = C * g.exp()[..., None]  # reads S0 decayed to each token
     x_decayed = x * (g[..., -1:] - g).exp()[..., None]  # writes decayed to the chunk's end
+    if state is not None:
+        state = state.view(batch, groups, H // groups, P, -1)
     outs = []
-    for i in range(n_chunks):
-        outs.append(out[:, :, i] if state is None else out[:, :, i] + C_decayed[:, :, i] @ state.transpose(-1, -2))
+    for i in range(n_chunks):  # S0 read by each token, decayed to it
+        outs.append(out[..., i, :, :] if state is None else
+                    out[..., i, :, :] + (C[..., i, :, :] @ state.transpose(-1, -2)) * g[..., i, :, None].exp())
         if i < n_chunks - 1 or final:
-            written = x_decayed[:, :, i].transpose(-1, -2) @ B[:, :, i]
-            state = written if state is None else state * g[:, :, i, -1, None, None].exp() + written
-    return torch.stack(outs, dim=2).view(batch, H, n_chunks * L, P)[:, :, :T], state
+            written = x_decayed[..., i, :, :].transpose(-1, -2) @ B[..., i, :, :]
+            state = written if state is None else state * g[..., i, -1, None, None].exp() + written
+    y = torch.stack(outs, dim=-3).view(batch, H, n_chunks * L, P)[:, :, :T]
+    return y, None if state is None else state.flatten(1, 2)
 
 
 def ssd_recurrent(x, dt, A, B, C, state=None):
@@ -133,12 +141,15 @@ class Mamba2(TokenMixer):
                 'state': ((self.heads, self.head_dim, self.state_dim), torch.float32)}
 
     def token_flops(self, seq_len):
-        """The convolution's weights as a Linear's, and per head, as training's chunked form runs them: the
-        scores C.B and their product with the inputs inside each chunk, and the state's reads and writes
-        (counted at every chunk)."""
+        """The convolution's weights as a Linear's, and as training's chunked form runs them (no state carried in
+        or out): the scores C.B per group and chunk, their product with each head's inputs, and the state's reads
+        and writes between chunks."""
         L = min(self.chunk, seq_len)
+        n = -(-seq_len // L)
         P, N = self.head_dim, self.state_dim
-        return 6 * self.conv1d.weight.numel() + self.heads * 3 * (2 * L * (N + P) + 2 * 2 * P * N)
+        scores = self.groups * 2 * L * L * N + self.heads * 2 * L * L * P  # per chunk, padded ones included
+        state = self.heads * 2 * 2 * L * P * N  # read and written between chunks: n - 1 times
+        return 6 * self.conv1d.weight.numel() + 3 * (n * scores + (n - 1) * state) / seq_len
 
     def forward(self, x, rope=None, mask=None, cache=None):
         """rope and mask are attention's: a state-space layer has no positions but its order. cache: its stores
@@ -149,13 +160,12 @@ class Mamba2(TokenMixer):
         xBC = F.silu(causal_depthwise_conv(xBC.transpose(1, 2), self.conv1d.weight, self.conv1d.bias, cache))
         xs, B, C = xBC.transpose(1, 2).float().split([H * P, G * N, G * N], dim=-1)
         xs = xs.view(batch, T, H, P).transpose(1, 2)
-        # each group's B and C serve H / G consecutive heads
-        B, C = (t.view(batch, T, G, N).transpose(1, 2).repeat_interleave(H // G, dim=1) for t in (B, C))
+        B, C = (t.view(batch, T, G, N).transpose(1, 2) for t in (B, C))  # a group's serve H / G consecutive heads
         dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(min=self.dt_min).transpose(1, 2)  # (batch, H, T)
         A = -self.A_log.float().exp()
         state = None if cache is None or cache.fresh else cache.stores['state']
         if cache is not None and T == 1:
-            y, state = ssd_recurrent(xs, dt, A, B, C, state)
+            y, state = ssd_recurrent(xs, dt, A, *(t.repeat_interleave(H // G, dim=1) for t in (B, C)), state)
         else:
             chunked = fla_kernel('ssd', xs) or ssd_chunked
             y, state = chunked(xs, dt, A, B, C, self.chunk, state, final=cache is not None)
@@ -170,6 +180,7 @@ class Mamba2(TokenMixer):
 def _fla_ssd(kernel, x, dt, A, B, C, chunk, state=None, final=False):
     """ssd_chunked through fla's chunk_simple_gla (SSD is simple GLA, a scalar log-decay per head and token:
     queries C, keys B, values dt x, log-decay dt A): its state (heads, values, keys) = ours (heads, P, N)."""
+    B, C = (t.repeat_interleave(x.size(1) // t.size(1), dim=1) for t in (B, C))  # a group's to each of its heads
     q, k, v, g = heads_second(C, B, x * dt[..., None], dt * A[:, None])
     out, state = kernel(q, k, v, g=g, scale=1.0, initial_state=state, output_final_state=final, state_v_first=True)
     return out.transpose(1, 2), state

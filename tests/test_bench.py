@@ -16,7 +16,8 @@ from chapters import GPT, GPTConfig  # noqa: E402
 TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=65, bias=False)
 ARGS = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16', '--bias=False', '--batch_size=2',
         '--train_iters=2', '--warmup_iters=1', '--decode_tokens=10', '--device=cpu', '--peak_flops=1e9']
-HEADER = ['variant', 'params (M)', 'active (M)', 'train ms/iter', 'train tok/s', 'MFU %', 'decode tok/s cached',
+HEADER = ['variant', 'params (M)', 'active (M)', 'train ms/iter', 'train tok/s', 'MFU %', 'FLOPs/token',
+          'torch FLOPs/token', 'decode tok/s cached',
           'decode tok/s uncached', 'cached/uncached decode', 'KV bytes/token', 'cache MB/sequence']
 
 
@@ -79,14 +80,51 @@ def test_json_figures(run):
     assert data['settings']['device'] == 'cpu' and data['peak_flops'] == 1e9
     rows = {r['variant']: r for r in data['rows']}
     for row in rows.values():
+        assert row['masked'] is False
         for key, value in row.items():
-            if key != 'variant':
+            if key in BASELINE_KEYS:  # no --baseline: none
+                assert value is None
+            elif key not in ('variant', 'masked'):
                 assert value > 0, (row['variant'], key)
+        # our formula and torch's count agree on these (tests/test_flops.py: on every layer kind)
+        assert row['torch_flops_per_token'] == pytest.approx(row['flops_per_token'], rel=0.1)
     assert rows['gqa']['kv_bytes_per_token'] * 2 == rows['vanilla']['kv_bytes_per_token']
     swaps = {'vanilla': {}, 'gqa': {'n_kv_head': 1},
              'modern': {'norm': 'rms', 'mlp': 'swiglu', 'n_kv_head': 1, 'pos': 'rope'}}
     for name, swap in swaps.items():
         assert rows[name]['params'] == GPT(GPTConfig(**TINY, **swap)).get_num_params()
+
+
+BASELINE_KEYS = ('time_vs_baseline', 'flops_vs_baseline', 'cost_per_flop')
+
+
+def test_baseline_gives_time_flops_and_cost_per_flop_over_its_steps(tmp_path):
+    """--baseline: each variant's steps taken in turn with the baseline's; its time, torch's FLOPs and their
+    quotient over the baseline's, in the table and the JSON; a window's row says its count includes the mask."""
+    result = bench('--variants=modern,deltanet,local', '--baseline=modern', '--timer=process', '--json=b.json',
+                   cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert 'each in turn with modern' in result.stdout.splitlines()[0]
+    assert 'CPU seconds of this process' in result.stdout.splitlines()[0]
+    lines = [line for line in result.stdout.splitlines() if line.startswith('|')]
+    header = [c.strip() for c in lines[0].strip('|').split('|')]
+    assert header[8:11] == ['time / base', 'FLOPs / base', 'cost per FLOP / base']
+    rows = {r['variant']: r for r in json.loads((tmp_path / 'b.json').read_text())['rows']}
+    assert rows['modern']['flops_vs_baseline'] == 1.0  # the same model, counted twice
+    for row in rows.values():
+        assert row['cost_per_flop'] == pytest.approx(row['time_vs_baseline'] / row['flops_vs_baseline'])
+    assert rows['deltanet']['flops_vs_baseline'] == pytest.approx(
+        rows['deltanet']['torch_flops_per_token'] / rows['modern']['torch_flops_per_token'])
+    assert rows['local']['masked'] and not rows['deltanet']['masked']
+    local = next(line for line in lines if line.startswith('| local '))
+    assert local.count('(mask)') == 2  # torch's FLOPs and the cost per FLOP
+
+
+def test_a_baseline_without_training_steps_or_unknown_is_one_error_line(tmp_path):
+    expect_one_error(bench('--variants=modern', '--baseline=mdoern', cwd=tmp_path), "'mdoern'")
+    expect_one_error(bench('--variants=modern', '--timer=cpu', cwd=tmp_path), 'timer', "'wall' or 'process'")
+    expect_one_error(bench('--variants=modern', '--baseline=modern', '--train_iters=0', cwd=tmp_path),
+                     'baseline', 'train_iters')
 
 
 def measured_bench(tmp_path, monkeypatch, capsys, peaks):
@@ -143,7 +181,7 @@ def test_no_mfu_against_a_matmul_slower_than_the_model(tmp_path, monkeypatch, ca
 
 def test_unknown_variant_is_one_error_line():
     result = bench('--variants=vanilla,llama', cwd=REPO_ROOT)
-    expect_one_error(result, "'llama'", 'vanilla, rms, swiglu, gqa, rope, modern, mha, mqa, moe, mla, mla-rebuild')
+    expect_one_error(result, "'llama'", 'vanilla, rms, swiglu, gqa, rope, modern, mha, mqa, moe, mla, mhc, mla-rebuild')
 
 
 def test_json_naming_a_directory_is_refused_before_the_minutes_of_timing(tmp_path):
@@ -230,7 +268,7 @@ def test_nanogpt_dir_adds_a_row(tmp_path):
     assert result.returncode == 0, result.stderr
     rows = table(result.stdout)
     assert list(rows) == ['vanilla', 'nanoGPT']
-    assert rows['nanoGPT'][6] == '-' and rows['nanoGPT'][-1] == '-'  # no KV cache to time or size
+    assert rows['nanoGPT'][HEADER.index('decode tok/s cached')] == '-' and rows['nanoGPT'][-1] == '-'  # no KV cache
     assert 'number of parameters' not in result.stdout
     data = {r['variant']: r for r in json.loads((tmp_path / 'bench.json').read_text())['rows']}
     assert data['nanoGPT']['params'] == data['vanilla']['params']
