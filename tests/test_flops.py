@@ -12,7 +12,8 @@ pytestmark = pytest.mark.usefixtures('single_thread')
 
 MODERN = dict(n_layer=2, n_head=2, n_embd=32, block_size=48, vocab_size=64, bias=False, norm='rms', mlp='swiglu',
               pos='rope', n_kv_head=1)
-CASES = {**{f'layers={letter}': {'layers': letter * 2, **(kind.needs(MODERN) if kind.needs else {})}
+WINDOW = MODERN['block_size'] // 4  # a local or chunked kind's window, a compressed kind's rate
+CASES = {**{f'layers={letter}': {'layers': letter * 2, **(kind.needs(MODERN, WINDOW) if kind.needs else {})}
             for letter, kind in LAYER_KINDS.items()}, **BEYOND_MODERN}
 
 
