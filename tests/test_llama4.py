@@ -90,7 +90,7 @@ def test_nope_temperature_scales_the_queries_of_layers_without_rope_only():
     (dict(pos='rope', layers='GN', nope_temperature=-1.0), 'nope_temperature must be a positive number'),
     (dict(pos='rope', layers='GN', nope_temperature_floor=0), 'nope_temperature_floor must be a positive int'),
     (dict(rope_qk_norm=True), "rope_qk_norm=True normalizes queries and keys after RoPE: that needs pos='rope'"),
-    (dict(pos='rope', attn='mla', rope_qk_norm=True), "apply to attn='mha' only"),
+    (dict(pos='rope', attn='mla', rope_qk_norm=True), "to attn='mha' only"),
     (dict(moe_every=2), "moe_every=2 apply to mlp='moe' only"),
     (dict(moe_scale_input=True), "moe_scale_input=True apply to mlp='moe' only"),
     (dict(mlp='moe', moe_every=3), 'moe_every=3 is more than n_layer=2'),
