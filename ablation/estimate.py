@@ -1,6 +1,6 @@
 """The grid's time before its first run ends: each run's FLOPs (its training steps and its evaluations) over the
 FLOP/s of a few training steps of the grid's first variant timed here, on the threads and device a run gets. As
-runs finish, the ETA scales the runs left by how long the finished ones took against their estimates."""
+runs finish, the ETA takes each run left as a fixed cost plus its estimate scaled, both read off the finished runs."""
 
 import time
 
@@ -66,7 +66,24 @@ def grid_estimate(jobs, base, settings, threads):
 
 
 def eta(estimates, finished, took, left, parallel):
-    """Seconds left: the estimates of the runs left, scaled by how long the finished ones took against theirs."""
-    known = sum(estimates.get(p, 0.0) for p in finished)
-    scale = sum(took) / known if known > 0 else 1.0
-    return scale * sum(estimates.get(p, 0.0) for p in left) / parallel
+    """Seconds left: each run left as the finished ones went, a fixed cost per run (starting Python and torch, the
+    data, the checkpoint) plus its estimate scaled (tiny runs are nearly all fixed cost: scaling their FLOPs alone
+    by it put a 90-minute grid at 500)."""
+    overhead, scale = overhead_and_scale([estimates.get(p, 0.0) for p in finished], took)
+    return sum(overhead + scale * estimates.get(p, 0.0) for p in left) / parallel
+
+
+def overhead_and_scale(estimated, took):
+    """took = overhead + scale x estimated: a least-squares line where the finished runs differ in size; where they
+    do not, the timed rate is trusted and what it does not explain is the fixed cost (or, when the runs were quicker
+    than estimated, the rate scaled)."""
+    n = len(estimated)
+    mean_e, mean_t = sum(estimated) / n, sum(took) / n
+    spread = sum((e - mean_e) ** 2 for e in estimated)
+    if spread > n * (0.25 * mean_e) ** 2:
+        scale = sum((e - mean_e) * (t - mean_t) for e, t in zip(estimated, took)) / spread
+        if scale > 0 and mean_t >= scale * mean_e:
+            return mean_t - scale * mean_e, scale
+    if mean_t >= mean_e:
+        return mean_t - mean_e, 1.0
+    return 0.0, mean_t / mean_e if mean_e > 0 else 1.0

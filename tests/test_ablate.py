@@ -439,11 +439,14 @@ def test_compare_reports_ordinary_runs_against_iterations_flops_and_seconds(tmp_
                                          "log.jsonl and no ckpt.pt)"), err
 
 
-def test_the_eta_scales_the_runs_left_by_how_the_finished_ones_kept_to_their_estimates():
-    """Estimates from FLOPs: runs that took twice theirs double what is left; a run's FLOPs grow with its steps."""
+def test_the_eta_takes_each_run_left_as_a_fixed_cost_plus_its_estimate_scaled():
+    """Runs of one size that took 10 s over their estimates leave 10 s a run of fixed cost; runs of several sizes
+    fit the line (2 s a run plus twice the estimate); runs quicker than estimated scale the rate; a run's FLOPs grow
+    with its steps."""
     from ablation.estimate import eta, run_flops
-    estimates = {'a': 10.0, 'b': 10.0, 'c': 30.0, 'd': 50.0}
-    assert eta(estimates, ['a', 'b'], [20.0, 20.0], ['c', 'd'], 1) == pytest.approx(160.0)
+    estimates = {'a': 10.0, 'b': 10.0, 'c': 30.0, 'd': 50.0, 'e': 20.0}
+    assert eta(estimates, ['a', 'b'], [20.0, 20.0], ['c', 'd'], 1) == pytest.approx(100.0)
+    assert eta(estimates, ['a', 'e'], [22.0, 42.0], ['c', 'd'], 1) == pytest.approx(62.0 + 102.0)
     assert eta(estimates, ['a'], [5.0], ['c', 'd'], 2) == pytest.approx(20.0)
     recipe = dict(batch_size=4, block_size=16, gradient_accumulation_steps=1, eval_iters=2, eval_interval=10)
     assert run_flops({**recipe, 'max_iters': 100}, 1.0) > 1.9 * run_flops({**recipe, 'max_iters': 50}, 1.0)
