@@ -4,7 +4,11 @@ give the variants, the prompt, the new tokens, the device and the dtypes):
 
     python bench.py --vs_hf=True --variants=vanilla,modern --threads=2 --device=cpu
     python bench.py --vs_hf=True --variants=vanilla,modern --threads=2 --device=cpu --vs_hf_dtype=float32,bfloat16
+    python bench.py --vs_hf=True --vs_hf_families=mixtral,qwen3_next --n_layer=4 --n_embd=256 --threads=1 --device=cpu
 
+Each family of --vs_hf_families is the other way round: its tiny random Hugging Face model (hf/tiny.py, the one its
+parity test builds, grown to n_layer layers of n_embd by hf.tiny.sized) is saved and loaded into our GPT as a
+checkpoint is (GPT.from_pretrained), then raced the same way, its rows' variant the family's model_type.
 Each variant is built with random weights and exported to its Hugging Face family (export.to_hf; a variant no
 family carries, such as kda or mamba2, is skipped with a one-line note before anything is measured); both models are
 then cast to each of vs_hf_dtype (weights and so the KV cache: each side keeps it in its weights' dtype) and three
