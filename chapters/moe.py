@@ -19,8 +19,9 @@ from model import BOOL, FEATURES, MLPS, NON_NEGATIVE_NUMBER, OPTIONAL_POSITIVE_I
     Feature, GatedMLP, changed, flag_list, is_int, kinds, one_of
 
 ROUTERS = ('softmax', 'sigmoid')
-# at most this many tokens without a gradient (a decoding step's batch) go through Experts.pairs: no host read;
-# more (a prefill, training) are grouped by expert, each expert computing its own tokens only
+# at most this many tokens without a gradient in a compiled graph (compile_decoding's step: its batch) go through
+# Experts.pairs, which reads nothing on the host; more (a prefill, training) are grouped by expert, each expert
+# computing its own tokens only
 STEP_TOKENS = 64
 EXPERT_ONLY_FIELDS = ('moe_bias', 'swiglu_limit')  # the experts' own: MoE only, even with dense layers first
 # the balancing losses' weights (not the bias's step: a family without the bias, Llama 4's, needs it 0)
@@ -148,11 +149,13 @@ class Experts(nn.Module):
 
     def forward(self, x, experts, weights):
         """x (N, d); experts, weights (N, k): each token's sum of weight * expert(token), dropless.
-        Tokens are grouped by expert so each expert runs one matmul over all its tokens; a decoding step's few
-        tokens (no gradient, at most STEP_TOKENS) take each (token, expert) pair as it comes (pairs())."""
+        Tokens are grouped by expert so each expert runs one matmul over all its tokens; a compiled decoding step's
+        few tokens (no gradient, at most STEP_TOKENS) take each (token, expert) pair as it comes (pairs()). Eager
+        steps keep the loop: its host read costs nothing there, and it reads each expert once, not a copy per pair
+        (gpt-oss's 128 experts at batch 8: the pairs' gathered copies made eager decoding 1.4x slower)."""
         N, k = experts.shape
-        if not torch.is_grad_enabled() and N <= STEP_TOKENS and not _fused_grouped_mm(
-                x, (self.c_fc.size(2), self.c_proj.size(2))):
+        decoding = torch.compiler.is_compiling() and not torch.is_grad_enabled() and N <= STEP_TOKENS
+        if decoding and not _fused_grouped_mm(x, (self.c_fc.size(2), self.c_proj.size(2))):
             return self.pairs(x, experts, weights)
         order = experts.flatten().argsort(stable=True)  # the N*k (token, expert) pairs, grouped by expert
         tokens = order // k
