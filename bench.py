@@ -25,6 +25,11 @@ vs_hf: greedy decoding of each variant against Hugging Face generate on the same
 
     python bench.py --vs_hf=True --variants=vanilla,modern --threads=2 --device=cpu --vs_hf_dtype=float32,bfloat16
     python bench.py --vs_hf=True --variants=mha,modern,mla --decode_prompt=1024 --block_size=1280 --threads=2
+vs_hf_families: the same race on the Hugging Face families' own models (a comma-separated list of model_types of
+hf.HF_FAMILIES, or all): each the tiny random model its parity test builds (hf/tiny.py), grown to n_layer layers of
+n_embd (a multiple of 32) and block_size positions, and imported (GPT.from_pretrained); with variants '' only those:
+
+    python bench.py --vs_hf=True --vs_hf_families=mixtral,qwen3_next --n_layer=4 --n_embd=256 --threads=1 --device=cpu
 Training times full steps (forward, backward, AdamW) on random tokens; decoding samples decode_tokens new
 tokens (temperature 1) from a one-token prompt. peak_flops 0: a known GPU's datasheet, else a measured matmul.
 FLOPs per token are given twice: by our formula (model.flops_per_token, what MFU reads) and as torch's
@@ -88,6 +93,7 @@ vs_hf_batches = '1,8'
 vs_hf_repeats = 3  # the runs of each side, interleaved (ours, ours compiled, HF, ours, ...): the best is kept
 vs_hf_profile = False  # also the top operators of a decoding step, ours eager and compiled (torch.profiler)
 vs_hf_dtype = 'float32'  # both sides' weights and KV caches; a list (float32,bfloat16) gives rows for each
+vs_hf_families = ''  # e.g. 'mixtral,qwen3_next' or 'all': each family's tiny random HF model (hf/tiny.py), n_layer x n_embd, imported
 threads = 0  # torch's intra-op threads; 0: on a CPU its usable cores (OMP_NUM_THREADS if set), else torch's default
 # a bare --json means the default file
 argv = ['--json=bench.json' if arg == '--json' else arg for arg in sys.argv[1:]]
@@ -97,7 +103,7 @@ globals().update(settings)
 # settings one kind of run reads and the other does not: given to the other, a note says so, not silence
 TABLE_ONLY = ('compare_dtype', 'baseline', 'timer', 'nanogpt_dir', 'train_iters', 'warmup_iters', 'batch_size', 'decode_batch',
               'decode_uncached', 'compile', 'peak_flops')
-VS_HF_ONLY = ('vs_hf_batches', 'vs_hf_repeats', 'vs_hf_profile', 'vs_hf_dtype')
+VS_HF_ONLY = ('vs_hf_batches', 'vs_hf_repeats', 'vs_hf_profile', 'vs_hf_dtype', 'vs_hf_families')
 
 # the heavy imports only now: --help and a mistyped setting answer before torch loads
 import torch  # noqa: E402
@@ -166,11 +172,20 @@ def note_unread():
 
 
 names = [v.strip() for v in variants.split(',') if v.strip()]
+families = []
+if vs_hf_families:  # hf imports no transformers until a family is built
+    from hf import HF_FAMILIES
+    families = list(HF_FAMILIES) if vs_hf_families == 'all' else [f.strip() for f in vs_hf_families.split(',')]
+    bad = [f for f in families if f not in HF_FAMILIES]
+    if bad:
+        die(f"unknown vs_hf_families {', '.join(map(repr, bad))}; choose from all, {', '.join(HF_FAMILIES)}")
+    if n_embd < 32 or n_embd % 32:
+        die(f"vs_hf_families scales each family's 32-wide tiny model: n_embd must be a multiple of 32, got {n_embd}")
 unknown = [v for v in names + ([baseline] if baseline else []) if v not in VARIANTS]
 if unknown:
     die(f"unknown variant(s) {', '.join(map(repr, unknown))}; choose from {', '.join(VARIANTS)}")
 configs = []
-for name in names or ['']:
+for name in names or ([] if families and vs_hf else ['']):  # the families alone, unless variants are named
     try:
         cfg = GPTConfig(**{**model_args, **VARIANTS.get(name, {})})
     except ValueError as e:
@@ -223,7 +238,7 @@ if vs_hf:
         die(f"vs_hf_dtype must be a comma-separated list of {', '.join(DTYPES)}; got {vs_hf_dtype!r}")
     note_unread()
     compare_with_hf(configs, batches, decode_prompt, decode_tokens, vs_hf_repeats, device, seed, json, vs_hf_profile,
-                    vs_hf_dtypes)
+                    vs_hf_dtypes, families, {'n_layer': n_layer, 'n_embd': n_embd, 'block': block_size})
     sys.exit(0)
 if compile is None:
     compile = device_type == 'cuda'

@@ -4,7 +4,11 @@ give the variants, the prompt, the new tokens, the device and the dtypes):
 
     python bench.py --vs_hf=True --variants=vanilla,modern --threads=2 --device=cpu
     python bench.py --vs_hf=True --variants=vanilla,modern --threads=2 --device=cpu --vs_hf_dtype=float32,bfloat16
+    python bench.py --vs_hf=True --vs_hf_families=mixtral,qwen3_next --n_layer=4 --n_embd=256 --threads=1 --device=cpu
 
+Each family of --vs_hf_families is the other way round: its tiny random Hugging Face model (hf/tiny.py, the one its
+parity test builds, grown to n_layer layers of n_embd by hf.tiny.sized) is saved and loaded into our GPT as a
+checkpoint is (GPT.from_pretrained), then raced the same way, its rows' variant the family's model_type.
 Each variant is built with random weights and exported to its Hugging Face family (export.to_hf; a variant no
 family carries, such as kda or mamba2, is skipped with a one-line note before anything is measured); both models are
 then cast to each of vs_hf_dtype (weights and so the KV cache: each side keeps it in its weights' dtype) and three
@@ -27,6 +31,7 @@ step (torch.profiler).
 import copy
 import json
 import math
+import tempfile
 import time
 
 import torch
@@ -194,54 +199,85 @@ def exportable(configs):
     return out
 
 
+def exported(cfg, seed):
+    """A random GPT of cfg and its export to its Hugging Face family (export.to_hf): the same weights, fp32."""
+    torch.manual_seed(seed)
+    ours = GPT(cfg).eval()
+    return ours, to_hf(ours).eval()
+
+
+def imported(family, seed, sizes):
+    """hf.tiny's random model of family (its parity test's), sized up (hf.tiny.sized: n_layer, n_embd, block), and
+    our GPT loaded from it as a checkpoint is (GPT.from_pretrained): the import is what is raced, not an export."""
+    from hf.tiny import build
+    hf = build(family, seed, **sizes)
+    with tempfile.TemporaryDirectory() as path:
+        hf.save_pretrained(path)
+        ours = GPT.from_pretrained(path)
+    return ours.eval(), hf.eval()
+
+
 def compare_with_hf(configs, batches, prompt_len, new_tokens, repeats, device, seed, json_path='', profile=False,
-                    dtypes=('float32',)):
+                    dtypes=('float32',), families=(), sizes=None):
     """Print a Markdown table of tokens/s per variant, dtype and batch (ours eager, ours compiled, HF, the ratios to
     HF), the bytes a step reads against the time to read them here, and how many tokens match HF's; return its rows.
-    A variant no Hugging Face family carries is skipped with a note before anything is measured."""
+    configs: (name, GPTConfig) pairs, each exported to its family (one no family carries is skipped with a note
+    before anything is measured); families: model_types of hf.HF_FAMILIES, each hf.tiny's model sized to sizes
+    ({'n_layer', 'n_embd', 'block'}) and imported, its rows' variant the family."""
     configs = exportable(configs)
-    if not configs:
+    if not configs and not families:
         print("no variant has a Hugging Face family to compare with: nothing measured", flush=True)
         return []
     import transformers
     transformers.logging.set_verbosity_error()  # generate's notes on random weights' generation config
+    transformers.utils.logging.disable_progress_bar()  # save_pretrained's and the loader's bars, per family
     bandwidth = 2 ** 28 / read_seconds(2 ** 28, device, repeats=5)
     print(f"greedy decoding of {new_tokens} tokens after a {prompt_len}-token prompt, {device}, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}, transformers {transformers.__version__}; "
           f"best of {repeats} interleaved runs of whole generate calls; main-memory read bandwidth "
           f"{bandwidth / 1e9:.1f} GB/s (a sum over 256 MB)", flush=True)
+    models = [(name, lambda cfg=cfg: exported(cfg, seed)) for name, cfg in configs] + \
+        [(family, lambda family=family: imported(family, seed, sizes or {})) for family in families]
     rows = []
     for dtype in dtypes:
-        for name, cfg in configs:
-            torch.manual_seed(seed)
-            ours = GPT(cfg).to(device).eval()
-            hf = to_hf(ours).to(device).eval()  # exported in fp32, then both cast alike: the same rounded weights
-            reference = copy.deepcopy(ours) if dtype != 'float32' else None  # where the 16-bit tokens part: why
-            ours, hf = ours.to(getattr(torch, dtype)), hf.to(getattr(torch, dtype))
-            fast = copy.deepcopy(ours).compile_decoding()
-            for batch in batches:
-                idx = torch.randint(cfg.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
-                idx = idx.to(device)
-                tokens, best = _time_decoders(_decoders(ours, fast, hf, idx, new_tokens), repeats, device)
-                rows.append(_row(name, hf, dtype, batch, prompt_len, new_tokens, ours, tokens, best, device))
-                r = rows[-1]
-                if reference is not None:
-                    r['partings'] = partings(reference, tokens['ours eager'], tokens['HF generate'], prompt_len, dtype)
-                print(f"{name} {dtype} batch {batch}: " + ', '.join(f"{k} {r[k]:,.0f} tok/s" for k in DECODERS) +
-                      f"; {r['step_bytes'] / 1e6:.1f} MB a step, read in {r['read_floor_ms']:.2f} ms here; "
-                      f"tokens as HF: {_agreement(r)}", flush=True)  # a long run's figures as they come
-                for part in r.get('partings', []):
-                    print(f"  row {part['row']} parts from HF's at new token {part['new_token']}: the fp32 model's two "
-                          f"best logits there are {part['gap']:.4f} apart, {dtype}'s rounding step at their size "
-                          f"{part['step']:.4f}; fp32 picks {part['fp32_picks']}'s token", flush=True)
-                if profile:
-                    for k, model in (('ours eager', ours), ('ours compiled', fast)):
-                        table, ms = step_profile(model, idx)
-                        print(f"\n{name} {dtype} batch {batch}, {k}: {ms:.2f} ms per decoding step (under the "
-                              f"profiler)\n{table}")
+        for name, make in models:
+            ours, hf = make()
+            rows += race(name, ours.to(device), hf.to(device), dtype, batches, prompt_len, new_tokens, repeats,
+                         device, seed, profile)
+            del ours, hf
     print_table(rows)
     if json_path:
         write_output(json_path, json.dumps({'prompt': prompt_len, 'new_tokens': new_tokens,
                                             'threads': torch.get_num_threads(), 'read_bandwidth_bytes_per_s': bandwidth,
                                             'rows': rows}, indent=2), '--json')
+    return rows
+
+
+def race(name, ours, hf, dtype, batches, prompt_len, new_tokens, repeats, device, seed, profile=False):
+    """The rows of one model pair (ours and HF's, the same fp32 weights) cast to dtype, at each batch size; each
+    printed as it ends."""
+    reference = copy.deepcopy(ours) if dtype != 'float32' else None  # where the 16-bit tokens part: why
+    ours, hf = ours.to(getattr(torch, dtype)), hf.to(getattr(torch, dtype))  # both cast alike: the same rounding
+    fast = copy.deepcopy(ours).compile_decoding()
+    vocab = hf.get_input_embeddings().num_embeddings  # ours may pad its table past it
+    rows = []
+    for batch in batches:
+        idx = torch.randint(vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(seed)).to(device)
+        tokens, best = _time_decoders(_decoders(ours, fast, hf, idx, new_tokens), repeats, device)
+        r = _row(name, hf, dtype, batch, prompt_len, new_tokens, ours, tokens, best, device)
+        rows.append(r)
+        if reference is not None:
+            r['partings'] = partings(reference, tokens['ours eager'], tokens['HF generate'], prompt_len, dtype)
+        print(f"{name} {dtype} batch {batch}: " + ', '.join(f"{k} {r[k]:,.0f} tok/s" for k in DECODERS) +
+              f"; {r['step_bytes'] / 1e6:.1f} MB a step, read in {r['read_floor_ms']:.2f} ms here; "
+              f"tokens as HF: {_agreement(r)}", flush=True)  # a long run's figures as they come
+        for part in r.get('partings', []):
+            print(f"  row {part['row']} parts from HF's at new token {part['new_token']}: the fp32 model's two "
+                  f"best logits there are {part['gap']:.4f} apart, {dtype}'s rounding step at their size "
+                  f"{part['step']:.4f}; fp32 picks {part['fp32_picks']}'s token", flush=True)
+        if profile:
+            for k, model in (('ours eager', ours), ('ours compiled', fast)):
+                table, ms = step_profile(model, idx)
+                print(f"\n{name} {dtype} batch {batch}, {k}: {ms:.2f} ms per decoding step (under the "
+                      f"profiler)\n{table}")
     return rows

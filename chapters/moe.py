@@ -19,6 +19,10 @@ from model import BOOL, FEATURES, MLPS, NON_NEGATIVE_NUMBER, OPTIONAL_POSITIVE_I
     Feature, GatedMLP, changed, flag_list, is_int, kinds, one_of
 
 ROUTERS = ('softmax', 'sigmoid')
+# at most this many tokens without a gradient in a compiled graph (compile_decoding's step: its batch) go through
+# Experts.pairs, which reads nothing on the host; more (a prefill, training) are grouped by expert, each expert
+# computing its own tokens only
+STEP_TOKENS = 64
 EXPERT_ONLY_FIELDS = ('moe_bias', 'swiglu_limit')  # the experts' own: MoE only, even with dense layers first
 # the balancing losses' weights (not the bias's step: a family without the bias, Llama 4's, needs it 0)
 TRAINING_FLAGS = ('moe_aux_loss_coef', 'moe_z_loss_coef')
@@ -145,8 +149,14 @@ class Experts(nn.Module):
 
     def forward(self, x, experts, weights):
         """x (N, d); experts, weights (N, k): each token's sum of weight * expert(token), dropless.
-        Tokens are grouped by expert so each expert runs one matmul over all its tokens."""
+        Tokens are grouped by expert so each expert runs one matmul over all its tokens; a compiled decoding step's
+        few tokens (no gradient, at most STEP_TOKENS) take each (token, expert) pair as it comes (pairs()). Eager
+        steps keep the loop: its host read costs nothing there, and it reads each expert once, not a copy per pair
+        (gpt-oss's 128 experts at batch 8: the pairs' gathered copies made eager decoding 1.4x slower)."""
         N, k = experts.shape
+        decoding = torch.compiler.is_compiling() and not torch.is_grad_enabled() and N <= STEP_TOKENS
+        if decoding and not _fused_grouped_mm(x, (self.c_fc.size(2), self.c_proj.size(2))):
+            return self.pairs(x, experts, weights)
         order = experts.flatten().argsort(stable=True)  # the N*k (token, expert) pairs, grouped by expert
         tokens = order // k
         # tokens per expert: a fixed-size scatter, not bincount (whose data-dependent size syncs with the host
@@ -178,6 +188,41 @@ class Experts(nn.Module):
                     start += n
         if not self.scale_input:
             ys = ys * routed.to(ys.dtype)
+        return torch.zeros_like(x).index_add_(0, tokens, ys)
+
+    def pairs(self, x, experts, weights):
+        """forward() for a decoding step's few tokens with nothing read on the host, so a compiled step is one
+        graph whatever the routing (the loop over experts reads their token counts: a graph break, and a recompile
+        for each new set of counts). Each token's experts in ascending order, as the loop adds them. With fewer
+        (token, expert) pairs than experts each pair's expert weights are gathered; with more, every expert runs
+        on every token (reading each expert once) and the chosen pairs are kept."""
+        N, k = experts.shape
+        experts, perm = experts.sort(dim=-1)
+        weights, flat = weights.gather(1, perm).flatten()[:, None], experts.flatten()
+        tokens = torch.arange(N, device=x.device).repeat_interleave(k)
+        xs = x[tokens] * weights.to(x.dtype) if self.scale_input else x[tokens]  # (N*k, d)
+        if N * k <= self.c_fc.size(0):
+            gate_up = torch.bmm(self.c_fc[flat], xs[:, :, None])[..., 0]
+            if self.c_fc_bias is not None:
+                gate_up = gate_up + self.c_fc_bias[flat]
+            ys = torch.bmm(self.c_proj[flat], self.act(gate_up)[:, :, None])[..., 0]
+            if self.c_proj_bias is not None:
+                ys = ys + self.c_proj_bias[flat]
+        else:
+            inputs = x.expand(self.c_fc.size(0), -1, -1)  # (E, N, d): every expert, every token
+            if self.scale_input:  # Llama 4: each token scaled by its weight for that expert (0 where not chosen)
+                dense = torch.zeros(N, self.c_fc.size(0), dtype=x.dtype, device=x.device).scatter_(
+                    1, experts, weights.view(N, k).to(x.dtype))
+                inputs = inputs * dense.T[:, :, None]
+            gate_up = inputs @ self.c_fc.transpose(1, 2)
+            if self.c_fc_bias is not None:
+                gate_up = gate_up + self.c_fc_bias[:, None]
+            ys = self.act(gate_up) @ self.c_proj.transpose(1, 2)
+            if self.c_proj_bias is not None:
+                ys = ys + self.c_proj_bias[:, None]
+            ys = ys[flat, tokens]  # (N*k, d): the chosen pairs
+        if not self.scale_input:
+            ys = ys * weights.to(ys.dtype)
         return torch.zeros_like(x).index_add_(0, tokens, ys)
 
 

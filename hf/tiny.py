@@ -196,9 +196,54 @@ CONFIGS = {
 }
 
 
-def build(family, seed=0):
-    """A tiny random transformers model of family (a model_type of HF_FAMILIES), in eval mode."""
+# the widths a family's config gives in units of its hidden size (a tiny builder's choices, at most its 32):
+# sized() scales them with the hidden size; a wider one is the config class's own full-size default, kept
+WIDTHS = ('hidden_size', 'intermediate_size', 'moe_intermediate_size', 'shared_expert_intermediate_size', 'head_dim',
+          'global_head_dim', 'kv_lora_rank', 'q_lora_rank', 'qk_rope_head_dim', 'qk_nope_head_dim', 'qk_head_dim',
+          'v_head_dim', 'linear_key_head_dim', 'linear_value_head_dim', 'linear_head_dim', 'mamba_head_dim',
+          'index_head_dim', 'indexer_head_dim', 'hidden_size_per_layer_input', 'ple_embed_dim', 'hc_lowrank',
+          'o_lora_rank')
+
+
+def _longer(values, n, mlp):
+    """A per-layer list for n layers: layer indices 0..k-1 become 0..n-1, an MLP kind list keeps its last kind (the
+    dense ones lead), any other (attention kinds) repeats its pattern."""
+    if values == list(range(len(values))):
+        return list(range(n))
+    return values + values[-1:] * (n - len(values)) if mlp else [values[i % len(values)] for i in range(n)]
+
+
+def sized(config, n_layer=None, n_embd=None, block=None):
+    """config (as a family's tiny builder gives it) grown to n_layer layers (its per-layer lists lengthened) and a
+    hidden size of n_embd (a multiple of 32: every width its builder chose scaled alike, so heads and ranks keep
+    their ratios) and `block` positions; None keeps that size. A config with a text_config is sized there."""
+    d = config.to_dict()
+    text = d['text_config'] if isinstance(d.get('text_config'), dict) else d
+    names = {k: config.attribute_map.get(k, k) for k in ('hidden_size', 'num_hidden_layers', 'max_position_embeddings')}
+    base_layers = getattr(getattr(config, 'text_config', config), 'num_hidden_layers')  # Nemotron-H's: its pattern's
+    if n_embd:
+        hidden = text[names['hidden_size']]
+        for key in WIDTHS:
+            key = names.get(key, key)
+            if isinstance(text.get(key), int) and 0 < text[key] <= hidden:
+                text[key] = text[key] * n_embd // hidden
+    if n_layer and n_layer > base_layers:
+        for key, value in text.items():
+            if isinstance(value, list) and len(value) == base_layers:
+                text[key] = _longer(value, n_layer, 'mlp' in key)
+        if names['num_hidden_layers'] in text:
+            text[names['num_hidden_layers']] = n_layer
+    if block:
+        text[names['max_position_embeddings']] = block
+    return type(config).from_dict(d)
+
+
+def build(family, seed=0, n_layer=None, n_embd=None, block=None):
+    """A tiny random transformers model of family (a model_type of HF_FAMILIES), in eval mode; n_layer, n_embd,
+    block: sized() to them (the race of bench.py --vs_hf_families)."""
     config = CONFIGS[family]() if family in CONFIGS else tiny(type(transformers.AutoConfig.for_model(family)))
+    if n_layer or n_embd or block:
+        config = sized(config, n_layer, n_embd, block)
     torch.manual_seed(seed)
     return randomized_experts(getattr(transformers, HF_FAMILIES[family].hf_class)(config), seed)
 

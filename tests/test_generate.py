@@ -278,16 +278,24 @@ def assert_compiled_decoding_is_one_graph(model, keep_cache=None):
 
 
 @torch.no_grad()
-def test_compiled_decoding_of_a_moe_model_gives_eager_tokens():
-    """MoE's CPU path reads its experts' token counts on the host, so compile_decoding compiles it with graph
-    breaks (not fullgraph): the same tokens as eager, past a context shift."""
+def test_compiled_decoding_of_a_moe_model_is_one_graph_per_batch_size():
+    """Issue 68: the experts' loop read their token counts on the host (a graph break) and skipped the empty ones
+    (`if n:`), so each new routing recompiled until dynamo's limit. A decoding step's few tokens now take every
+    (token, expert) pair with nothing read on the host: eager's tokens, past a context shift, from one graph per
+    batch size without a break, at a batch whose pairs are gathered (2 x 2 <= 4 experts) and one where every expert
+    runs (3 x 2)."""
     import torch._dynamo
     model = build(mlp='moe', n_expert=4, n_expert_active=2, moe_hidden=16, pos='rope', n_kv_head=2)
-    idx = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(62))
-    eager = model.generate(idx, 2 * BLOCK, temperature=0)
+    prompts = [torch.randint(0, VOCAB, (b, 3), generator=torch.Generator().manual_seed(62)) for b in (2, 3)]
+    eager = [model.generate(idx, 2 * BLOCK, temperature=0) for idx in prompts]
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     try:
-        assert torch.equal(model.compile_decoding(backend='aot_eager').generate(idx, 2 * BLOCK, temperature=0), eager)
+        model.compile_decoding(backend='aot_eager')
+        for idx, expected in zip(prompts, eager):
+            assert torch.equal(model.generate(idx, 2 * BLOCK, temperature=0), expected)
+        assert torch._dynamo.utils.counters['stats']['unique_graphs'] == 2
+        assert not torch._dynamo.utils.counters['graph_break']
     finally:
         torch._dynamo.reset()
 

@@ -110,6 +110,25 @@ def test_moe_fused_grouped_matmul_equals_the_loop(monkeypatch):
         assert_close(fused, loop, atol=0.02 * loop.abs().max().item())
 
 
+@pytest.mark.parametrize('tokens', [1, 2, 5])  # 1 x 2 and 2 x 2 pairs of 4 experts gathered; 5 x 2: every expert
+@pytest.mark.parametrize('flags', [{}, {'moe_bias': True, 'swiglu_limit': 0.5}, {'n_expert_active': 1,
+                                                                               'moe_scale_input': True},
+                                   {'moe_activation': 'gelu'}], ids=['plain', 'gpt-oss', 'llama4', 'gelu'])
+def test_a_decoding_steps_pairs_equal_the_loop_over_experts(tokens, flags):
+    """Experts.pairs (a compiled decoding step's few tokens: nothing read on the host) computes what the loop over
+    experts (training, a prefill, eager decoding) does, whichever of its two ways the token count picks."""
+    layer = moe_model(**flags)
+    with torch.no_grad():
+        for p in (layer.experts.c_fc_bias, layer.experts.c_proj_bias):
+            if p is not None:
+                p.normal_(0, 0.5)
+    x = torch.randn(tokens, N_EMBD, generator=torch.Generator().manual_seed(63))
+    experts = torch.randn(tokens, 4, generator=torch.Generator().manual_seed(64)).topk(layer.k).indices
+    weights = torch.rand(tokens, layer.k, generator=torch.Generator().manual_seed(65))
+    with torch.no_grad():
+        assert_close(layer.experts.pairs(x, experts, weights), layer.experts(x, experts, weights), atol=1e-6)
+
+
 @pytest.mark.parametrize('widths, fits', [((32, 24), True), ((64, 344), True), ((64, 341), False),
                                            ((36, 24), False), ((8, 8), True)])
 def test_grouped_matmul_only_at_widths_it_can_read(widths, fits):
