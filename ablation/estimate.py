@@ -78,6 +78,8 @@ def overhead_and_scale(estimated, took):
     do not, the timed rate is trusted and what it does not explain is the fixed cost (or, when the runs were quicker
     than estimated, the rate scaled)."""
     n = len(estimated)
+    if not n:  # only failures so far: the estimates as they are
+        return 0.0, 1.0
     mean_e, mean_t = sum(estimated) / n, sum(took) / n
     spread = sum((e - mean_e) ** 2 for e in estimated)
     if spread > n * (0.25 * mean_e) ** 2:

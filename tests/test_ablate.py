@@ -448,5 +448,6 @@ def test_the_eta_takes_each_run_left_as_a_fixed_cost_plus_its_estimate_scaled():
     assert eta(estimates, ['a', 'b'], [20.0, 20.0], ['c', 'd'], 1) == pytest.approx(100.0)
     assert eta(estimates, ['a', 'e'], [22.0, 42.0], ['c', 'd'], 1) == pytest.approx(62.0 + 102.0)
     assert eta(estimates, ['a'], [5.0], ['c', 'd'], 2) == pytest.approx(20.0)
+    assert eta(estimates, [], [], ['c', 'd'], 1) == pytest.approx(80.0)  # only failed runs so far
     recipe = dict(batch_size=4, block_size=16, gradient_accumulation_steps=1, eval_iters=2, eval_interval=10)
     assert run_flops({**recipe, 'max_iters': 100}, 1.0) > 1.9 * run_flops({**recipe, 'max_iters': 50}, 1.0)
