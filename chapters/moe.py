@@ -226,8 +226,6 @@ class Experts(nn.Module):
         return torch.zeros_like(x).index_add_(0, tokens, ys)
 
 
-ROUTERS = ('softmax', 'sigmoid')
-
 
 class MoE(nn.Module):
     """Mixture of experts: each token goes to n_expert_active of n_expert SwiGLU experts, weighted by the
