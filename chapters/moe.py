@@ -226,7 +226,6 @@ class Experts(nn.Module):
         return torch.zeros_like(x).index_add_(0, tokens, ys)
 
 
-
 class MoE(nn.Module):
     """Mixture of experts: each token goes to n_expert_active of n_expert SwiGLU experts, weighted by the
     router, plus n_shared_expert always-on experts (DeepSeekMoE). Dropless: every token is computed by the
