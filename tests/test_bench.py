@@ -478,10 +478,11 @@ def test_threads_are_the_usable_cores_by_default_and_said(tmp_path, monkeypatch,
     import runpy
     import torch
     import common.errors
+    import common.threads
     monkeypatch.setattr(common.errors, 'catch_interrupts', lambda: None)
     monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
     monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0})  # one core usable, torch's default two
-    monkeypatch.setattr(os, 'getloadavg', lambda: (0.3, 0.3, 0.3))  # a quiet machine
+    monkeypatch.setattr(common.threads, 'busy_cores', lambda: 0)  # a quiet machine
     torch.set_num_threads(2)  # torch's default on 2 cores (own_threads gives this process's back)
     monkeypatch.setattr(sys, 'argv', ['bench.py', *ARGS, '--variants=vanilla', '--decode_tokens=2'])
     runpy.run_path(str(REPO_ROOT / 'bench.py'), run_name='__main__')

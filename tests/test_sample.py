@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import common.errors
+import common.threads
 from common.checkpoints import new_checkpoint, save_checkpoint
 from conftest import make_char_dataset
 from chapters import GPT, GPTConfig, mtp
@@ -554,7 +555,7 @@ def test_threads_are_the_usable_cores_by_default_and_said(tmp_path, sample, monk
     char_checkpoint(tmp_path)
     monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
     monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0})
-    monkeypatch.setattr(os, 'getloadavg', lambda: (0.3, 0.3, 0.3))  # a quiet machine
+    monkeypatch.setattr(common.threads, 'busy_cores', lambda: 0)  # a quiet machine
     torch.set_num_threads(2)  # torch's default on 2 cores (the fixture keeps the count)
     args = ('--start=Hi', '--num_samples=2', '--max_new_tokens=4')
     _, err = sample(*args)
