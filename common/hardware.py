@@ -100,12 +100,12 @@ def datasheet_peak(name, dtype):
     return None
 
 
-def peak_flops(device, dtype='float32'):
-    """(FLOP/s, where it came from) for the dtype that runs: a known GPU's datasheet peak, else a measured
-    matmul (CPU, MPS, other GPUs, or a datasheet without that dtype)."""
+def peak_flops(device, dtype='float32', seconds=0.3):
+    """(FLOP/s, where it came from) for the dtype that runs: a known GPU's datasheet peak, else a matmul
+    measured for seconds (CPU, MPS, other GPUs, or a datasheet without that dtype)."""
     if device.startswith('cuda'):
         name = torch.cuda.get_device_name(torch.device(device))
         flops = datasheet_peak(name, dtype)
         if flops:
             return flops, f"datasheet of {name}, {'tf32' if dtype == 'float32' else dtype}"
-    return measure_matmul_flops(device, DTYPES.get(dtype, torch.float32)), f"measured {dtype} matmul"
+    return measure_matmul_flops(device, DTYPES.get(dtype, torch.float32), seconds=seconds), f"measured {dtype} matmul"

@@ -17,8 +17,9 @@ def peak_for_mfu(peak_flops, device, dtype):
     jobs on its cores (MFU read 57% under load): there the peak only sizes estimates and no MFU is shown."""
     if peak_flops > 0:
         return peak_flops, False
-    peak, how = hardware.peak_flops(device, dtype)
-    if device.startswith('cpu'):
+    on_cpu = device.startswith('cpu')  # there a tenth of a second: it sizes estimates, and every run waits for it
+    peak, how = hardware.peak_flops(device, dtype, seconds=0.1 if on_cpu else 0.3)
+    if on_cpu:
         print("no MFU on a CPU without a known peak: give --peak_flops (FLOP/s) for one")
         return peak, True
     print(f"peak {peak / 1e12:.3g} TFLOP/s for MFU ({how})")
