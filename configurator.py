@@ -147,8 +147,11 @@ def model_flags(runtime_only=False):
 
 
 def upgrade_args(args):
-    """A saved config's flags under today's names (checkpoints from before norm_position said prenorm)."""
+    """A saved config's flags under today's names (checkpoints from before norm_position said prenorm), and
+    with today's defaults where the meaning changed: a GELU MLP saved before the gelu field computed the tanh form."""
     args = dict(args)
+    if 'gelu' not in args and args.get('mlp', 'gelu') == 'gelu':
+        args['gelu'] = 'tanh'
     for old, (new, values) in RENAMED_FLAGS.items():
         if old in args:
             value = args.pop(old)

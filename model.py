@@ -57,6 +57,7 @@ class GPTConfig:
     norm_position: str = 'pre'  # 'pre' x + f(norm(x)); 'post' norm(x + f(x)) (2017/BERT); 'sandwich' x + norm(f(norm(x))) (Gemma 2/3); 'after' x + norm(f(x)) (OLMo 2/3)
     # MLPs
     mlp: str = 'gelu'  # a key of MLPS: 'gelu' (GPT-2), 'swiglu', 'relu', 'relu2' (squared ReLU), 'geglu' or 'moe' (mixture of experts)
+    gelu: str = 'erf'  # mlp='gelu''s GELU: 'erf' (exact, nanoGPT's nn.GELU(); half tanh's cost on a CPU) or 'tanh' (GPT-2's own: its weights load as 'tanh')
     ffn_hidden: int | None = None  # MLP width; None: 4*n_embd, gated MLPs 8/3*n_embd rounded up to multiple_of
     multiple_of: int = 64  # gated MLP widths are rounded up to a multiple of this
     # attention
@@ -399,7 +400,8 @@ LAYER_KINDS = {'G': LayerKind('global', attention, 'global', attention=True, ful
 # ----------------------------------------------------------------------------- mlp
 
 class MLP(nn.Module):
-    """up, activation, down: GPT-2's, with GELU (tanh form, as GPT-2 computes it)."""
+    """up, activation, down: GPT-2's, with GELU: exact (erf) as nanoGPT's, or the tanh form GPT-2 computes
+    (config.gelu: a GPT-2 checkpoint imports as 'tanh', so its logits are GPT-2's)."""
     gated = False
     inputs = None  # the key of the per-forward tables it reads beside x ('tokens': the token ids), or None
 
@@ -409,9 +411,10 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
         self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
+        self.approximate = 'tanh' if config.gelu == 'tanh' else 'none'
 
     def act(self, h):
-        return F.gelu(h, approximate='tanh')
+        return F.gelu(h, approximate=self.approximate)
 
     def forward(self, x):
         return self.dropout(self.c_proj(self.act(self.c_fc(x))))
@@ -817,6 +820,7 @@ FIELD_TYPES = {
     'dropout': (lambda v, c: is_number(v) and 0 <= v < 1, 'in [0, 1)'),
     **kinds('norm_eps rope_theta', POSITIVE_NUMBER),
     **kinds('bias tie_embeddings', BOOL),
+    'gelu': one_of(('erf', 'tanh')),
 }
 GPTConfig.FIELD_TYPES = FIELD_TYPES
 

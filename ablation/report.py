@@ -364,17 +364,20 @@ def finished_runs(out, cwd, settings):
     return runs, roots, other
 
 
-def compare_variants(runs, order, methods):
-    """(variants, reference): each variant's means over its seeds, each difference to the reference over seeds
+def compare_variants(runs, order, methods, references=None):
+    """(variants, reference): each variant's means over its seeds, each difference to its reference over seeds
     tested against noise. runs is sorted as the variants: this grid's order first, then variants of earlier
-    invocations."""
+    invocations. references: {variant: the variant it is compared with} where not the grid's one reference (a
+    miniseries: the target at the same depth); each variant's is kept as its 'reference'."""
     runs.sort(key=lambda r: (order.index(r['variant']) if r['variant'] in order else len(order), r['variant'],
                              r['seed']))
     names = dict.fromkeys(r['variant'] for r in runs)
     variants = {n: aggregate([r for r in runs if r['variant'] == n], methods) for n in names}
     reference = 'vanilla' if 'vanilla' in variants else next(iter(variants), None)
     for name, agg in variants.items():
-        agg['welch'] = {k: welch(*(seed_values(runs, n, k) for n in (name, reference))) if name != reference else None
+        ref = (references or {}).get(name, reference)
+        agg['reference'] = ref = ref if ref in variants else reference
+        agg['welch'] = {k: welch(*(seed_values(runs, n, k) for n in (name, ref))) if name != ref else None
                         for k in ('final_val_loss', 'accuracy')}
     return variants, reference
 
@@ -416,32 +419,40 @@ def variant_table(variants, runs, reference, settings):
     """A row per variant; a column only where some row has something in it (a grid without MoE has no load
     column, one where nothing diverged no 'diverged at'), and no '(1 seed)' in every cell where every variant
     ran one seed (the line above the table says so once)."""
-    # how soon each seed's val loss is at the target's mean final loss, in iterations and in seconds
-    goal, goal_loss = goal_of(variants, reference, settings)
-    goal_runs = [r for r in runs if r['variant'] == goal]
+    # how soon each seed's val loss is at the target's mean final loss, in iterations and in seconds; where the
+    # variants have references of their own (a miniseries' depths), at their reference's
+    goal = goal_of(variants, reference, settings)[0]
+    own = any(agg.get('reference', reference) != reference for agg in variants.values())
     seeds_of = {name: [r for r in runs if r['variant'] == name] for name in variants}
     one_seed = all(len(rs) == 1 for rs in seeds_of.values())
     spread = (lambda values, spec='.4f': mean_std(values, spec).replace(' (1 seed)', '')) if one_seed else mean_std
 
+    def ref_of(name):
+        return variants[name].get('reference', reference)
+
     def delta_cell(agg, key, n):
-        text = delta(agg, variants[reference], key, n)
+        text = delta(agg, variants[agg.get('reference', reference)], key, n)
         return text.partition(' (')[0] if one_seed else text
 
     def flags(agg):
         return ', '.join(f'{k}={v}' for k, v in agg['flags'].items()).replace('|', '\\|') or '(base recipe)'
 
     def reach(name, index):
-        cell = reach_cell(seeds_of[name], goal_runs if name != goal else None, goal_loss, index)
+        to = ref_of(name) if own else goal
+        cell = reach_cell(seeds_of[name], seeds_of[to] if name != to else None, variants[to]['final_val_loss'], index)
         return cell.replace(' (1 seed)', '') if one_seed else cell
 
+    versus = 'its depth\'s ' + settings['target'] if own and settings['target'] else \
+        "the reference at its depth" if own else reference
+    goal_said = versus if own else goal
     # (header, cell of a variant); the task metrics and a task dataset's accuracy where runs logged them
     columns = [('variant', lambda n, a: n), ('flags', lambda n, a: flags(a)),
                ('parameters', lambda n, a: fmt(a['parameters'], ',')),
                ('active', lambda n, a: fmt(a['active_parameters'], ',')),
                ('final val loss', lambda n, a: spread([r['final_val_loss'] for r in seeds_of[n]])),
                ('best val loss', lambda n, a: spread([r['best_val_loss'] for r in seeds_of[n]])),
-               (f'Δ final vs {reference}', lambda n, a: delta_cell(a, 'final_val_loss', len(seeds_of[n]))),
-               (f"iters to {goal}'s loss", lambda n, a: reach(n, 0)), ('seconds to it', lambda n, a: reach(n, 1)),
+               (f'Δ final vs {versus}', lambda n, a: delta_cell(a, 'final_val_loss', len(seeds_of[n]))),
+               (f"iters to {goal_said}'s loss", lambda n, a: reach(n, 0)), ('seconds to it', lambda n, a: reach(n, 1)),
                ('ms/iter', lambda n, a: fmt(a['ms_per_iter'], '.1f')),
                ('tokens/s', lambda n, a: fmt(a['tokens_per_s'], ',.0f')),
                ('KV cache bytes/token', lambda n, a: fmt(a['kv_bytes_per_token'], ',.0f')),
@@ -451,7 +462,7 @@ def variant_table(variants, runs, reference, settings):
                 for t in dict.fromkeys(k for agg in variants.values() for k in agg['task'])]
     if any(agg['accuracy'] is not None for agg in variants.values()):
         columns += [('val accuracy', lambda n, a: spread([r['accuracy'] for r in seeds_of[n]])),
-                    (f'Δ accuracy vs {reference}', lambda n, a: delta_cell(a, 'accuracy', len(seeds_of[n])))]
+                    (f'Δ accuracy vs {versus}', lambda n, a: delta_cell(a, 'accuracy', len(seeds_of[n])))]
     cells = {name: [cell(name, agg) for _, cell in columns] for name, agg in variants.items()}
     empty = {'n/a', '-'}
     shown = [i for i, (header, _) in enumerate(columns) if i < 11 or any(c[i] not in empty for c in cells.values())]
@@ -524,6 +535,16 @@ def miniseries_figures(runs, series, settings):
                      'multipliers': multipliers}}
 
 
+def series_references(series, settings):
+    """{variant: the target's variant at its depth} for a miniseries' plan, else None (the grid's one reference):
+    a deeper model's loss against the shallowest vanilla says only that depth helps."""
+    if not series:
+        return None
+    target = miniseries.target_of(dict.fromkeys(member for member, _, _ in series.values()), settings)
+    at_depth = {depth: name for name, (member, depth, _) in series.items() if member == target}
+    return {name: at_depth.get(depth, name) for name, (_, depth, _) in series.items()}
+
+
 def write_report(out, order, failed, cwd, n_layer, settings, series=None):
     """Write results.md, results.json and the plots from every finished run (its done.json, read now: runs other
     processes finished are in); the set of the runs' directories it holds. series: the miniseries' plan
@@ -533,7 +554,7 @@ def write_report(out, order, failed, cwd, n_layer, settings, series=None):
     methods, iters = methods_asked(settings), settings['extrapolation_iters']
     no_data = measure_lengths(runs, roots, cwd, methods, iters)
     reported = {os.path.abspath(root) for root in roots}
-    variants, reference = compare_variants(runs, order, methods)
+    variants, reference = compare_variants(runs, order, methods, series_references(series, settings))
     command = ablate_command()
     judged = miniseries_figures(runs, series, settings) if series else None
     write_output(os.path.join(out, 'results.json'), json.dumps({'command': command, 'settings': dict(settings),

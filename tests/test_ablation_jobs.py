@@ -7,6 +7,7 @@ import os
 import pytest
 
 import ablation.jobs
+import common.threads
 from conftest import import_ablate
 
 
@@ -92,7 +93,7 @@ def test_each_run_gets_its_threads_said_once(tmp_path, monkeypatch, capsys, args
     from collections import deque
     import torch
     monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: set(range(4)))
-    monkeypatch.setattr(os, 'getloadavg', lambda: (0.3, 0.3, 0.3))  # a quiet machine
+    monkeypatch.setattr(common.threads, 'busy_cores', lambda: 0)  # a quiet machine
     state = {'threads': int(env or 4)}  # torch's default here: a thread a core, or what OMP_NUM_THREADS names
     monkeypatch.setattr(torch, 'get_num_threads', lambda: state['threads'])
     monkeypatch.setattr(torch, 'set_num_threads', lambda n: state.update(threads=n))

@@ -32,7 +32,7 @@ def test_datasheet_peak_takes_the_most_specific_name(name, dtype, peak):
 
 def test_a_gpu_without_that_dtypes_datasheet_figure_is_measured(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'Tesla T4')
-    monkeypatch.setattr(common.hardware, 'measure_matmul_flops', lambda device, dtype: 7e12)
+    monkeypatch.setattr(common.hardware, 'measure_matmul_flops', lambda device, dtype, seconds=0.3: 7e12)
     assert peak_flops('cuda', 'float32') == (7e12, 'measured float32 matmul')
 
 

@@ -147,9 +147,15 @@ def tanh_gelu(h):
     return 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3)))
 
 
-@pytest.mark.parametrize('mlp', ['gelu', 'relu', 'relu2', 'swiglu', 'geglu'])
+def erf_gelu(h):
+    """The exact GELU, x * Phi(x): nanoGPT's nn.GELU()."""
+    return 0.5 * h * (1 + torch.erf(h / math.sqrt(2)))
+
+
+@pytest.mark.parametrize('mlp', ['gelu', 'gelu-tanh', 'relu', 'relu2', 'swiglu', 'geglu'])
 def test_mlp_formulas(mlp):
-    cfg = tiny_config(mlp=mlp, ffn_hidden=24, bias=True)
+    mlp, _, tanh = mlp.partition('-')
+    cfg = tiny_config(mlp=mlp, ffn_hidden=24, bias=True, **({'gelu': 'tanh'} if tanh else {}))
     torch.manual_seed(32)
     module = M.MLPS[mlp](cfg).eval()
     with torch.no_grad():
@@ -167,8 +173,10 @@ def test_mlp_formulas(mlp):
             h = h.clamp_min(0)
         elif mlp == 'relu2':
             h = h.clamp_min(0) ** 2
-        else:
-            h = tanh_gelu(h)
+        else:  # the default is nanoGPT's exact GELU; 'tanh' GPT-2's own form (its weights import with it)
+            h = tanh_gelu(h) if tanh else erf_gelu(h)
+            assert_close(h, (erf_gelu if tanh else tanh_gelu)(x @ fc.weight.T + fc.bias), atol=1e-2)
+            assert (h - (erf_gelu if tanh else tanh_gelu)(x @ fc.weight.T + fc.bias)).abs().max() > 1e-5
         expected = h @ proj.weight.T + proj.bias
         assert_close(module(x), expected, atol=1e-5)
 
@@ -685,8 +693,12 @@ def test_layer_kinds_tile_the_pattern_and_default_to_the_window():
     assert [cfg.window_of(i) for i in range(4)] == [4, None, None, None]
     # checkpoints saved before norm_position said prenorm
     from configurator import upgrade_args
-    assert upgrade_args({'prenorm': False, 'n_layer': 2}) == {'norm_position': 'post', 'n_layer': 2}
+    assert upgrade_args({'prenorm': False, 'n_layer': 2, 'gelu': 'erf'}) == \
+        {'norm_position': 'post', 'n_layer': 2, 'gelu': 'erf'}
     assert upgrade_args({'prenorm': True, 'norm_position': 'sandwich'})['norm_position'] == 'sandwich'
+    # and before the gelu field, when a GELU MLP computed the tanh form: they give the logits they gave
+    assert upgrade_args({'n_layer': 2})['gelu'] == upgrade_args({'mlp': 'gelu'})['gelu'] == 'tanh'
+    assert 'gelu' not in upgrade_args({'mlp': 'swiglu'})  # the field changes nothing there: its default
 
 
 def test_every_field_is_checked_by_a_table():
