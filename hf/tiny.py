@@ -60,9 +60,14 @@ def deepseek(config_class, moe, **overrides):
 
 def deepseek_v32(config_class=None, **overrides):
     """A tiny DeepSeek-V3.2: V3's MLA (a query bottleneck, which its indexer reads) and experts, and an indexer of
-    8 heads keeping 6 tokens, well below the test's 40 positions."""
-    args = dict(q_lora_rank=16, index_topk=6, index_n_heads=8, index_head_dim=8, mlp_layer_types=None, n_group=2,
-                topk_group=1)
+    16 heads keeping 6 tokens, well below the test's 40 positions. Built so that no two keys tie at the top-k's
+    cut: there transformers keeps what torch.topk's kernel happens to leave, which changes with the row's length
+    (its own logits at a position change when more tokens follow), and we the earliest keys. A key scores exactly
+    0 when every head's ReLU is zero: with 8 heads some rows of bench.py's race (4 x 256) tied there, with 16 none.
+    No pad token: transformers zeros its embedding row, which makes the first indexer's query zero and every key's
+    score 0 (token 0 parted the race's tokens at 34 of 64)."""
+    args = dict(q_lora_rank=16, index_topk=6, index_n_heads=16, index_head_dim=8, mlp_layer_types=None, n_group=2,
+                topk_group=1, pad_token_id=None)
     return deepseek(config_class or transformers.DeepseekV32Config, True, **{**args, **overrides})
 
 
