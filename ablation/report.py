@@ -415,6 +415,15 @@ def main_table(variants, runs, reference, command, settings):
             *variant_table(variants, runs, reference, settings)]
 
 
+def at_depth(variants):
+    """'<member> at its depth' where the variants are compared with references of their own (a miniseries' target
+    at each depth, named <member>_depth=<d>), else None."""
+    refs = {agg.get('reference') for name, agg in variants.items()} - {None}
+    if len(refs) < 2:
+        return None
+    return f"{re.sub(r'_depth=[0-9]+$', '', sorted(refs)[0])} at its depth"
+
+
 def variant_table(variants, runs, reference, settings):
     """A row per variant; a column only where some row has something in it (a grid without MoE has no load
     column, one where nothing diverged no 'diverged at'), and no '(1 seed)' in every cell where every variant
@@ -442,8 +451,7 @@ def variant_table(variants, runs, reference, settings):
         cell = reach_cell(seeds_of[name], seeds_of[to] if name != to else None, variants[to]['final_val_loss'], index)
         return cell.replace(' (1 seed)', '') if one_seed else cell
 
-    versus = 'its depth\'s ' + settings['target'] if own and settings['target'] else \
-        "the reference at its depth" if own else reference
+    versus = at_depth(variants) or reference
     goal_said = versus if own else goal
     # (header, cell of a variant); the task metrics and a task dataset's accuracy where runs logged them
     columns = [('variant', lambda n, a: n), ('flags', lambda n, a: flags(a)),
@@ -482,7 +490,8 @@ def other_commands(runs, command):
 
 def notes(variants, reference, n_layer):
     """What the main table's figures are: the test, the timing, LLLG standing in for Gemma 3's ratio."""
-    lines = ['', f"p: Welch's two-sided t-test over seeds against {reference} (stats.welch); ≈: p >= 0.05, a "
+    against = at_depth(variants) or reference
+    lines = ['', f"p: Welch's two-sided t-test over seeds against {against} (stats.welch); ≈: p >= 0.05, a "
                  f"difference noise could explain; the per-seed figures are in results.json's runs."]
     lines += ['', "ms/iter and tokens/s come from runs trained one after another (or `parallel` at once) on this "
                   "machine: another job's load during one run slows it alone, so compare them across variants with "

@@ -224,6 +224,24 @@ def test_a_miniseries_reports_every_run_and_each_members_multipliers(series):
     assert (out / 'miniseries_multiplier_vs_flops.png').stat().st_size > 0
 
 
+def test_the_first_table_compares_each_run_with_the_target_at_its_depth(series):
+    """A deeper model's loss against the shallowest vanilla says only that depth helps: each row's delta and its
+    test are against the target at the row's own depth, and results.json keeps that reference."""
+    _, out, _ = series
+    results = json.loads((out / 'results.json').read_text())
+    variants = results['variants']
+    for d in (1, 2, 3):
+        rope, vanilla = variants[f'rope_depth={d}'], variants[f'vanilla_depth={d}']
+        assert rope['reference'] == vanilla['reference'] == f'vanilla_depth={d}'
+    md = (out / 'results.md').read_text()
+    assert '| Δ final vs vanilla at its depth |' in md and "against vanilla at its depth" in md
+    row = next(line for line in md.splitlines() if line.startswith('| rope_depth=3 |')).split(' | ')
+    header = next(line for line in md.splitlines() if line.startswith('| variant |')).split(' | ')
+    delta = float(row[header.index('Δ final vs vanilla at its depth')].split()[0])
+    assert delta == pytest.approx(variants['rope_depth=3']['final_val_loss'] - variants['vanilla_depth=3']['final_val_loss'],
+                                  abs=1e-4)
+
+
 def test_the_same_command_again_trains_nothing(series, capsys):
     _, out, argv = series
     run_ablate(argv)
