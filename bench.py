@@ -85,6 +85,7 @@ peak_flops = 0.0
 seed = 1337
 timer = 'wall'  # 'wall': seconds on the clock; 'process': CPU seconds of this process (a CPU's steps, one thread: what they cost where other jobs share the cores and take turns with them)
 baseline = ''  # a variant: each variant's training steps taken in turn with its, for time and cost per FLOP over it
+train_profile = False  # also the top operators of each variant's training step (torch.profiler): where a cost per FLOP goes
 json = ''  # path: also write the figures as JSON (a bare --json: bench.json)
 # decoding against Hugging Face (no training rows): each variant exported with the same weights (export.to_hf),
 # greedy, decode_tokens new tokens after a decode_prompt-token prompt, at each of vs_hf_batches
@@ -322,6 +323,23 @@ def train_step_seconds(*runs):
     return [times for *_, times in steppers]
 
 
+def train_step_profile(model, steps=3, rows=12):
+    """The top operators (self CPU time) of `steps` training steps, forward and backward, as torch.profiler's table:
+    what a variant's time is spent on beyond the matmuls FlopCounterMode counts."""
+    from torch.profiler import ProfilerActivity, profile
+    x, y = training_batch()
+    model.train()
+    with ctx:
+        model(x, y)[1].backward()  # first-call overheads stay out of the table
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            with ctx:
+                _, loss = model(x, y)
+            loss.backward()
+    model.zero_grad(set_to_none=True)
+    return prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=rows)
+
+
 def decode_tokens_per_second(model, ours=True, **use_cache):
     """Decoding speed after a decode_prompt-token prompt (its prefill not timed; nanoGPT's generate has no
     steps to time apart, so its row times the whole call)."""
@@ -375,6 +393,8 @@ def bench(name, model, accounting, ours=True, base=None):
                  'kv_bytes_per_sequence': None, 'flops_per_token': None, 'torch_flops_per_token': None,
                  'masked': None, 'time_vs_baseline': None, 'flops_vs_baseline': None, 'cost_per_flop': None}
                 for t in other]  # the same steps in compare_dtype, taken in turn with these
+    if train_profile and runs:
+        print(f"{name}: the top operators of 3 training steps (forward and backward)\n{train_step_profile(model)}")
     if name == 'mla-rebuild':
         for block in model.transformer.h:
             block.attn.absorb = False

@@ -508,3 +508,19 @@ def test_a_long_measurement_shows_its_progress_on_a_terminal(tmp_path, monkeypat
         lines = [s for s in shown if s.startswith(f'{phase} ')]
         assert lines[0].rstrip() == f"{phase} 0/{total}" + (' tokens' if phase == 'decoding' else '')
         assert 'left' in lines[-1], lines
+
+
+def test_train_profile_shows_where_each_variants_step_goes(run, monkeypatch, capsys):
+    """--train_profile=True: each variant's top operators of a training step, forward and backward (torch.profiler),
+    before its row: the matmuls FlopCounterMode counts against what it does not (mHC's elementwise mixing)."""
+    import runpy
+    import common.errors
+    monkeypatch.setattr(common.errors, 'catch_interrupts', lambda: None)
+    monkeypatch.setattr(sys, 'argv', ['bench.py', *ARGS, '--variants=vanilla,mhc', '--decode_tokens=2',
+                                      '--train_profile=True', '--threads=1'])
+    runpy.run_path(str(REPO_ROOT / 'bench.py'), run_name='__main__')
+    out = capsys.readouterr().out
+    for name in ('vanilla', 'mhc'):
+        table = out.split(f'{name}: the top operators of 3 training steps (forward and backward)\n')[1]
+        assert 'Self CPU' in table.splitlines()[1] and 'aten::mm' in table
+    assert 'top operators' not in run[0].stdout  # without the flag, no table
