@@ -142,7 +142,7 @@ class HyperConnection(nn.Module):
         n = self.n = config.hc_mult
         self.mixed, self.iters, self.eps, self.post_scale = mixed, config.hc_sinkhorn_iters, config.hc_eps, config.hc_post_scale
         self.post_eps = config.hc_eps if config.hc_post_eps else 0.0  # HY-V4's spread weights take the epsilon too
-        self.norm_eps = config.norm_eps
+        self.norm_eps, self.width = config.norm_eps, config.n_embd
         outputs = (2 + n) * n if mixed else 2 * n  # [pre | post | comb]
         # HY-V4's init: weights near zero, so the copies start as one stream: the collapse a mean (sigmoid of
         # -ln(n-1) = 1/n), the spread sigmoid(0) times its scale, the mix uniform
@@ -166,15 +166,20 @@ class HyperConnection(nn.Module):
 
     def connect(self, x, branch):
         pre, post, comb = self.weights(x)
-        y = branch((pre.unsqueeze(-1) * x).sum(dim=2).to(x.dtype))  # the collapse: elementwise, then a sum
-        # the mix comb^T x per token, as products summed over the copies: a matmul of (n, n) by (n, d) per token
-        # runs on the CPU as a loop over the tokens (a bmm of B T tiny matrices), 1.2x the time forward and backward
-        kept = x if comb is None else (comb.to(x.dtype).unsqueeze(-1) * x.unsqueeze(-2)).sum(dim=2)
+        # the collapse pre^T x and the mix comb^T x of each token's copies in one matmul, [pre | comb]^T (n+1, n)
+        # by x (n, d): a batched matmul of tiny matrices, 3-4x faster forward and backward on a CPU than the
+        # products summed over the copies, whose (n, n, d) intermediate per token was half an mHC step's time
+        weights = pre.unsqueeze(-2) if comb is None else torch.cat((pre.unsqueeze(-2), comb.transpose(-1, -2)), -2)
+        mixed = weights.to(x.dtype) @ x  # (B, T, 1 or n+1, d)
+        y = branch(mixed[:, :, 0])
+        kept = x if comb is None else mixed[:, :, 1:]
         return post.to(x.dtype).unsqueeze(-1) * y.unsqueeze(-2) + kept
 
     def token_flops(self, seq_len):
-        """The projection as a Linear's (the mix runs as elementwise products, left out as the norms are)."""
-        return 6 * self.fn.numel()
+        """The projection as a Linear's, and the collapse and mix as the matmul of [pre | comb]^T by the copies
+        (forward and backward, as a Linear of that shape)."""
+        rows = self.n + 1 if self.mixed else 1
+        return 6 * self.fn.numel() + 6 * rows * self.n * self.width
 
 
 class HyperConnections(Add):
