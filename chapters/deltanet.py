@@ -233,8 +233,7 @@ class GatedDeltaNet(TokenMixer):
         B, T, _ = x.size()
         Hk, Hv, dk, dv = self.k_heads, self.v_heads, self.k_dim, self.v_dim
         fresh = cache is None or cache.fresh
-        qkv = causal_depthwise_conv(self.in_proj_qkv(x).transpose(1, 2), self.conv1d.weight, self.conv1d.bias, cache)
-        qkv = F.silu(qkv).transpose(1, 2)
+        qkv = F.silu(causal_depthwise_conv(self.in_proj_qkv(x), self.conv1d.weight, self.conv1d.bias, cache))
         q, k, v = qkv.split([Hk * dk, Hk * dk, Hv * dv], dim=-1)
         q, k = (l2_normalize(t.view(B, T, Hk, dk).transpose(1, 2).float()) for t in (q, k))
         q = q * dk ** -0.5

@@ -157,8 +157,8 @@ class Mamba2(TokenMixer):
         batch, T, _ = x.size()
         H, P, N, G = self.heads, self.head_dim, self.state_dim, self.groups
         z, xBC, dt = self.in_proj(x).split([H * P, self.conv_width, H], dim=-1)
-        xBC = F.silu(causal_depthwise_conv(xBC.transpose(1, 2), self.conv1d.weight, self.conv1d.bias, cache))
-        xs, B, C = xBC.transpose(1, 2).float().split([H * P, G * N, G * N], dim=-1)
+        xBC = F.silu(causal_depthwise_conv(xBC, self.conv1d.weight, self.conv1d.bias, cache))
+        xs, B, C = xBC.float().split([H * P, G * N, G * N], dim=-1)
         xs = xs.view(batch, T, H, P).transpose(1, 2)
         B, C = (t.view(batch, T, G, N).transpose(1, 2) for t in (B, C))  # a group's serve H / G consecutive heads
         dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(min=self.dt_min).transpose(1, 2)  # (batch, H, T)

@@ -27,29 +27,31 @@ class Config:
 
 
 def causal_depthwise_conv(x, weight, bias=None, cache=None, name='conv'):
-    """Each channel of x (B, channels, T) convolved over its last kernel inputs, its own kernel (weight: a
+    """Each channel of x (B, T, channels) convolved over its last kernel inputs, its own kernel (weight: a
     depthwise Conv1d's (channels, 1, kernel)), the inputs before the first taken as zeros or, with a cache, as
-    the last kernel-1 inputs it keeps under `name` (then overwritten with the new last ones)."""
+    the last kernel-1 inputs it keeps under `name` ((B, channels, kernel-1); then overwritten with the new last
+    ones)."""
     kernel = weight.size(-1)
-    past = x.new_zeros(x.size(0), x.size(1), kernel - 1) if cache is None else cache.stores[name].to(x.dtype)
-    x = torch.cat((past, x), dim=2)
+    past = x.new_zeros(x.size(0), kernel - 1, x.size(2)) if cache is None else \
+        cache.stores[name].to(x.dtype).transpose(1, 2)
+    x = torch.cat((past, x), dim=1)
     if cache is not None:
-        cache.stores[name].copy_(x[:, :, x.size(2) - (kernel - 1):])
+        cache.stores[name].copy_(x[:, x.size(1) - (kernel - 1):].transpose(1, 2))
     y = shifted_products(x, weight)
-    return y if bias is None else y + bias[:, None]
+    return y if bias is None else y + bias
 
 
 def shifted_products(x, weight):
-    """The depthwise convolution as kernel-many shifted products per channel, summed: torch's FLOP counter
-    miscounts a grouped convolution's backward, and on a CPU it runs forward and backward faster than an unfold
-    window (no copy of every window) or conv1d."""
-    kernel, T = weight.size(-1), x.size(2) - weight.size(-1) + 1
-    w = weight.view(weight.size(0), kernel, 1)
-    y = x[:, :, :T] * w[:, 0]
+    """The depthwise convolution of x (B, T + kernel - 1, channels) as kernel-many shifted products, summed: each
+    shift a slice of whole time steps times a row of weights along the contiguous channels. torch's FLOP counter
+    miscounts a grouped convolution's backward; on a CPU this runs forward and backward faster than conv1d, and
+    1.5-2x faster than the same products over (B, channels, T) with the transposes to it and back."""
+    kernel, T = weight.size(-1), x.size(1) - weight.size(-1) + 1
+    w = weight.view(weight.size(0), kernel).t()  # (kernel, channels)
+    y = x[:, :T] * w[0]
     for i in range(1, kernel):
-        y = y + x[:, :, i:i + T] * w[:, i]
+        y = y + x[:, i:i + T] * w[i]
     return y
-
 
 
 class ShortConv(TokenMixer):
@@ -76,8 +78,8 @@ class ShortConv(TokenMixer):
     def forward(self, x, rope=None, mask=None, cache=None):
         """rope and mask are attention's: the convolution has no positions but its order."""
         b, c, h = self.in_proj(x).chunk(3, dim=-1)
-        h = causal_depthwise_conv((b * h).transpose(1, 2), self.conv1d.weight, self.conv1d.bias, cache)
-        return self.resid_dropout(self.c_proj(c * h.transpose(1, 2)))
+        h = causal_depthwise_conv(b * h, self.conv1d.weight, self.conv1d.bias, cache)
+        return self.resid_dropout(self.c_proj(c * h))
 
 
 

@@ -33,7 +33,7 @@ def test_the_shifted_products_are_torchs_depthwise_convolution_and_its_gradients
         x = torch.randn(2, 6, T + kernel - 1, dtype=torch.float64, generator=gen, requires_grad=True)
         w = torch.randn(6, 1, kernel, dtype=torch.float64, generator=gen, requires_grad=True)
         grad = torch.randn(2, 6, T, dtype=torch.float64, generator=gen)
-        ours = short_conv.shifted_products(x, w)
+        ours = short_conv.shifted_products(x.transpose(1, 2), w).transpose(1, 2)  # it takes (B, T, channels)
         theirs = F.conv1d(x, w, groups=6)
         assert ours.shape == theirs.shape == (2, 6, T)
         assert_close(ours, theirs, atol=1e-12)
