@@ -110,27 +110,30 @@ class Sinkhorn(torch.autograd.Function):
     """comb / (its sums over each of sinkhorn_sums(iters) + eps), one after another, with the gradient autograd would
     give. Its own backward because autograd records three operators a normalisation and runs more for its backward,
     on (B, T, n, n) tensors too small for the work to outweigh each operator's overhead (20 iterations: a fifth of
-    a one-layer mHC model's training step on the CPU). The forward keeps each normalisation's output and denominator."""
+    a one-layer mHC model's training step on the CPU). It works on the matrices laid out (n, n, B, T): a sum over
+    one of the n-long dims is then a sum of contiguous slabs, 6-7x faster on a CPU than over the last dims of
+    (B, T, n, n). The forward keeps each normalisation's output and denominator."""
 
     @staticmethod
     def forward(ctx, comb, iters, eps):
-        kept = []
+        comb, kept = comb.permute(2, 3, 0, 1).contiguous(), []
         for dim in sinkhorn_sums(iters):
-            den = comb.sum(dim=dim, keepdim=True).add_(eps)
+            den = comb.sum(dim=dim + 2, keepdim=True).add_(eps)  # -2, -1 of (B, T, n, n): 0, 1 here
             comb = comb / den
             kept += [comb, den]
         ctx.save_for_backward(*kept)
         ctx.iters = iters
-        return comb
+        return comb.permute(2, 3, 0, 1)
 
     @staticmethod
     def backward(ctx, grad):
         kept = ctx.saved_tensors
+        grad = grad.permute(2, 3, 0, 1).contiguous()
         # y = c / (sum_dim c + eps): dL/dc = (dL/dy - sum_dim(dL/dy * y)) / (sum_dim c + eps)
         for i, dim in reversed(list(enumerate(sinkhorn_sums(ctx.iters)))):
             y, den = kept[2 * i], kept[2 * i + 1]
-            grad = (grad - (grad * y).sum(dim=dim, keepdim=True)) / den
-        return grad, None, None
+            grad = (grad - (grad * y).sum(dim=dim + 2, keepdim=True)) / den
+        return grad.permute(2, 3, 0, 1), None, None
 
 
 class HyperConnection(nn.Module):
