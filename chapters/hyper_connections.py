@@ -174,9 +174,10 @@ class HyperConnection(nn.Module):
         # products summed over the copies, whose (n, n, d) intermediate per token was half an mHC step's time
         weights = pre.unsqueeze(-2) if comb is None else torch.cat((pre.unsqueeze(-2), comb.transpose(-1, -2)), -2)
         mixed = weights.to(x.dtype) @ x  # (B, T, 1 or n+1, d)
-        y = branch(mixed[:, :, 0])
-        kept = x if comb is None else mixed[:, :, 1:]
-        return post.to(x.dtype).unsqueeze(-1) * y.unsqueeze(-2) + kept
+        # split, not indexed: the gradients of two slices would each be a zero-filled (B, T, n+1, d)
+        collapsed, kept = (mixed, x) if comb is None else mixed.split([1, self.n], dim=2)
+        y = branch(collapsed.squeeze(2))
+        return torch.addcmul(kept, post.to(x.dtype).unsqueeze(-1), y.unsqueeze(-2))  # the spread, in one pass
 
     def token_flops(self, seq_len):
         """The projection as a Linear's, and the collapse and mix as the matmul of [pre | comb]^T by the copies
