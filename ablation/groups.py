@@ -424,7 +424,8 @@ def speedrun_members(base, modern, settings):
     # modern + Muon, each of the speedrun's switches alone on top of it, and all of them stacked
     muon = {**modern, 'optimizer': 'muon'}
     n = base['n_layer']
-    switches = {'value_embeds': {'value_embed_layers': '0,-1'}, 'x0_lambdas': {'x0_lambdas': True},
+    # value embeddings on the first and the last layer: one layer is both (a miniseries' depth 1)
+    switches = {'value_embeds': {'value_embed_layers': '0,-1' if n > 1 else '0'}, 'x0_lambdas': {'x0_lambdas': True},
                 'unet': {'unet_skips': True}, 'smear': {'smear': True}, 'backout': {'backout_layer': max(0, n // 2)},
                 'bigram': {'bigram_vocab': 4096}, 'xsa': {'xsa_layers': ','.join(map(str, range(n)))},
                 'key_offset': {'key_offset': True}, 'sigmoid_cap': {'sigmoid_softcap': True},
