@@ -400,8 +400,7 @@ LAYER_KINDS = {'G': LayerKind('global', attention, 'global', attention=True, ful
 # ----------------------------------------------------------------------------- mlp
 
 class MLP(nn.Module):
-    """up, activation, down: GPT-2's, with GELU: exact (erf) as nanoGPT's, or the tanh form GPT-2 computes
-    (config.gelu: a GPT-2 checkpoint imports as 'tanh', so its logits are GPT-2's)."""
+    """up, activation, down: GPT-2's, with GELU: exact (erf) as nanoGPT's, or GPT-2's own tanh form (config.gelu)."""
     gated = False
     inputs = None  # the key of the per-forward tables it reads beside x ('tokens': the token ids), or None
 
@@ -709,8 +708,7 @@ class GPT(nn.Module):
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops):
         """Model FLOPs utilisation: achieved FLOP/s over the device's peak (pass it in: it depends on the device)."""
-        flops_per_iter = self.flops_per_token() * self.config.block_size * fwdbwd_per_iter
-        return flops_per_iter / dt / peak_flops
+        return self.flops_per_token() * self.config.block_size * fwdbwd_per_iter / dt / peak_flops
 
     # ------------------------------------------------------------------------- the other files' parts
 
@@ -756,8 +754,7 @@ class GPT(nn.Module):
         return generate.generate_stream(self, idx, max_new_tokens, temperature, top_k, top_p, use_cache, vocab_limit)
 
     def compile_decoding(self, backend='inductor', mode=None, keep_cache=None):
-        """Compile generate's decoding step (generate.compile_decoding); call again after changing the weights.
-        Returns the model."""
+        """Compile generate's decoding step (generate.compile_decoding; again after changing the weights) -> model."""
         import generate
         return generate.compile_decoding(self, backend, mode, keep_cache)
 

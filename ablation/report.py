@@ -418,7 +418,7 @@ def main_table(variants, runs, reference, command, settings):
 def at_depth(variants):
     """'<member> at its depth' where the variants are compared with references of their own (a miniseries' target
     at each depth, named <member>_depth=<d>), else None."""
-    refs = {agg.get('reference') for name, agg in variants.items()} - {None}
+    refs = {agg['reference'] for agg in variants.values()}
     if len(refs) < 2:
         return None
     return f"{re.sub(r'_depth=[0-9]+$', '', sorted(refs)[0])} at its depth"
@@ -431,23 +431,20 @@ def variant_table(variants, runs, reference, settings):
     # how soon each seed's val loss is at the target's mean final loss, in iterations and in seconds; where the
     # variants have references of their own (a miniseries' depths), at their reference's
     goal = goal_of(variants, reference, settings)[0]
-    own = any(agg.get('reference', reference) != reference for agg in variants.values())
+    own = any(agg['reference'] != reference for agg in variants.values())
     seeds_of = {name: [r for r in runs if r['variant'] == name] for name in variants}
     one_seed = all(len(rs) == 1 for rs in seeds_of.values())
     spread = (lambda values, spec='.4f': mean_std(values, spec).replace(' (1 seed)', '')) if one_seed else mean_std
 
-    def ref_of(name):
-        return variants[name].get('reference', reference)
-
     def delta_cell(agg, key, n):
-        text = delta(agg, variants[agg.get('reference', reference)], key, n)
+        text = delta(agg, variants[agg['reference']], key, n)
         return text.partition(' (')[0] if one_seed else text
 
     def flags(agg):
         return ', '.join(f'{k}={v}' for k, v in agg['flags'].items()).replace('|', '\\|') or '(base recipe)'
 
     def reach(name, index):
-        to = ref_of(name) if own else goal
+        to = variants[name]['reference'] if own else goal
         cell = reach_cell(seeds_of[name], seeds_of[to] if name != to else None, variants[to]['final_val_loss'], index)
         return cell.replace(' (1 seed)', '') if one_seed else cell
 
@@ -550,8 +547,8 @@ def series_references(series, settings):
     if not series:
         return None
     target = miniseries.target_of(dict.fromkeys(member for member, _, _ in series.values()), settings)
-    at_depth = {depth: name for name, (member, depth, _) in series.items() if member == target}
-    return {name: at_depth.get(depth, name) for name, (_, depth, _) in series.items()}
+    target_at = {depth: name for name, (member, depth, _) in series.items() if member == target}
+    return {name: target_at.get(depth, name) for name, (_, depth, _) in series.items()}
 
 
 def write_report(out, order, failed, cwd, n_layer, settings, series=None):

@@ -11,8 +11,8 @@ def _gpt2_read(c):
     if c.activation_function not in GELUS:
         raise ValueError(f"GPT-2 checkpoint uses activation {c.activation_function!r}; only GELU, tanh ('gelu_new', "
                          f"GPT-2's own) or exact ('gelu'), is supported")
-    return dict(gelu=GELUS[c.activation_function], n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, block_size=c.n_positions,
-                vocab_size=c.vocab_size, bias=True, norm_eps=c.layer_norm_epsilon,
+    return dict(gelu=GELUS[c.activation_function], n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd,
+                block_size=c.n_positions, vocab_size=c.vocab_size, bias=True, norm_eps=c.layer_norm_epsilon,
                 ffn_hidden=None if getattr(c, 'n_inner', None) in (None, 4 * c.n_embd) else c.n_inner,
                 tie_embeddings=bool(getattr(c, 'tie_word_embeddings', True)))
 
@@ -33,4 +33,5 @@ _GPT2_NAMES = [(n, n, None) for n in ('transformer.wte.weight', 'transformer.wpe
     (n, n, 'T') for n in ('transformer.h.{i}.attn.c_attn.{b}', 'transformer.h.{i}.attn.c_proj.{b}',
                           'transformer.h.{i}.mlp.c_fc.{b}', 'transformer.h.{i}.mlp.c_proj.{b}')]
 
-HF_FAMILIES['gpt2'] = HFFamily('gpt2', 'GPT2LMHeadModel', {**_SIZES, 'bias': ANY, 'gelu': ANY}, _GPT2_NAMES, _gpt2_read, _gpt2_write)
+HF_FAMILIES['gpt2'] = HFFamily('gpt2', 'GPT2LMHeadModel', {**_SIZES, 'bias': ANY, 'gelu': ANY}, _GPT2_NAMES,
+                               _gpt2_read, _gpt2_write)
