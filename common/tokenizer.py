@@ -62,7 +62,24 @@ def load_tokenizer(meta_path=None, pretrained=None, name=''):
             except LookupError:
                 missing = f"no tokenizer was found with '{pretrained}'"
         return _tiktoken('gpt2', f"GPT-2's BPE (tried because {missing})")._replace(guessed=True)
-    return _tiktoken(meta.get('encoding', 'gpt2'), f"tiktoken's {meta.get('encoding', 'gpt2')!r}")
+    bpe = _tiktoken(meta.get('encoding', 'gpt2'), f"tiktoken's {meta.get('encoding', 'gpt2')!r}")
+    return _renumbered(bpe, meta['ids'], meta_path) if 'ids' in meta else bpe
+
+
+def _renumbered(bpe, ids, meta_path):
+    """bpe over the ids a dataset renumbered (meta.json's 'ids': the BPE id of each of its ids, as
+    data/shakespeare_compact writes them); a prompt with a BPE token outside them is an error line."""
+    new = {old: i for i, old in enumerate(ids)}
+
+    def encode(text):
+        tokens = bpe.encode(text)
+        missing = sorted({bpe.decode([t]) for t in tokens if t not in new})
+        if missing:
+            die(f"tokens not in the vocabulary of '{meta_path}' (the {len(ids)} its text uses): "
+                f"{' '.join(repr(m) for m in missing[:10])}")
+        return [new[t] for t in tokens]
+    return Tokenizer(encode, lambda tokens: bpe.decode([ids[i] for i in tokens]), len(ids), f"{bpe.source} as "
+                     f"'{meta_path}' renumbers it")
 
 
 def _recall_tokenizer(meta, meta_path):
@@ -146,6 +163,9 @@ def hf_tokenizer(config):
                              f"dataset's prepare.py)")
         if meta.get('kind') == 'char':
             return char_tokenizer(meta['chars'])
+        if 'ids' in meta:
+            raise ValueError(f"'{meta_path}' renumbers GPT-2's ids (its 'ids'), which no transformers tokenizer "
+                             f"reads")
         if meta.get('encoding') == 'gpt2':  # GPT-2's vocab.json and merges.txt are tiktoken's (cached) files
             import tempfile
 
@@ -178,5 +198,6 @@ def token_bytes(meta, vocab_size):
         except Exception:  # offline without the cache: the run goes on without bits per byte
             return None
         special = {enc.encode_single_token(s) for s in enc.special_tokens_set}
-        pieces = [0 if i in special else len(enc.decode_single_token_bytes(i)) for i in range(enc.n_vocab)]
+        pieces = [0 if i in special else len(enc.decode_single_token_bytes(i))
+                  for i in meta.get('ids', range(enc.n_vocab))]
     return (pieces + [0] * vocab_size)[:vocab_size]

@@ -14,6 +14,7 @@ SHARED = ROOT.parent / "shared" / "data"
 TINY = SHARED / "tinyshakespeare" / "input.txt"
 CHAR = ROOT / "data" / "shakespeare_char" / "prepare.py"
 BPE = ROOT / "data" / "shakespeare" / "prepare.py"
+COMPACT = ROOT / "data" / "shakespeare_compact" / "prepare.py"
 OWT = ROOT / "data" / "openwebtext" / "prepare.py"
 
 SAMPLE = (
@@ -117,6 +118,21 @@ def test_bpe_roundtrip(tmp_path, bpe_env, enc):
     assert train.tolist() == enc.encode_ordinary(text[:cut])
     assert val.tolist() == enc.encode_ordinary(text[cut:])
     assert enc.decode(train.tolist()) + enc.decode(val.tolist()) == text
+
+
+def test_compact_bpe_is_gpt2s_tokens_renumbered_to_the_ones_the_text_uses(tmp_path, bpe_env, enc):
+    text = SAMPLE * 30
+    src = write(tmp_path / "in.txt", text)
+    out = tmp_path / "out"
+    r = run_ok(COMPACT, "--input", src, "--out_dir", out, env=bpe_env)
+    train, val, meta = load_bins(out)
+    cut = int(len(text) * 0.9)
+    gpt2 = {"train": enc.encode_ordinary(text[:cut]), "val": enc.encode_ordinary(text[cut:])}
+    assert meta["ids"] == sorted(set(gpt2["train"]) | set(gpt2["val"])) and meta["vocab_size"] == len(meta["ids"])
+    assert {k: meta[k] for k in ("dataset", "kind", "encoding")} == {"dataset": "shakespeare_compact",
+                                                                     "kind": "tiktoken", "encoding": "gpt2"}
+    assert [meta["ids"][i] for i in train] == gpt2["train"] and [meta["ids"][i] for i in val] == gpt2["val"]
+    assert f"{len(meta['ids'])} of GPT-2's 50,257" in r.stdout
 
 
 # --- openwebtext --------------------------------------------------------------------------------
@@ -639,7 +655,7 @@ def test_every_preparation_takes_the_shared_machinery_from_one_module():
               if callable(value) and getattr(value, "__module__", None) == "prepare_common"}
     assert {"claimed", "refuse_others", "makers", "switched", "download", "run", "fail", "reason"} <= shared
     scripts = sorted((ROOT / "data").glob("*/prepare.py"))
-    assert len(scripts) == 6
+    assert len(scripts) == 7
     for script in scripts:
         tree = ast.parse(script.read_text(encoding="utf-8"))
         imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}

@@ -50,3 +50,34 @@ def test_gpt2_pieces_count_their_bytes_and_the_end_of_text_token_none():
     assert len(sizes) == 50304 and sizes[enc.eot_token] == 0 and sizes[50257:] == [0] * 47
     text = 'Hello, wörld'
     assert sum(sizes[i] for i in enc.encode(text)) == len(text.encode('utf-8'))
+
+
+@pytest.mark.skipif(not os.environ.get('TIKTOKEN_CACHE_DIR'), reason="tiktoken's GPT-2 files (TIKTOKEN_CACHE_DIR)")
+def test_a_renumbered_bpe_reads_its_ids_as_gpt2_text_counts_their_bytes_and_refuses_the_others(tmp_path, capsys):
+    """meta.json's 'ids' (data/shakespeare_compact): id i is GPT-2's ids[i]; text decodes and bytes count as
+    GPT-2's, a prompt with a GPT-2 token outside them is one line naming it; no transformers tokenizer exports it."""
+    from common.tokenizer import hf_tokenizer, token_bytes
+    import tiktoken
+    enc = tiktoken.get_encoding('gpt2')
+    text = 'Hello, wörld'
+    ids = sorted(set(enc.encode(text)))
+    meta = {'kind': 'tiktoken', 'encoding': 'gpt2', 'vocab_size': len(ids), 'ids': ids}
+    (tmp_path / 'meta.json').write_text(json.dumps(meta))
+    tok = load_tokenizer(str(tmp_path / 'meta.json'))
+    assert tok.vocab_size == len(ids) and max(tok.encode(text)) < len(ids)
+    assert [ids[i] for i in tok.encode(text)] == enc.encode(text) and tok.decode(tok.encode(text)) == text
+    sizes = token_bytes(meta, 64)
+    assert len(sizes) == 64 and sum(sizes[i] for i in tok.encode(text)) == len(text.encode('utf-8'))
+    with pytest.raises(SystemExit):
+        tok.encode('Hello, moon')
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "' moon'" in err[0] and 'meta.json' in err[0]
+    os.makedirs(tmp_path / 'data' / 'tiny', exist_ok=True)
+    (tmp_path / 'data' / 'tiny' / 'meta.json').write_text(json.dumps(meta))
+    cwd = os.getcwd()
+    try:
+        os.chdir(tmp_path)
+        with pytest.raises(ValueError, match="renumbers GPT-2's ids"):
+            hf_tokenizer({'dataset': 'tiny'})
+    finally:
+        os.chdir(cwd)
