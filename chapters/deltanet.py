@@ -111,9 +111,9 @@ def gated_delta_chunked(q, k, v, g, beta, chunk, state=None, final=False):
     C = chunk_length(chunk, T, per_channel=g.dim() == 4)
     n = -(-T // C)
     pad = n * C - T  # padded tokens write nothing (k = 0, beta = 0) and do not decay (g = 0)
-    q, k, v = (F.pad(x, (0, 0, 0, pad)).view(B, H, n, C, -1) for x in (q, k, v))
-    g = F.pad(g if g.dim() == 4 else g[..., None], (0, 0, 0, pad)).view(B, H, n, C, -1)  # (..., C, 1 or dk)
-    beta = F.pad(beta, (0, pad)).view(B, H, n, C)
+    q, k, v = (time_padded(x, pad).reshape(B, H, n, C, -1) for x in (q, k, v))
+    g = time_padded(g if g.dim() == 4 else g[..., None], pad).reshape(B, H, n, C, -1)  # (..., C, 1 or dk)
+    beta = time_padded(beta, pad, -1).reshape(B, H, n, C)
     g = g.cumsum(-2)  # G: the decay from the chunk's start to each token, itself included
     below = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
     k_beta = k * beta[..., None]
@@ -136,6 +136,11 @@ def gated_delta_chunked(q, k, v, g, beta, chunk, state=None, final=False):
             written = k_decayed[:, :, i].transpose(-1, -2) @ u_i
             state = written if state is None else state * g[:, :, i, -1, :, None].exp() + written
     return torch.stack(out, dim=2).view(B, H, n * C, dv)[:, :, :T], state
+
+
+def time_padded(x, pad, dim=-2):
+    """x with pad zeros after its last time step along dim (-2 or -1), or x itself (F.pad copies even for 0)."""
+    return F.pad(x, (0, 0) * (-1 - dim) + (0, pad)) if pad else x
 
 
 def _decayed_dots(queries, b, g, below):

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from chapters.deltanet import FLA_ADAPTERS, FLA_OPS, fla_kernel, heads_second
+from chapters.deltanet import FLA_ADAPTERS, FLA_OPS, fla_kernel, heads_second, time_padded
 from chapters.short_conv import causal_depthwise_conv
 from model import LAYER_KINDS, NON_NEGATIVE_NUMBER, OPTIONAL_POSITIVE_INT, LayerKind, TokenMixer, changed, is_int, kinds
 
@@ -71,9 +71,9 @@ def ssd_chunked(x, dt, A, B, C, chunk, state=None, final=False):
     n_chunks, L = -(-T // min(chunk, T)), min(chunk, T)
     pad = n_chunks * L - T  # padded tokens write nothing (x dt = 0) and do not decay (dt A = 0)
     # heads as (group, head in the group): B, C and their scores broadcast over a group's heads
-    g = F.pad(dt * A[:, None], (0, pad)).view(batch, groups, H // groups, n_chunks, L).cumsum(-1)
-    x = F.pad(x * dt[..., None], (0, 0, 0, pad)).view(batch, groups, H // groups, n_chunks, L, P)
-    B, C = (F.pad(t, (0, 0, 0, pad)).view(batch, groups, 1, n_chunks, L, -1) for t in (B, C))
+    g = time_padded(dt * A[:, None], pad, -1).view(batch, groups, H // groups, n_chunks, L).cumsum(-1)
+    x = time_padded(x * dt[..., None], pad).view(batch, groups, H // groups, n_chunks, L, P)
+    B, C = (time_padded(t, pad).reshape(batch, groups, 1, n_chunks, L, -1) for t in (B, C))
     below = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
     decay = (g[..., :, None] - g[..., None, :]).masked_fill(~below, float('-inf')).exp()  # e^(G_t - G_j), j <= t
     out = (C @ B.transpose(-1, -2)) * decay @ x  # within each chunk
