@@ -256,7 +256,7 @@ class GatedDeltaNet(TokenMixer):
         if cache is not None:
             cache.stores['state'].copy_(state)
         y = y.transpose(1, 2)  # (B, T, Hv, dv)
-        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm.float()
+        y = F.rms_norm(y, (dv,), self.norm.float(), self.eps)
         y = y * self.output_gate(x).view(B, T, Hv, dv)
         return self.resid_dropout(self.c_proj(y.reshape(B, T, Hv * dv).to(x.dtype)))
 
