@@ -124,17 +124,22 @@ def gated_delta_chunked(q, k, v, g, beta, chunk, state=None, final=False):
     u, w = uw.split([dv, dk], dim=-1)  # the writes are u - w S0
     q_decayed = q * g.exp()  # reads S0 decayed to each token
     k_decayed = k * (g[..., -1:, :] - g).exp()  # writes decayed to the chunk's end
+    chunk_decay = g[..., -1, :, None].exp()  # (B, H, n, dk, 1): the state's decay over each chunk
+    # each chunk's part taken once (unbind): an index per chunk, [:, :, i], had its gradient written into a
+    # zero-filled copy of the whole tensor, n times over (a fifth of the layer's backward)
+    u, w, scores, q_decayed, k_decayed, chunk_decay = (t.unbind(2) for t in (u, w, scores, q_decayed, k_decayed,
+                                                                              chunk_decay))
     out = []
     for i in range(n):
         if state is None:  # a zero state reads and corrects nothing
-            u_i = u[:, :, i]
-            out.append(scores[:, :, i] @ u_i)
+            u_i = u[i]
+            out.append(scores[i] @ u_i)
         else:
-            u_i = u[:, :, i] - w[:, :, i] @ state
-            out.append(q_decayed[:, :, i] @ state + scores[:, :, i] @ u_i)
+            u_i = u[i] - w[i] @ state
+            out.append(q_decayed[i] @ state + scores[i] @ u_i)
         if i < n - 1 or final:
-            written = k_decayed[:, :, i].transpose(-1, -2) @ u_i
-            state = written if state is None else state * g[:, :, i, -1, :, None].exp() + written
+            written = k_decayed[i].transpose(-1, -2) @ u_i
+            state = written if state is None else state * chunk_decay[i] + written
     return torch.stack(out, dim=2).view(B, H, n * C, dv)[:, :, :T], state
 
 

@@ -80,13 +80,16 @@ def ssd_chunked(x, dt, A, B, C, chunk, state=None, final=False):
     x_decayed = x * (g[..., -1:] - g).exp()[..., None]  # writes decayed to the chunk's end
     if state is not None:
         state = state.view(batch, groups, H // groups, P, -1)
+    # each chunk's part taken once (unbind): an index per chunk wrote its gradient into a zero-filled copy of the
+    # whole tensor, once per chunk
+    out, C, B, x_decayed = (t.unbind(-3) for t in (out, C, B, x_decayed))
+    read_decay, chunk_decay = g[..., None].exp().unbind(-3), g[..., -1, None, None].exp().unbind(-3)
     outs = []
     for i in range(n_chunks):  # S0 read by each token, decayed to it
-        outs.append(out[..., i, :, :] if state is None else
-                    out[..., i, :, :] + (C[..., i, :, :] @ state.transpose(-1, -2)) * g[..., i, :, None].exp())
+        outs.append(out[i] if state is None else out[i] + (C[i] @ state.transpose(-1, -2)) * read_decay[i])
         if i < n_chunks - 1 or final:
-            written = x_decayed[..., i, :, :].transpose(-1, -2) @ B[..., i, :, :]
-            state = written if state is None else state * g[..., i, -1, None, None].exp() + written
+            written = x_decayed[i].transpose(-1, -2) @ B[i]
+            state = written if state is None else state * chunk_decay[i] + written
     y = torch.stack(outs, dim=-3).view(batch, H, n_chunks * L, P)[:, :, :T]
     return y, None if state is None else state.flatten(1, 2)
 
