@@ -303,17 +303,18 @@ def _channel_decayed_dots(queries, b, g):
     m = C // s
     queries = [a.unflatten(-2, (m, s)) for a in queries]
     b_sub, g_sub = b.unflatten(-2, (m, s)), g.unflatten(-2, (m, s))  # (..., m, s, dk)
-    insides = _inside_dots(queries, b_sub, g_sub)
+    insides = [inside.unbind(-3) for inside in _inside_dots(queries, b_sub, g_sub)]
+    queries, g_rows = [a.unbind(-3) for a in queries], g_sub.unbind(-3)  # each sub-chunk's once, not per index
     rows = [[] for _ in queries]
     for r in range(m):  # the queries of sub-chunk r: [keys before it | its own | none after it]
-        start = g_sub[..., r, :1, :]  # G at the sub-chunk's start
+        start = g_rows[r][..., :1, :]  # G at the sub-chunk's start
         if r:
             keys = (b[..., :r * s, :] * (start - g[..., :r * s, :]).exp()).transpose(-1, -2)  # (..., dk, r s)
-            from_start = (g_sub[..., r, :, :] - start).exp()
+            from_start = (g_rows[r] - start).exp()
         for row, a, inside in zip(rows, queries, insides):
-            before = [(a[..., r, :, :] * from_start) @ keys] if r else []
-            after = inside.new_zeros(*inside.shape[:-3], s, C - (r + 1) * s)
-            row.append(torch.cat(before + [inside[..., r, :, :], after], dim=-1))
+            before = [(a[r] * from_start) @ keys] if r else []
+            after = inside[r].new_zeros(*inside[r].shape[:-1], C - (r + 1) * s)
+            row.append(torch.cat(before + [inside[r], after], dim=-1))
     return [torch.cat(row, dim=-2) for row in rows]
 
 
