@@ -211,7 +211,7 @@ def dilated_products(x, weight, dilation):
     T = x.size(1) - (kernel - 1) * dilation
     y = x[:, :T] * weight[:, 0, 0]
     for i in range(1, kernel):
-        y = y + x[:, i * dilation:i * dilation + T] * weight[:, 0, i]
+        y = torch.addcmul(y, x[:, i * dilation:i * dilation + T], weight[:, 0, i])  # as short_conv's shifted_products
     return y
 
 
