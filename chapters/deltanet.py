@@ -331,7 +331,8 @@ def _inside_dots(queries, b, g):
     s = b.size(-2)
     out = [a.new_zeros(*a.shape[:-1], s) for a in queries]
     for d in range(s):
-        keys = (g[..., d:, :] - g[..., :s - d, :]).exp() * b[..., :s - d, :]  # e^(G_t - G_(t-d)) * b_(t-d)
+        # e^(G_t - G_(t-d)) * b_(t-d), and b itself on the diagonal (d = 0: no decay)
+        keys = (g[..., d:, :] - g[..., :s - d, :]).exp() * b[..., :s - d, :] if d else b
         for o, a in zip(out, queries):
             o.diagonal(-d, -2, -1).copy_((a[..., d:, :] * keys).sum(-1))
     return out
