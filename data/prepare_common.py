@@ -6,6 +6,7 @@ writing aside and switching in, and the one line an interrupt ends with. A scrip
     import prepare_common as common
 
 and still runs as `python data/X/prepare.py` from the repository root (or anywhere)."""
+import argparse
 import fcntl
 import json
 import os
@@ -237,3 +238,30 @@ def text_splits(path, url, here):
     if not train_text or not val_text:
         fail(f"input '{path}' is too short to split ({n} characters)")
     return path, train_text, val_text
+
+
+TINY_SHAKESPEARE = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+SPLIT_FILES = ("train.bin", "val.bin", "meta.json")
+
+
+def run_text_preparation(doc, dataset, here, prepare, url=TINY_SHAKESPEARE):
+    """A preparation of one text file into train.bin, val.bin and meta.json, run: --input (a local copy of url, else
+    url downloaded next to the script) and --out_dir (here by default), claimed for dataset; then
+    prepare(out_dir, train text, val text) writes them."""
+    def main():
+        parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+        parser.add_argument("--input", help="local text file to use instead of downloading tinyshakespeare")
+        parser.add_argument("--out_dir", default=here, help="where to write train.bin, val.bin, meta.json")
+        args = parser.parse_args()
+        with claimed(args.out_dir, dataset, SPLIT_FILES):
+            prepare(args.out_dir, *text_splits(args.input, url, here))
+    run(main)
+
+
+def write_splits(out_dir, splits, meta):
+    """The splits ({'train': ids, 'val': ids}, uint16) as train.bin and val.bin, and meta with each one's token
+    count, written (write_dataset) and their sizes said."""
+    write_dataset(out_dir, {f"{name}.bin": ids for name, ids in splits.items()},
+                  {**meta, **{f"{name}_tokens": len(ids) for name, ids in splits.items()}})
+    for name, ids in splits.items():
+        print(f"{name} has {len(ids):,} tokens")

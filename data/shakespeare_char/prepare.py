@@ -11,7 +11,6 @@ A folder holding another dataset's files (another preparation's meta.json, or .b
 accounts for) is refused in one line, and so is a second preparation of the same folder while one runs
 (out_dir/.lock); meta.json's 'dataset' says which preparation wrote it.
 """
-import argparse
 import os
 import sys
 
@@ -21,35 +20,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # data/: prepare_common, what every preparation shares
 import prepare_common as common  # noqa: E402
 
-URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 DATASET = "shakespeare_char"  # meta.json's 'dataset': which preparation wrote a folder
-NAMES = ("train.bin", "val.bin", "meta.json")
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--input", help="local text file to use instead of downloading tinyshakespeare")
-    parser.add_argument("--out_dir", default=HERE, help="where to write train.bin, val.bin, meta.json")
-    args = parser.parse_args()
-    with common.claimed(args.out_dir, DATASET, NAMES):
-        prepare(args)
-
-
-def prepare(args):
-    path, train_text, val_text = common.text_splits(args.input, URL, HERE)
+def prepare(out_dir, path, train_text, val_text):
     chars = sorted(set(train_text + val_text))
     if len(chars) > 2**16:
         common.fail(f"input '{path}' has {len(chars)} distinct characters, more than uint16 ids can hold")
     stoi = {c: i for i, c in enumerate(chars)}
     splits = {name: np.array([stoi[c] for c in text], dtype=np.uint16)
               for name, text in (("train", train_text), ("val", val_text))}
-    meta = {"dataset": DATASET, "kind": "char", "vocab_size": len(chars), "chars": chars,
-            **{f"{name}_tokens": len(ids) for name, ids in splits.items()}}
-    common.write_dataset(args.out_dir, {f"{name}.bin": ids for name, ids in splits.items()}, meta)
+    meta = {"dataset": DATASET, "kind": "char", "vocab_size": len(chars), "chars": chars}
     print(f"vocab size: {len(chars):,}")
-    print(f"train has {len(splits['train']):,} tokens")
-    print(f"val has {len(splits['val']):,} tokens")
+    common.write_splits(out_dir, splits, meta)
 
 
 if __name__ == "__main__":
-    common.run(main)
+    common.run_text_preparation(__doc__, DATASET, HERE, prepare)

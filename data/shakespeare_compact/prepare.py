@@ -13,7 +13,6 @@ one's and nearly all of a small model's compute (config/ablate_miniseries_bpe_cp
 in the vocabulary too (472 of them never occur in train), as with GPT-2's: the model must still give them room.
 Offline, point TIKTOKEN_CACHE_DIR at a directory holding tiktoken's cached GPT-2 files.
 """
-import argparse
 import os
 import sys
 
@@ -23,34 +22,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # data/: prepare_common, what every preparation shares
 import prepare_common as common  # noqa: E402
 
-URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 DATASET = "shakespeare_compact"  # meta.json's 'dataset': which preparation wrote a folder
-NAMES = ("train.bin", "val.bin", "meta.json")
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--input", help="local text file to use instead of downloading tinyshakespeare")
-    parser.add_argument("--out_dir", default=HERE, help="where to write train.bin, val.bin, meta.json")
-    args = parser.parse_args()
-    with common.claimed(args.out_dir, DATASET, NAMES):
-        prepare(args)
-
-
-def prepare(args):
-    _, train_text, val_text = common.text_splits(args.input, URL, HERE)
+def prepare(out_dir, path, train_text, val_text):
     enc = common.gpt2_encoding()
     gpt2 = {name: np.array(enc.encode_ordinary(text), dtype=np.int64)
             for name, text in (("train", train_text), ("val", val_text))}
     used = np.unique(np.concatenate(list(gpt2.values())))  # sorted: the new id of a GPT-2 id is its rank here
     splits = {name: np.searchsorted(used, ids).astype(np.uint16) for name, ids in gpt2.items()}
     meta = {"dataset": DATASET, "kind": "tiktoken", "encoding": "gpt2", "vocab_size": len(used),
-            "ids": used.tolist(), **{f"{name}_tokens": len(ids) for name, ids in splits.items()}}
-    common.write_dataset(args.out_dir, {f"{name}.bin": ids for name, ids in splits.items()}, meta)
+            "ids": used.tolist()}
     print(f"{len(used):,} of GPT-2's {enc.n_vocab:,} token ids occur in the text")
-    print(f"train has {len(splits['train']):,} tokens")
-    print(f"val has {len(splits['val']):,} tokens")
+    common.write_splits(out_dir, splits, meta)
 
 
 if __name__ == "__main__":
-    common.run(main)
+    common.run_text_preparation(__doc__, DATASET, HERE, prepare)
