@@ -102,6 +102,6 @@ def test_readmes_results_table_says_one_short_claim_per_cell_with_its_unit_and_s
     assert header[:3] == ['question', 'measured (3 seeds)', 'published finding (source): ours'] and len(rows) >= 6
     for question, measured, published, command in rows:
         assert max(len(question), len(measured), len(published)) <= 250, question
-        assert re.search(r'nats/char|accuracy|bytes/token|tok/s', measured), question
+        assert re.search(r'nats/char|bits/byte|accuracy|bytes/token|tok/s', measured), question
         assert re.search(r'\([^)]*\b(19|20)\d\d', published), question  # (who, year)
         assert command.startswith('`python '), question
