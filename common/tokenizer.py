@@ -69,6 +69,10 @@ def load_tokenizer(meta_path=None, pretrained=None, name=''):
 def _renumbered(bpe, ids, meta_path):
     """bpe over the ids a dataset renumbered (meta.json's 'ids': the BPE id of each of its ids, as
     data/shakespeare_compact writes them); a prompt with a BPE token outside them is an error line."""
+    if not isinstance(ids, list) or not all(isinstance(i, int) and 0 <= i < bpe.vocab_size for i in ids) or \
+            len(set(ids)) != len(ids):
+        die(f"'{meta_path}' has 'ids' that are not distinct token ids of {bpe.source} (0..{bpe.vocab_size - 1}); "
+            f"rerun the dataset's prepare.py")
     new = {old: i for i, old in enumerate(ids)}
 
     def encode(text):
@@ -198,6 +202,9 @@ def token_bytes(meta, vocab_size):
         except Exception:  # offline without the cache: the run goes on without bits per byte
             return None
         special = {enc.encode_single_token(s) for s in enc.special_tokens_set}
-        pieces = [0 if i in special else len(enc.decode_single_token_bytes(i))
-                  for i in meta.get('ids', range(enc.n_vocab))]
+        try:  # a renumbered vocabulary's ids are GPT-2's (a damaged list: no bits per byte, load_tokenizer says why)
+            pieces = [0 if i in special else len(enc.decode_single_token_bytes(i))
+                      for i in meta.get('ids', range(enc.n_vocab))]
+        except (KeyError, TypeError, ValueError):
+            return None
     return (pieces + [0] * vocab_size)[:vocab_size]

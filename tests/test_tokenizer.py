@@ -72,6 +72,13 @@ def test_a_renumbered_bpe_reads_its_ids_as_gpt2_text_counts_their_bytes_and_refu
         tok.encode('Hello, moon')
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "' moon'" in err[0] and 'meta.json' in err[0]
+    for bad in ([5, 5], [70000], 'abc'):  # repeated, past GPT-2's ids, not a list: one line, no traceback
+        (tmp_path / 'meta.json').write_text(json.dumps({**meta, 'ids': bad}))
+        with pytest.raises(SystemExit):
+            load_tokenizer(str(tmp_path / 'meta.json'))
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "'ids'" in err[0] and 'prepare.py' in err[0]
+    assert token_bytes({**meta, 'ids': [70000]}, 64) is None  # no bits per byte from ids that are no GPT-2 token
     os.makedirs(tmp_path / 'data' / 'tiny', exist_ok=True)
     (tmp_path / 'data' / 'tiny' / 'meta.json').write_text(json.dumps(meta))
     cwd = os.getcwd()
