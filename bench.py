@@ -194,7 +194,10 @@ for name in names or ([] if families and vs_hf else ['']):  # the families alone
     configs.append((name or f"{cfg.norm}+{cfg.mlp}+kv{cfg.kv_heads}/{cfg.n_head}+{cfg.pos}", cfg))
 if timer not in ('wall', 'process'):
     die(f"timer must be 'wall' or 'process', got {timer!r}")
-baseline_config = GPTConfig(**{**model_args, **VARIANTS[baseline]}) if baseline else None
+try:  # the settings apply to the baseline too: one it cannot take is said as a variant's is
+    baseline_config = GPTConfig(**{**model_args, **VARIANTS[baseline]}) if baseline else None
+except ValueError as e:
+    die(f"baseline {baseline!r}: {e}")
 if baseline and not train_iters:
     die(f"baseline={baseline!r} compares training steps and train_iters=0 takes none: give train_iters >= 1")
 if json:  # a checkpoint, a hard-linked file, a directory or a place we cannot write: said now, not after the timing
