@@ -69,8 +69,7 @@ def load_tokenizer(meta_path=None, pretrained=None, name=''):
 def _renumbered(bpe, ids, meta_path):
     """bpe over the ids a dataset renumbered (meta.json's 'ids': the BPE id of each of its ids, as
     data/shakespeare_compact writes them); a prompt with a BPE token outside them is an error line."""
-    if not isinstance(ids, list) or not all(isinstance(i, int) and 0 <= i < bpe.vocab_size for i in ids) or \
-            len(set(ids)) != len(ids):
+    if not renumbering_ok(ids, bpe.vocab_size):
         die(f"'{meta_path}' has 'ids' that are not distinct token ids of {bpe.source} (0..{bpe.vocab_size - 1}); "
             f"rerun the dataset's prepare.py")
     new = {old: i for i, old in enumerate(ids)}
@@ -84,6 +83,12 @@ def _renumbered(bpe, ids, meta_path):
         return [new[t] for t in tokens]
     return Tokenizer(encode, lambda tokens: bpe.decode([ids[i] for i in tokens]), len(ids), f"{bpe.source} as "
                      f"'{meta_path}' renumbers it")
+
+
+def renumbering_ok(ids, n_vocab):
+    """Whether meta.json's 'ids' is a list of distinct token ids below n_vocab (a renumbered vocabulary's)."""
+    return isinstance(ids, list) and all(isinstance(i, int) and 0 <= i < n_vocab for i in ids) and \
+        len(set(ids)) == len(ids)
 
 
 def _recall_tokenizer(meta, meta_path):
@@ -202,9 +207,8 @@ def token_bytes(meta, vocab_size):
         except Exception:  # offline without the cache: the run goes on without bits per byte
             return None
         special = {enc.encode_single_token(s) for s in enc.special_tokens_set}
-        try:  # a renumbered vocabulary's ids are GPT-2's (a damaged list: no bits per byte, load_tokenizer says why)
-            pieces = [0 if i in special else len(enc.decode_single_token_bytes(i))
-                      for i in meta.get('ids', range(enc.n_vocab))]
-        except (KeyError, TypeError, ValueError):
-            return None
+        ids = meta.get('ids', range(enc.n_vocab))  # a renumbered vocabulary's are GPT-2's
+        if 'ids' in meta and not renumbering_ok(ids, enc.n_vocab):
+            return None  # a damaged list: no bits per byte (load_tokenizer says why in one line)
+        pieces = [0 if i in special else len(enc.decode_single_token_bytes(i)) for i in ids]
     return (pieces + [0] * vocab_size)[:vocab_size]

@@ -247,7 +247,7 @@ SPLIT_FILES = ("train.bin", "val.bin", "meta.json")
 def run_text_preparation(doc, dataset, here, prepare, url=TINY_SHAKESPEARE):
     """A preparation of one text file into train.bin, val.bin and meta.json, run: --input (a local copy of url, else
     url downloaded next to the script) and --out_dir (here by default), claimed for dataset; then
-    prepare(out_dir, train text, val text) writes them."""
+    prepare(out_dir, the input's path, train text, val text) writes them."""
     def main():
         parser = argparse.ArgumentParser(description=doc.splitlines()[0])
         parser.add_argument("--input", help="local text file to use instead of downloading tinyshakespeare")
