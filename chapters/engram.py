@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from chapters.short_conv import shifted_products
 from chapters.speedrun import LAYER_LIST, continues, layers_of
 from model import FEATURES, OPTIONAL_POSITIVE_INT, Feature, RMSNorm, changed, flag_list, is_int
 
@@ -199,20 +200,8 @@ class EngramBranch(nn.Module):
         inputs = F.pad(normed, (0, 0, self.reach, 0)) if past is None else torch.cat((past.to(normed.dtype), normed), 1)
         if keep is not None:
             keep.copy_(inputs[:, inputs.size(1) - self.reach:])
-        conv = dilated_products(inputs, self.conv.weight, self.dilation)
+        conv = shifted_products(inputs, self.conv.weight, self.dilation)  # elementwise: neither FLOP count counts it
         return x + gated + F.silu(conv).view_as(gated)
-
-
-def dilated_products(x, weight, dilation):
-    """A causal depthwise convolution of x (B, reach + T, channels), its first reach positions the past, as
-    kernel-many shifted products per channel: elementwise work, which neither torch's FLOP counter nor
-    flops_per_token counts (as the norms; a grouped Conv1d's backward torch's counter miscounts as dense)."""
-    kernel = weight.size(-1)
-    T = x.size(1) - (kernel - 1) * dilation
-    y = x[:, :T] * weight[:, 0, 0]
-    for i in range(1, kernel):
-        y = torch.addcmul(y, x[:, i * dilation:i * dilation + T], weight[:, 0, i])  # as short_conv's shifted_products
-    return y
 
 
 class Engram(Feature):

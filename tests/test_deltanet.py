@@ -105,6 +105,23 @@ def test_kimi_delta_chunked_equals_recurrent_with_a_decay_per_channel(B, H, T, d
         assert_close(chunked_state, recurrent_state, atol=1e-5)
 
 
+@pytest.mark.parametrize('per_channel, T, chunk', [(False, 13, 4), (False, 16, 8), (True, 17, 8), (True, 40, 16)])
+def test_chunked_gradients_are_the_recurrent_forms(per_channel, T, chunk):
+    """The chunked form's gradients (parts of its backward written out: InsideDots) equal autograd's through the
+    recurrent form, for q, k, v, the decays, beta and a carried state, in fp64: a decay per head and per channel,
+    a chunk of one sub-chunk and of two."""
+    q, k, v, g, beta, state = (t.double() for t in kda_inputs(2, 2, T, 8, 6, T))
+    g = g if per_channel else g[..., 0]
+    inputs = [t.requires_grad_() for t in (q, k, v, g, beta, state)]
+    weights = torch.randn(2, 2, T, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    grads = []
+    for form in (partial(deltanet.gated_delta_chunked, chunk=chunk, final=True), deltanet.gated_delta_recurrent):
+        out, final = form(*inputs[:5], state=inputs[5])
+        grads.append(torch.autograd.grad((out * weights).sum() + final.square().sum(), inputs))
+    for chunked, recurrent in zip(*grads):
+        assert_close(chunked, recurrent, atol=1e-9)
+
+
 def test_kimi_delta_decays_each_channel_of_the_state_at_its_own_rate():
     """One head, two tokens, by hand: row c of the state decays by e^g_c before the second write; and a decay
     equal over the channels is the per-head rule."""

@@ -27,14 +27,15 @@ def test_short_conv_is_lfm2s_formula_written_out():
 
 def test_the_shifted_products_are_torchs_depthwise_convolution_and_its_gradients():
     """shifted_products (the convolution of 'V', 'S', 'D' and 'K' layers) against F.conv1d in fp64: the outputs
-    and both gradients, kernels 1 to 4, a sequence shorter than the kernel included."""
+    and both gradients (its backward is written out), kernels 1 to 4, dilations 1 and 2 (Engram's), a sequence
+    shorter than the kernel included."""
     gen = torch.Generator().manual_seed(72)
-    for kernel, T in ((1, 5), (2, 7), (3, 2), (4, 9)):
-        x = torch.randn(2, 6, T + kernel - 1, dtype=torch.float64, generator=gen, requires_grad=True)
+    for kernel, T, dilation in ((1, 5, 1), (2, 7, 1), (3, 2, 1), (4, 9, 1), (3, 5, 2), (4, 2, 2)):
+        x = torch.randn(2, 6, T + (kernel - 1) * dilation, dtype=torch.float64, generator=gen, requires_grad=True)
         w = torch.randn(6, 1, kernel, dtype=torch.float64, generator=gen, requires_grad=True)
         grad = torch.randn(2, 6, T, dtype=torch.float64, generator=gen)
-        ours = short_conv.shifted_products(x.transpose(1, 2), w).transpose(1, 2)  # it takes (B, T, channels)
-        theirs = F.conv1d(x, w, groups=6)
+        ours = short_conv.shifted_products(x.transpose(1, 2), w, dilation).transpose(1, 2)  # it takes (B, T, channels)
+        theirs = F.conv1d(x, w, groups=6, dilation=dilation)
         assert ours.shape == theirs.shape == (2, 6, T)
         assert_close(ours, theirs, atol=1e-12)
         for a, b in zip(torch.autograd.grad(ours, (x, w), grad), torch.autograd.grad(theirs, (x, w), grad)):
