@@ -148,7 +148,8 @@ def model_flags(runtime_only=False):
 
 def upgrade_args(args):
     """A saved config's flags under today's names (checkpoints from before norm_position said prenorm), and
-    with today's defaults where the meaning changed: a GELU MLP saved before the gelu field computed the tanh form."""
+    with today's defaults where the meaning changed: a GELU MLP saved before the gelu field computed the tanh form;
+    a flag saved at a chapter's OLD_DEFAULTS value (a speed setting whose default changed) takes today's."""
     args = dict(args)
     if 'gelu' not in args and args.get('mlp', 'gelu') == 'gelu':
         args['gelu'] = 'tanh'
@@ -156,6 +157,10 @@ def upgrade_args(args):
         if old in args:
             value = args.pop(old)
             args.setdefault(new, values.get(value, value))
+    for path, _ in model_sources():  # a chapter's OLD_DEFAULTS: a default changed where no output does
+        for flag, value in _module_constant(path, 'OLD_DEFAULTS', {}).items():
+            if args.get(flag) == value:
+                del args[flag]
     return args
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from chapters.deltanet import FLA_ADAPTERS, FLA_OPS, fla_kernel, heads_second, time_padded
+from chapters.deltanet import FLA_ADAPTERS, FLA_OPS, decayed_dots, fla_kernel, heads_second, time_padded
 from chapters.short_conv import causal_depthwise_conv
 from model import LAYER_KINDS, NON_NEGATIVE_NUMBER, OPTIONAL_POSITIVE_INT, LayerKind, TokenMixer, changed, is_int, kinds
 
@@ -74,24 +74,36 @@ def ssd_chunked(x, dt, A, B, C, chunk, state=None, final=False):
     g = time_padded(dt * A[:, None], pad, -1).view(batch, groups, H // groups, n_chunks, L).cumsum(-1)
     x = time_padded(x * dt[..., None], pad).view(batch, groups, H // groups, n_chunks, L, P)
     B, C = (time_padded(t, pad).reshape(batch, groups, 1, n_chunks, L, -1) for t in (B, C))
-    below = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
-    decay = (g[..., :, None] - g[..., None, :]).masked_fill(~below, float('-inf')).exp()  # e^(G_t - G_j), j <= t
-    out = (C @ B.transpose(-1, -2)) * decay @ x  # within each chunk
-    x_decayed = x * (g[..., -1:] - g).exp()[..., None]  # writes decayed to the chunk's end
+    y = decayed_dots(g, B, C)[0] @ x  # within each chunk: (C_t.B_j) e^(G_t - G_j), j <= t
+    first = 0 if state is not None else 1  # the first chunk whose entering state is read (a zero one reads nothing)
+    rows = n_chunks + 1 - first if final else n_chunks - first  # entering states needed (row n: the final state)
+    if rows:
+        state = None if state is None else state.view(batch, groups, H // groups, P, -1)
+        states = _chunk_states(g, x, B, first, rows, state)  # (batch, groups, H / groups, rows, P, N)
+        read = n_chunks - first
+        # S0 read by each token of chunks first.., decayed to it: all chunks in one matmul
+        y[..., first:, :, :] += (C[..., first:, :, :] @ states[..., :read, :, :].transpose(-1, -2)) \
+            * g[..., first:, :, None].exp()
+    state = states[..., -1, :, :].flatten(1, 2) if final else None
+    return y.view(batch, H, n_chunks * L, P)[:, :, :T], state
+
+
+def _chunk_states(g, x, B, first, rows, state):
+    """The state entering chunks first, .., first + rows - 1 (chunk n: after the last), all at once: with a_k chunk
+    k's whole log-decay and E_i = a_0 + .. + a_(i-1), S_i = sum_(j<i) e^(E_i - E_(j+1)) W_j + e^(E_i) S0, W_j chunk
+    j's writes decayed to its end. One matmul by the (rows x writes) decays, where a loop over the chunks took a
+    pass per chunk and copied each chunk's slices (its backward stacked them back)."""
+    n_writes = first + rows - 1  # chunks 0..n_writes-1 write a state that is read
+    E = F.pad(g[..., -1].cumsum(-1), (1, 0))  # (..., n + 1)
+    x_end = x[..., :n_writes, :, :] * (g[..., :n_writes, -1:] - g[..., :n_writes, :]).exp()[..., None]
+    written = (x_end.transpose(-1, -2) @ B[..., :n_writes, :, :]).flatten(-2)  # (..., n_writes, P * N)
+    i = torch.arange(first, first + rows, device=g.device)
+    later = i[:, None] <= torch.arange(n_writes, device=g.device)  # j >= i: not yet written
+    decays = (E[..., first:first + rows, None] - E[..., None, 1:n_writes + 1]).masked_fill_(later, float('-inf'))
+    states = (decays.exp_() @ written).unflatten(-1, x.shape[-1:] + B.shape[-1:])
     if state is not None:
-        state = state.view(batch, groups, H // groups, P, -1)
-    # each chunk's part taken once (unbind): an index per chunk wrote its gradient into a zero-filled copy of the
-    # whole tensor, once per chunk
-    out, C, B, x_decayed = (t.unbind(-3) for t in (out, C, B, x_decayed))
-    read_decay, chunk_decay = g[..., None].exp().unbind(-3), g[..., -1, None, None].exp().unbind(-3)
-    outs = []
-    for i in range(n_chunks):  # S0 read by each token, decayed to it
-        outs.append(out[i] if state is None else out[i] + (C[i] @ state.transpose(-1, -2)) * read_decay[i])
-        if i < n_chunks - 1 or final:
-            written = x_decayed[i].transpose(-1, -2) @ B[i]
-            state = written if state is None else state * chunk_decay[i] + written
-    y = torch.stack(outs, dim=-3).view(batch, H, n_chunks * L, P)[:, :, :T]
-    return y, None if state is None else state.flatten(1, 2)
+        states = states + E[..., first:first + rows, None, None].exp() * state[..., None, :, :]
+    return states
 
 
 def ssd_recurrent(x, dt, A, B, C, state=None):

@@ -126,7 +126,7 @@ def test_a_baseline_without_training_steps_or_unknown_is_one_error_line(tmp_path
     expect_one_error(bench('--variants=modern', '--baseline=modern', '--train_iters=0', cwd=tmp_path),
                      'baseline', 'train_iters')
     # a chapter's setting the variants take and the baseline cannot: one line naming the baseline, no traceback
-    expect_one_error(bench('--variants=deltanet', '--baseline=modern', '--linear_chunk_size=32', cwd=tmp_path),
+    expect_one_error(bench('--variants=deltanet', '--baseline=modern', '--linear_chunk_size=16', cwd=tmp_path),
                      "baseline 'modern'", 'linear_chunk_size')
 
 

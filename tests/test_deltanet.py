@@ -122,6 +122,15 @@ def test_chunked_gradients_are_the_recurrent_forms(per_channel, T, chunk):
         assert_close(chunked, recurrent, atol=1e-9)
 
 
+def test_checkpoints_holding_the_old_chunk_default_take_todays():
+    """Every checkpoint held linear_chunk_size=64 before its default became 32 (models without 'D' or 'K' layers
+    too, which refuse a changed value): a saved 64 reads as today's default, any other value as saved."""
+    from configurator import upgrade_args
+    assert 'linear_chunk_size' not in upgrade_args({'n_layer': 2, 'linear_chunk_size': 64})
+    assert upgrade_args({'layers': 'DG', 'linear_chunk_size': 16})['linear_chunk_size'] == 16
+    assert tiny_config(**upgrade_args({'linear_chunk_size': 64})).linear_chunk_size == 32
+
+
 def test_kimi_delta_decays_each_channel_of_the_state_at_its_own_rate():
     """One head, two tokens, by hand: row c of the state decays by e^g_c before the second write; and a decay
     equal over the channels is the per-head rule."""

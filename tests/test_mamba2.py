@@ -27,6 +27,27 @@ def test_ssd_chunked_equals_recurrent(batch, H, T, P, N, chunk):
         assert_close(chunked_state, recurrent_state, atol=1e-5)
 
 
+@pytest.mark.parametrize('groups, T, chunk', [(1, 13, 4), (2, 16, 8), (4, 9, 64)])
+def test_ssd_chunked_gradients_are_the_recurrent_forms(groups, T, chunk):
+    """The chunked form's gradients (its decayed scores' backward written out: deltanet.DecayedDots, the scores a
+    group's broadcast over its heads' decays) equal autograd's through the recurrence, in fp64, for x, dt, A, B,
+    C and a carried state, with 1, 2 and 4 groups for 4 heads."""
+    gen = torch.Generator().manual_seed(T)
+    H, P, N = 4, 3, 5
+    inputs = [torch.randn(2, H, T, P, generator=gen), torch.rand(2, H, T, generator=gen), -2 * torch.rand(H, generator=gen),
+              torch.randn(2, groups, T, N, generator=gen), torch.randn(2, groups, T, N, generator=gen),
+              torch.randn(2, H, P, N, generator=gen)]
+    inputs = [t.double().requires_grad_() for t in inputs]
+    x, dt, A, B, C, state = inputs
+    weights = torch.randn(2, H, T, P, dtype=torch.float64, generator=gen)
+    chunked = mamba2.ssd_chunked(x, dt, A, B, C, chunk, state, final=True)
+    per_head = [t.repeat_interleave(H // groups, dim=1) for t in (B, C)]
+    recurrent = mamba2.ssd_recurrent(x, dt, A, *per_head, state)
+    grads = [torch.autograd.grad((out * weights).sum() + final.square().sum(), inputs) for out, final in (chunked, recurrent)]
+    for ours, reference in zip(*grads):
+        assert_close(ours, reference, atol=1e-9)
+
+
 def test_ssd_matches_the_recurrence_written_out():
     """One head, two tokens, by hand: S1 = dt1 x1 B1^T; S2 = e^(dt2 A) S1 + dt2 x2 B2^T; y = S C."""
     gen = torch.Generator().manual_seed(74)
