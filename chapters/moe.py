@@ -179,13 +179,14 @@ class Experts(nn.Module):
                 ys = ys + self.c_proj_bias.to(bf16)[flat[order]]
             ys = ys.to(xs.dtype)
         else:  # a loop over experts, not tokens: the slices' sizes are read on the host (one sync per layer)
-            ys, start = torch.empty_like(xs), 0
-            for e, n in enumerate(counts.tolist()):
-                if n:
-                    gate_up = F.linear(xs[start:start + n], self.c_fc[e], self.c_fc_bias[e] if biased else None)
-                    ys[start:start + n] = F.linear(self.act(gate_up), self.c_proj[e],
-                                                   self.c_proj_bias[e] if biased else None)
-                    start += n
+            # each expert's tokens and weights taken once (split, unbind) and the outputs joined once (cat): an
+            # index or a slice per expert had its gradient written into a zero-filled copy of the whole tensor,
+            # and each output written into a slice cloned the gradient, once per expert (MoE's step 1.2x on a CPU)
+            fc, proj = self.c_fc.unbind(0), self.c_proj.unbind(0)
+            fc_bias, proj_bias = (b.unbind(0) if biased else [None] * len(fc)
+                                  for b in (self.c_fc_bias, self.c_proj_bias))
+            ys = torch.cat([F.linear(self.act(F.linear(tokens_e, fc[e], fc_bias[e])), proj[e], proj_bias[e])
+                            for e, tokens_e in enumerate(xs.split(counts.tolist())) if len(tokens_e)])
         if not self.scale_input:
             ys = ys * routed.to(ys.dtype)
         return torch.zeros_like(x).index_add_(0, tokens, ys)
