@@ -136,6 +136,10 @@ def visible_keys(mask, T, S, device):
     return torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)  # causal: query i is key S - T + i
 
 
+# a score no key reaches, for the keys a query does not read (finite: times a probability of 0 it is 0, not nan)
+UNREAD = -1e30
+
+
 def top_k_earliest(scores, k):
     """(..., S) bool: each row's k highest scores, of equal scores the earliest (a stable sort's choice), found with
     topk, not a sort: a decoding step's cost at 8k positions was the sort's."""
@@ -272,14 +276,17 @@ class LightningIndexer(nn.Module):
         self.loss = None
         if not (self.training and self.loss_coef):
             return
-        reads, log_index = self._reads, self._scores.masked_fill(~self._reads, float('-inf')).log_softmax(-1)
+        # the keys not read masked to a finite floor, not -inf: their log-probability times the target's 0 there is
+        # then 0, with no second mask to keep it from being nan
+        reads, log_index = self._reads, self._scores.masked_fill(~self._reads, UNREAD).log_softmax(-1)
         with torch.no_grad():
             k = k.repeat_interleave(q.size(1) // k.size(1), dim=1) if k.size(1) != q.size(1) else k
-            logits = (q.float() @ k.float().transpose(-1, -2)) * (q.size(-1) ** -0.5 if scale is None else scale)
-            target = logits.masked_fill(~self.head_reads(reads), float('-inf')).softmax(-1)
+            q = q.float() * (q.size(-1) ** -0.5 if scale is None else scale)  # scaled here, not the (T x S) logits
+            target = (q @ k.float().transpose(-1, -2)).masked_fill_(~self.head_reads(reads), float('-inf')).softmax(-1)
             target = self.head_sum(target)
             target = target / target.sum(-1, keepdim=True)
-        kl = (torch.xlogy(target, target) - target * log_index.masked_fill(~reads, 0.0)).sum(-1).mean()
+            entropy = torch.xlogy(target, target).sum(-1)  # the KL's constant part: no gradient to take
+        kl = (entropy - (target * log_index).sum(-1)).mean()
         self.losses += torch.stack((kl.detach(), torch.ones_like(kl.detach())))
         self.loss = kl
 
