@@ -122,6 +122,15 @@ def test_chunked_gradients_are_the_recurrent_forms(per_channel, T, chunk):
         assert_close(chunked, recurrent, atol=1e-9)
 
 
+def test_l2_normalize_has_autograds_gradient():
+    """L2Normalize's backward written out, against torch's numerical gradient in fp64, with and without a scale."""
+    x = torch.randn(2, 3, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(7), requires_grad=True)
+    for scale in (1.0, 0.3):
+        assert torch.autograd.gradcheck(lambda t: deltanet.l2_normalize(t, 1e-3, scale), (x,))
+    y = deltanet.l2_normalize(x.detach(), 1e-6, 0.3)
+    assert_close(y.norm(dim=-1), torch.full(y.shape[:-1], 0.3, dtype=torch.float64), atol=1e-6)
+
+
 def test_checkpoints_holding_the_old_chunk_default_take_todays():
     """Every checkpoint held linear_chunk_size=64 before its default became 32 (models without 'D' or 'K' layers
     too, which refuse a changed value): a saved 64 reads as today's default, any other value as saved."""

@@ -266,6 +266,14 @@ def test_a_model_with_copies_that_fits_no_family_names_the_families_that_carry_t
     assert 'which also needs' in message
 
 
+def test_the_mean_squares_backward_is_autograds():
+    """MeanSquare (the collapse weights' norm: one dot product, its backward written out) against the square and
+    the mean, value and gradient, in fp64."""
+    x = torch.randn(2, 3, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(9), requires_grad=True)
+    torch.testing.assert_close(hc.MeanSquare.apply(x), x.square().mean(-1, keepdim=True), rtol=0, atol=1e-14)
+    assert torch.autograd.gradcheck(hc.MeanSquare.apply, (x,))
+
+
 def test_sinkhorns_own_backward_is_autograds_through_the_normalisations():
     """Sinkhorn (forward and hand-written backward) against the softmax and the normalisations written out and
     differentiated by autograd, in float64, for 1, 2 and 20 iterations."""

@@ -129,6 +129,32 @@ def test_a_decoding_steps_pairs_equal_the_loop_over_experts(tokens, flags):
         assert_close(layer.experts.pairs(x, experts, weights), layer.experts(x, experts, weights), atol=1e-6)
 
 
+@pytest.mark.parametrize('flags', [{}, {'moe_bias': True, 'swiglu_limit': 0.5}], ids=['plain', 'gpt-oss'])
+def test_the_loop_over_experts_has_the_gradients_of_each_pair_written_out(flags):
+    """The loop over experts (each expert's tokens split off, its weights unbound, the outputs joined) against
+    Experts.pairs, each (token, expert) pair computed on its own: the same gradients for the tokens, the routing
+    weights and every expert's weights and biases, an expert no token picked (the last) getting zeros."""
+    layer = moe_model(**flags)
+    with torch.no_grad():
+        for p in (layer.experts.c_fc_bias, layer.experts.c_proj_bias):
+            if p is not None:
+                p.normal_(0, 0.5)
+    gen = torch.Generator().manual_seed(66)
+    x = torch.randn(6, N_EMBD, generator=gen)
+    experts = torch.randn(6, 3, generator=gen).topk(layer.k).indices  # of the first 3 of 4 experts
+    weights = torch.rand(6, layer.k, generator=gen)
+    grads = []
+    for form in (layer.experts, layer.experts.pairs):
+        inputs = [x.clone().requires_grad_(), weights.clone().requires_grad_()]
+        layer.zero_grad()
+        y = form(inputs[0], experts, inputs[1])
+        (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
+        grads.append([t.grad for t in inputs] + [p.grad.clone() for p in layer.experts.parameters()])
+    for loop, pairs in zip(*grads):
+        assert_close(loop, pairs, atol=1e-6)
+    assert layer.experts.c_fc.grad[3].abs().max() == 0 < layer.experts.c_fc.grad[:3].abs().max()
+
+
 @pytest.mark.parametrize('widths, fits', [((32, 24), True), ((64, 344), True), ((64, 341), False),
                                            ((36, 24), False), ((8, 8), True)])
 def test_grouped_matmul_only_at_widths_it_can_read(widths, fits):
