@@ -105,11 +105,12 @@ def test_kimi_delta_chunked_equals_recurrent_with_a_decay_per_channel(B, H, T, d
         assert_close(chunked_state, recurrent_state, atol=1e-5)
 
 
-@pytest.mark.parametrize('per_channel, T, chunk', [(False, 13, 4), (False, 16, 8), (True, 17, 8), (True, 40, 16)])
+@pytest.mark.parametrize('per_channel, T, chunk', [(False, 13, 4), (False, 16, 8), (True, 17, 8), (True, 40, 16),
+                                                   (True, 40, 32)])
 def test_chunked_gradients_are_the_recurrent_forms(per_channel, T, chunk):
-    """The chunked form's gradients (parts of its backward written out: InsideDots) equal autograd's through the
-    recurrent form, for q, k, v, the decays, beta and a carried state, in fp64: a decay per head and per channel,
-    a chunk of one sub-chunk and of two."""
+    """The chunked form's gradients (parts of its backward written out: DecayedDots, ChannelDecayedDots) equal
+    autograd's through the recurrent form, for q, k, v, the decays, beta and a carried state, in fp64: a decay per
+    head and per channel, a chunk of one sub-chunk, of two and of four."""
     q, k, v, g, beta, state = (t.double() for t in kda_inputs(2, 2, T, 8, 6, T))
     g = g if per_channel else g[..., 0]
     inputs = [t.requires_grad_() for t in (q, k, v, g, beta, state)]
