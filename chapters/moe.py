@@ -194,14 +194,16 @@ class Experts(nn.Module):
     def pairs(self, x, experts, weights):
         """forward() for a decoding step's few tokens with nothing read on the host, so a compiled step is one
         graph whatever the routing (the loop over experts reads their token counts: a graph break, and a recompile
-        for each new set of counts). Each token's experts in ascending order, as the loop adds them. With fewer
-        (token, expert) pairs than experts each pair's expert weights are gathered; with more, every expert runs
-        on every token (reading each expert once) and the chosen pairs are kept."""
+        for each new set of counts). The pairs in the loop's order: by expert, each token's in ascending order.
+        With fewer (token, expert) pairs than experts each pair's expert weights are gathered; with more, every
+        expert runs on every token (reading each expert once) and the chosen pairs are kept."""
         N, k = experts.shape
-        experts, perm = experts.sort(dim=-1)
-        weights, flat = weights.gather(1, perm).flatten()[:, None], experts.flatten()
-        tokens = torch.arange(N, device=x.device).repeat_interleave(k)
-        xs = x[tokens] * weights.to(x.dtype) if self.scale_input else x[tokens]  # (N*k, d)
+        # the pairs grouped by expert, as the loop takes them (so each token's experts are added in the same
+        # order): an expert two tokens picked is gathered twice in a row, the second time from the cache (a
+        # Qwen3-MoE-shaped layer's 64 pairs 1.12x faster compiled on a CPU than in token order)
+        flat, order = experts.flatten().sort(stable=True)
+        routed, tokens = weights.flatten()[order, None], order // k  # each pair's weight and token
+        xs = x[tokens] * routed.to(x.dtype) if self.scale_input else x[tokens]  # (N*k, d)
         if N * k <= self.c_fc.size(0):
             gate_up = torch.bmm(self.c_fc[flat], xs[:, :, None])[..., 0]
             if self.c_fc_bias is not None:
@@ -213,7 +215,7 @@ class Experts(nn.Module):
             inputs = x.expand(self.c_fc.size(0), -1, -1)  # (E, N, d): every expert, every token
             if self.scale_input:  # Llama 4: each token scaled by its weight for that expert (0 where not chosen)
                 dense = torch.zeros(N, self.c_fc.size(0), dtype=x.dtype, device=x.device).scatter_(
-                    1, experts, weights.view(N, k).to(x.dtype))
+                    1, experts, weights.to(x.dtype))
                 inputs = inputs * dense.T[:, :, None]
             gate_up = inputs @ self.c_fc.transpose(1, 2)
             if self.c_fc_bias is not None:
@@ -223,7 +225,7 @@ class Experts(nn.Module):
                 ys = ys + self.c_proj_bias[:, None]
             ys = ys[flat, tokens]  # (N*k, d): the chosen pairs
         if not self.scale_input:
-            ys = ys * weights.to(ys.dtype)
+            ys = ys * routed.to(ys.dtype)
         return torch.zeros_like(x).index_add_(0, tokens, ys)
 
 
