@@ -90,19 +90,23 @@ def ssd_chunked(x, dt, A, B, C, chunk, state=None, final=False):
 
 def _chunk_states(g, x, B, first, rows, state):
     """The state entering chunks first, .., first + rows - 1 (chunk n: after the last), all at once: with a_k chunk
-    k's whole log-decay and E_i = a_0 + .. + a_(i-1), S_i = sum_(j<i) e^(E_i - E_(j+1)) W_j + e^(E_i) S0, W_j chunk
-    j's writes decayed to its end. One matmul by the (rows x writes) decays, where a loop over the chunks took a
-    pass per chunk and copied each chunk's slices (its backward stacked them back)."""
-    n_writes = first + rows - 1  # chunks 0..n_writes-1 write a state that is read
-    E = F.pad(g[..., -1].cumsum(-1), (1, 0))  # (..., n + 1)
+    k's whole log-decay, S_i = sum_(j<i) e^(a_(j+1) + .. + a_(i-1)) W_j + e^(a_0 + .. + a_(i-1)) S0, W_j chunk j's
+    writes decayed to its end. One matmul by the (rows x writes) decays, where a loop over the chunks took a pass
+    per chunk and copied each chunk's slices (its backward stacked them back). Each decay is a sum of the chunks
+    between, summed from row i back (suffix sums), not a difference of two running sums: over a long sequence
+    those grow to thousands, and their difference would keep only fp32's few digits left at that size."""
+    n_writes, n = first + rows - 1, g.size(-2)  # chunks 0..n_writes-1 write a state that is read
     x_end = x[..., :n_writes, :, :] * (g[..., :n_writes, -1:] - g[..., :n_writes, :]).exp()[..., None]
     written = (x_end.transpose(-1, -2) @ B[..., :n_writes, :, :]).flatten(-2)  # (..., n_writes, P * N)
-    i = torch.arange(first, first + rows, device=g.device)
-    later = i[:, None] <= torch.arange(n_writes, device=g.device)  # j >= i: not yet written
-    decays = (E[..., first:first + rows, None] - E[..., None, 1:n_writes + 1]).masked_fill_(later, float('-inf'))
-    states = (decays.exp_() @ written).unflatten(-1, x.shape[-1:] + B.shape[-1:])
+    i = torch.arange(first, first + rows, device=g.device)[:, None]
+    before = torch.arange(n, device=g.device) < i  # (rows, n): chunk k lies before row i
+    # suffix[i, j] = a_j + .. + a_(i-1) (0 from j = i on), from chunk i - 1 back
+    suffix = F.pad(g[..., -1][..., None, :].masked_fill(~before, 0.0).flip(-1).cumsum(-1).flip(-1), (0, 1))
+    later = i <= torch.arange(n_writes, device=g.device)  # j >= i: not yet written
+    decays = suffix[..., 1:n_writes + 1].masked_fill(later, float('-inf')).exp()  # a_(j+1) + .. + a_(i-1)
+    states = (decays @ written).unflatten(-1, x.shape[-1:] + B.shape[-1:])
     if state is not None:
-        states = states + E[..., first:first + rows, None, None].exp() * state[..., None, :, :]
+        states = states + suffix[..., 0, None, None].exp() * state[..., None, :, :]
     return states
 
 
