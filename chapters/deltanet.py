@@ -208,17 +208,18 @@ class DecayedDots(torch.autograd.Function):
         above = torch.ones(C, C, dtype=torch.bool, device=g.device).triu_(1)
         decay = (g[..., :, None] - g[..., None, :]).masked_fill_(above, float('-inf')).exp_()
         outs = [torch.matmul(a, b.transpose(-1, -2)) * decay for a in queries]
-        ctx.save_for_backward(g, b, decay, *queries, *outs)
+        ctx.save_for_backward(b, decay, *queries, *outs)
+        ctx.g_shape = g.shape
         return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grads):
-        g, b, decay, *rest = ctx.saved_tensors
+        b, decay, *rest = ctx.saved_tensors
         queries, outs = rest[:len(grads)], rest[len(grads):]
         P = grads[0] * outs[0]
         for grad, out in zip(grads[1:], outs[1:]):
             P.addcmul_(grad, out)
-        grad_g = (P.sum(-1) - P.sum(-2)).sum_to_size(g.shape)
+        grad_g = (P.sum(-1) - P.sum(-2)).sum_to_size(ctx.g_shape)
         grad_b, grad_queries = None, []
         for grad, a in zip(grads, queries):
             dots = (grad * decay).sum_to_size(*a.shape[:-2], a.size(-2), b.size(-2))  # dL/d(a b^T)

@@ -184,12 +184,13 @@ class Experts(nn.Module):
             # and each output written into a slice cloned the gradient, once per expert (an MoE step 1.14x on a
             # CPU). Without a gradient only the experts hit are indexed: unbinding all of gpt-oss's took longer
             # than an eager decoding step's products (0.76x HF's tok/s where indexing gave 1.07x)
-            taken = (lambda w: w.unbind(0)) if torch.is_grad_enabled() else (lambda w: w)
-            fc, proj = taken(self.c_fc), taken(self.c_proj)
-            fc_bias, proj_bias = (taken(b) if biased else [None] * len(fc) for b in (self.c_fc_bias, self.c_proj_bias))
+            fc, proj, fc_bias, proj_bias = weights = self.c_fc, self.c_proj, self.c_fc_bias, self.c_proj_bias
+            if torch.is_grad_enabled():
+                fc, proj, fc_bias, proj_bias = (None if w is None else w.unbind(0) for w in weights)
             sizes = counts.tolist()
             hit = [e for e, n in enumerate(sizes) if n]  # the tokens come grouped by expert: only these have rows
-            ys = torch.cat([F.linear(self.act(F.linear(tokens_e, fc[e], fc_bias[e])), proj[e], proj_bias[e])
+            ys = torch.cat([F.linear(self.act(F.linear(tokens_e, fc[e], fc_bias[e] if biased else None)), proj[e],
+                                     proj_bias[e] if biased else None)
                             for e, tokens_e in zip(hit, xs.split([sizes[e] for e in hit]))])
         if not self.scale_input:
             ys = ys * routed.to(ys.dtype)

@@ -34,16 +34,17 @@ def test_ssd_chunked_gradients_are_the_recurrent_forms(groups, T, chunk):
     C and a carried state, with 1, 2 and 4 groups for 4 heads."""
     gen = torch.Generator().manual_seed(T)
     H, P, N = 4, 3, 5
-    inputs = [torch.randn(2, H, T, P, generator=gen), torch.rand(2, H, T, generator=gen), -2 * torch.rand(H, generator=gen),
-              torch.randn(2, groups, T, N, generator=gen), torch.randn(2, groups, T, N, generator=gen),
-              torch.randn(2, H, P, N, generator=gen)]
+    inputs = [torch.randn(2, H, T, P, generator=gen), torch.rand(2, H, T, generator=gen),
+              -2 * torch.rand(H, generator=gen), torch.randn(2, groups, T, N, generator=gen),
+              torch.randn(2, groups, T, N, generator=gen), torch.randn(2, H, P, N, generator=gen)]
     inputs = [t.double().requires_grad_() for t in inputs]
     x, dt, A, B, C, state = inputs
     weights = torch.randn(2, H, T, P, dtype=torch.float64, generator=gen)
     chunked = mamba2.ssd_chunked(x, dt, A, B, C, chunk, state, final=True)
     per_head = [t.repeat_interleave(H // groups, dim=1) for t in (B, C)]
     recurrent = mamba2.ssd_recurrent(x, dt, A, *per_head, state)
-    grads = [torch.autograd.grad((out * weights).sum() + final.square().sum(), inputs) for out, final in (chunked, recurrent)]
+    grads = [torch.autograd.grad((out * weights).sum() + final.square().sum(), inputs)
+             for out, final in (chunked, recurrent)]
     for ours, reference in zip(*grads):
         assert_close(ours, reference, atol=1e-9)
 
