@@ -86,11 +86,52 @@ def with_sink(q, k, v, mask, sinks, scale):
     return q, k, v, F.pad(mask, (0, 1), value=True)  # the sink key: seen by every query, whatever the mask's shape
 
 
+def additive(mask, T, S, dtype):
+    """A mask as the fused CPU kernel takes it: None for causal or none (a bool; causal is the kernel's own only
+    when T == S, else query i sees keys up to S - T + i), else 0 where a query sees a key and -inf elsewhere."""
+    if isinstance(mask, bool):
+        if not mask or T == S:
+            return None
+        mask = torch.ones(T, S, dtype=torch.bool).tril(S - T)
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float('-inf'))
+
+
+class SinkAttention(torch.autograd.Function):
+    """Attention with one sink per head on a CPU: PyTorch's fused (flash) kernel over the keys, whose row
+    log-sum-exp gives the share of each row the sink leaves to them, w = sigmoid(lse - sink), so out = w * attention
+    (with_sink's extra key and padded dims cost an explicit mask and a quarter more work at 32 dims). The backward
+    is the kernel's own, handed w * grad and the output as scaled: its row term grad . out is then the one the sink's
+    zero-valued key gives, so dq, dk, dv are exact; the sink's own gradient is -sum (1 - w) grad . out."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, mask, scale):
+        causal = mask is True and q.size(2) == k.size(2)
+        bias = additive(mask, q.size(2), k.size(2), q.dtype)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal,
+                                                                              attn_mask=bias, scale=scale)
+        kept = torch.sigmoid(lse - sinks.view(-1, 1).to(lse.dtype))  # (B, H, T)
+        out = out * kept[..., None].to(out.dtype)
+        ctx.save_for_backward(q, k, v, out, lse, kept, bias)
+        ctx.causal, ctx.scale = causal, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse, kept, bias = ctx.saved_tensors
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            (grad * kept[..., None].to(grad.dtype)).contiguous(), q, k, v, out, lse, 0.0, ctx.causal,
+            attn_mask=bias, scale=ctx.scale)
+        dsinks = -((1 - kept) * (grad * out).sum(-1).to(kept.dtype)).sum((0, 2))
+        return dq, dk, dv, dsinks, None, None
+
+
 def attend_with_sinks(q, k, v, mask, dropout_p=0.0, scale=None, sinks=None):
     """model.attend, with sinks (a logit per query head that joins every softmax's denominator) when given (called
     through the module, so a probe that replaces model.attend sees every call)."""
     if sinks is not None:  # the scale given explicitly: SDPA's default would follow the padded queries' width
         scale = q.size(-1) ** -0.5 if scale is None else scale
+        if q.device.type == 'cpu' and dropout_p == 0 and sinks.dim() == 1:
+            return SinkAttention.apply(q, k, v, sinks, q.size(2) > 1 if mask is None else mask, scale)
         q, k, v, mask = with_sink(q, k, v, q.size(2) > 1 if mask is None else mask, sinks, scale)
     return model.attend(q, k, v, mask, dropout_p, scale)
 

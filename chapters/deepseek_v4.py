@@ -243,15 +243,6 @@ def wide(t):
     return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
 
-def attend_entries(q, k, v, mask, dropout_p=0.0, scale=None, sinks=None):
-    """attention.attend_with_sinks for a boolean mask of any leading dims ((B, 1, T, S): one per sequence)."""
-    if sinks is not None:  # the sink as one more key (attention.with_sink), its column of the mask True
-        scale = q.size(-1) ** -0.5 if scale is None else scale
-        q, k, v, _ = attention.with_sink(q, k, v, False, sinks, scale)
-        mask = torch.cat((mask, mask.new_ones(*mask.shape[:-1], 1)), dim=-1)
-    return M.attend(q, k, v, mask, dropout_p, scale)
-
-
 class Compressor(nn.Module):
     """DeepSeek-V4's compressor: every `rate` tokens pooled into one entry of `width`. Each token gives a candidate
     (c_kv) and a gate (c_gate) per channel; an entry is the candidates weighted by the softmax, per channel, of
@@ -465,7 +456,7 @@ class CompressedAttention(SharedKVAttention):
         window = visible_keys(mask, T, kv.size(2), x.device).expand(B, T, -1)
         keys = torch.cat((kv, entries.unsqueeze(1).to(kv.dtype)), dim=2)
         # through the module, so a probe that replaces it sees the call
-        y = attend_entries(q, keys, keys, torch.cat((window, reads), dim=-1)[:, None],
+        y = attention.attend_with_sinks(q, keys, keys, torch.cat((window, reads), dim=-1)[:, None],
                            self.dropout if self.training else 0.0, self.scale, self.sinks)
         if self.indexer is not None:
             self.indexer.learn(q, entries, self.scale)

@@ -10,28 +10,30 @@ from tiny_models import BLOCK, N_EMBD, N_HEAD, VOCAB, assert_close, build, confi
 pytestmark = pytest.mark.usefixtures('single_thread')
 
 
-@pytest.mark.parametrize('mask', [True, False, 'window'])
+@pytest.mark.parametrize('mask', [True, False, 'window', 'after a cache'])
 @pytest.mark.parametrize('n_kv', [4, 2])
 @pytest.mark.parametrize('scale', [0.3, None])
 def test_attention_sinks_are_a_logit_column_in_each_softmax(mask, n_kv, scale):
-    """attend's sinks (an extra key for SDPA) against the written-out softmax with a sink column, values and
-    gradients; a very negative sink is no sink, and a large one takes weight from every key. scale None: the
-    head width's, not the width of SDPA's padded queries."""
+    """attend's sinks (on a CPU the fused kernel's log-sum-exp, SinkAttention; elsewhere an extra key for SDPA,
+    with_sink: both taken here) against the written-out softmax with a sink column, values and gradients; a very
+    negative sink is no sink, and a large one takes weight from every key. scale None: the head width's, not the
+    width of SDPA's padded queries. After a cache: 3 queries, the last 3 of 7 positions."""
     g = torch.Generator().manual_seed(41)
-    q = torch.randn(2, 4, 7, 8, generator=g, requires_grad=True)
-    k, v = torch.randn(2, n_kv, 7, 8, generator=g), torch.randn(2, n_kv, 7, 8, generator=g)
+    T = 3 if mask == 'after a cache' else 7
+    q = torch.randn(2, 4, T, 8, generator=g, requires_grad=True)
+    k, v = (torch.randn(2, n_kv, 7, 8, generator=g).requires_grad_() for _ in range(2))
     sinks = torch.randn(4, generator=g).requires_grad_()
-    if mask == 'window':
-        mask = M.causal_mask(7, 3, "cpu")
-    out = attention.attend_with_sinks(q, k, v, mask, scale=scale, sinks=sinks)
+    mask = {'window': M.causal_mask(7, 3, "cpu"), 'after a cache': True}.get(mask, mask)
     expected = explicit_attend(q, k, v, mask, scale=scale, sinks=sinks)
-    assert_close(out, expected, atol=1e-5)
-    grads = torch.autograd.grad(out.square().sum(), (q, sinks))
-    for got, want in zip(grads, torch.autograd.grad(expected.square().sum(), (q, sinks))):
-        assert_close(got, want, atol=1e-5)
+    wants = torch.autograd.grad(expected.square().sum(), (q, k, v, sinks))
+    padded = M.attend(*attention.with_sink(q, k, v, mask, sinks, scale or 8 ** -0.5), scale=scale or 8 ** -0.5)
+    for out in attention.attend_with_sinks(q, k, v, mask, scale=scale, sinks=sinks), padded:
+        assert_close(out, expected, atol=1e-5)
+        for got, want in zip(torch.autograd.grad(out.square().sum(), (q, k, v, sinks)), wants):
+            assert_close(got, want, atol=1e-5)
     with torch.no_grad():
         assert_close(attention.attend_with_sinks(q, k, v, mask, scale=scale, sinks=torch.full((4,), -1e4)),
-                     M.attend(q, k, v, mask, scale=scale), atol=1e-6)
+                     explicit_attend(q, k, v, mask, scale=scale), atol=1e-6)
         assert attention.attend_with_sinks(q, k, v, mask, scale=scale, sinks=torch.full((4,), 50.0)).abs().max() < 1e-6
 
 

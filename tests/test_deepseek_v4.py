@@ -416,7 +416,6 @@ def test_a_deepseek_v4_model_learns_is_causal_and_decodes_through_the_cache(over
 def test_flops_per_token_equals_the_counted_flops(overrides, monkeypatch):
     """As torch counts them: the compressed layers' entries (all of a sequence's, as training reads them, masked),
     CSA's indexer forward and, learning, backward and its target."""
-    monkeypatch.setattr(v4, 'attend_entries', explicit_attend)
     model = build(**{**V4, **overrides})
     T = 5  # the window: the explicit attention computes what a window masks
     idx = torch.randint(0, VOCAB, (2, T), generator=torch.Generator().manual_seed(12))
