@@ -97,9 +97,10 @@ def additive(mask, T, S, dtype):
 
 
 class SinkAttention(torch.autograd.Function):
-    """Attention with one sink per head on a CPU: PyTorch's fused (flash) kernel over the keys, whose row
-    log-sum-exp gives the share of each row the sink leaves to them, w = sigmoid(lse - sink), so out = w * attention
-    (with_sink's extra key and padded dims cost an explicit mask and a quarter more work at 32 dims). The backward
+    """Attention with one sink per head on a CPU (q, k and v of one width, as the kernel takes them): PyTorch's
+    fused (flash) kernel over the keys, whose row log-sum-exp gives the share of each row the sink leaves to them,
+    w = sigmoid(lse - sink), so out = w * attention (with_sink's extra key and padded dims cost an explicit mask
+    and a quarter more work at 32 dims). The backward
     is the kernel's own, handed w * grad and the output as scaled: its row term grad . out is then the one the sink's
     zero-valued key gives, so dq, dk, dv are exact; the sink's own gradient is -sum (1 - w) grad . out."""
 
@@ -130,7 +131,7 @@ def attend_with_sinks(q, k, v, mask, dropout_p=0.0, scale=None, sinks=None):
     through the module, so a probe that replaces model.attend sees every call)."""
     if sinks is not None:  # the scale given explicitly: SDPA's default would follow the padded queries' width
         scale = q.size(-1) ** -0.5 if scale is None else scale
-        if q.device.type == 'cpu' and dropout_p == 0 and sinks.dim() == 1:
+        if q.device.type == 'cpu' and dropout_p == 0 and sinks.dim() == 1 and v.size(-1) == q.size(-1):
             return SinkAttention.apply(q, k, v, sinks, q.size(2) > 1 if mask is None else mask, scale)
         q, k, v, mask = with_sink(q, k, v, q.size(2) > 1 if mask is None else mask, sinks, scale)
     return model.attend(q, k, v, mask, dropout_p, scale)
