@@ -183,7 +183,10 @@ class LatentAttention(TokenMixer):
         """q.k = (q_nope W_uk) . latent + q_rope . k_rope, and att.v = (att . latent) W_uv^T; keys: the cached
         [latent | k_rope] of every past token; mask: False (every key is the past), or the slots that are (1, S)."""
         w = self.kv_b.weight.view(self.n_head, self.nope_dim + self.v_dim, self.latent_dim)
-        q_latent = q_nope @ w[:, :self.nope_dim]  # (B, H, 1, latent)
+        # the heads as the matmuls' batch and the sequences as rows: a batch of sequences broadcast over w had
+        # torch copy w once per sequence (16 MB a layer a step at batch 8 for HY-V4's shapes)
+        per_head = lambda t, m: (t.squeeze(-2).transpose(0, 1) @ m).transpose(0, 1).unsqueeze(-2)
+        q_latent = per_head(q_nope, w[:, :self.nope_dim])  # (B, H, 1, latent)
         # one query per head at the same position: the heads become the queries of one shared "head", so the
         # cache is read once, not repeated per head
         q = torch.cat((q_latent, q_rope), dim=-1).transpose(1, 2)  # (B, 1, H, latent + rope)
@@ -192,8 +195,7 @@ class LatentAttention(TokenMixer):
         # the values are the whole keys, the output's latent dims kept: with q, k and v of one width SDPA takes its
         # fused kernel, where a narrower v sends it to the math one (on a CPU 2x slower per step at 8k-32k keys)
         y = attention.attend_with_sinks(q, keys, keys, mask, scale=self.scale, sinks=sinks)[..., :self.latent_dim]
-        y = y.transpose(1, 2)
-        return y @ w[:, self.nope_dim:].transpose(1, 2)  # (B, H, 1, v)
+        return per_head(y.transpose(1, 2), w[:, self.nope_dim:].transpose(1, 2))  # (B, H, 1, v)
 
 
 ATTENTIONS['mla'] = LatentAttention
