@@ -116,9 +116,8 @@ class BlockIndexer(LightningIndexer):
         learns = bool(self.loss_coef)
         weights = sum(m.weight.numel() for m in (self.wq, self.wk, self.weights, getattr(self, 'pool_gate', None))
                       if m is not None)
-        scores = (3 if learns else 1) * 2 * self.n_head * self.head_dim * (seq_len // self.block)
         target = 2 * qk_width * seq_len if learns else 0
-        return scores + target - (2 if learns else 4) * weights
+        return self.score_flops(seq_len // self.block) + target - (2 if learns else 4) * weights
 
     # ------------------------------------------------------------------------- the blocks
 

@@ -148,6 +148,31 @@ def top_k_earliest(scores, k):
     return above | (tied & (tied.cumsum(-1) <= k - above.sum(-1, keepdim=True)))
 
 
+class WeightedReluScores(torch.autograd.Function):
+    """sum over heads h of w_h(t) * ReLU(q_h(t).k(s) * scale), (B, T, S), from the queries as rows token by token
+    (B, T * H, D), one key per token (B, S, D) and the heads' weights (B, T, H), as transformers computes it: the
+    dots scaled, ReLU'd in place, the heads summed by a matmul with their weights. The backward takes the ReLU'd dots
+    alone (autograd kept a copy per step: the dots, ReLU'd, scaled, weighted, each (T * H x S))."""
+
+    @staticmethod
+    def forward(ctx, q, k, w, scale):
+        B, T, H = w.shape
+        dots = torch.bmm(q, k.transpose(1, 2)).mul_(scale).relu_()  # (B, T * H, S)
+        ctx.save_for_backward(q, k, w, dots)
+        ctx.scale = scale
+        return torch.bmm(w.reshape(B * T, 1, H), dots.view(B * T, H, -1)).view(B, T, -1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, w, dots = ctx.saved_tensors
+        B, T, H = w.shape
+        grad = grad.reshape(B * T, 1, -1)
+        dw = torch.bmm(dots.view(B * T, H, -1), grad.transpose(1, 2)).view(B, T, H)
+        ddots = (w * ctx.scale).reshape(B * T, H, 1) * grad  # (B * T, H, S)
+        ddots = torch.ops.aten.threshold_backward(ddots, dots.view_as(ddots), 0).view(B, T * H, -1)
+        return torch.bmm(ddots, k), torch.bmm(ddots.transpose(1, 2), q), dw, None
+
+
 class LightningIndexer(nn.Module):
     """DeepSeek Sparse Attention's indexer (DeepSeek-V3.2): a cheap score of every past token for each query, so
     the layer's attention reads only the index_topk highest. Its own small query heads (from the queries' input),
@@ -194,9 +219,14 @@ class LightningIndexer(nn.Module):
         weight), and without its loss (index_loss_coef=0) nothing of it runs backward (2)."""
         learns = bool(self.loss_coef)
         weights = sum(m.weight.numel() for m in (self.wq, self.wk, self.weights) if m is not None)
-        scores = (3 if learns else 1) * 2 * self.n_head * self.head_dim * seq_len
         target = 2 * qk_width * seq_len if learns else 0
-        return scores + target - (2 if learns else 4) * weights
+        return self.score_flops(seq_len) + target - (2 if learns else 4) * weights
+
+    def score_flops(self, keys):
+        """Its scores of a query over `keys` keys, forward (and backward, learning): the heads' dots and, weighted,
+        their sum, a matmul too, whose backward is one more for the weights (WeightedReluScores)."""
+        passes, weighted = (3, 2) if self.loss_coef else (1, 1)
+        return 2 * self.n_head * (passes * self.head_dim + (not self.per_group) * weighted) * keys
 
     def scores(self, x, q_in, rope, cache):
         """(B, T, S): every new query's score of every key it may see (a cache's too)."""
@@ -233,9 +263,8 @@ class LightningIndexer(nn.Module):
         if self.per_group:
             return (q.float() @ k.float().transpose(-1, -2)).flatten(0, 1)
         # the heads' queries as rows of one matrix per sequence (a broadcast over heads would copy the keys)
-        dots = q.float().reshape(B, -1, D) @ k.float().squeeze(1).transpose(-1, -2)
-        dots = F.relu(dots.view(B, H, T, -1)) * D ** -0.5  # (B, H, T, S)
-        return (w.transpose(1, 2).unsqueeze(-1) * dots).sum(1)
+        rows = q.float().transpose(1, 2).reshape(B, T * H, D)
+        return WeightedReluScores.apply(rows, k.float().squeeze(1), w, D ** -0.5)
 
     def narrow(self, x, q_in, rope, mask, cache, *keys):
         """The attention's mask for the picked keys, and its keys (B, heads, S, dim): as they are, or in a
