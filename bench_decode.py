@@ -20,9 +20,9 @@ choice between near-equal logits can go either way, so the row says how many new
 row that parts from HF's, where, and how far apart the fp32 model's two best logits were there against the 16-bit
 dtype's rounding step (`partings`).
 
-What bounds a step: each row gives the bytes a decoding step reads (every weight it multiplies by and the KV cache
-at the last step's length, in that dtype) and the time this machine takes to read that many bytes, measured in the
-same run (a sum over a tensor of that size: from the caches when it fits in them, as the weights then are); the
+What bounds a step: each row gives the bytes a decoding step reads (every weight it multiplies by, of an MoE's
+experts only those its tokens picked, and the KV cache at the last step's length, in that dtype) and the time this
+machine takes to read that many bytes, measured in the same run (a sum over a tensor of that size: from the caches when it fits in them, as the weights then are); the
 header gives the main-memory read bandwidth (a sum over 256 MB). A step near its read floor is bound by bytes; one
 well above it, by compute or by fixed costs per step. --vs_hf_profile=True adds the top operators of a decoding
 step (torch.profiler).
@@ -62,12 +62,32 @@ def _decoders(ours, fast, hf, idx, new_tokens):
 def step_bytes(model, batch, seq_len):
     """(weight bytes, KV cache bytes) one decoding step of `batch` sequences reads at seq_len positions, in the
     model's dtype: every weight a step multiplies by (a tied head reads the whole token table; an embedding table
-    used only for lookups is a row per token: left out; with MoE all experts, an upper bound) and the whole cache
+    used only for lookups is a row per token: left out; with MoE all experts, an upper bound: unread_bytes) and the whole cache
     (a step's attention reads every slot of it, the masked ones too)."""
     weights = {id(p): p for m in model.modules() if not isinstance(m, nn.Embedding)  # learned positions are one too
                for p in m.parameters(recurse=False)}
     weight_bytes = sum(p.numel() * p.element_size() for p in weights.values())
     return weight_bytes, model.kv_cache_bytes(batch, seq_len, model.lm_head.weight.dtype)
+
+
+def unread_bytes(model, idx, new_tokens):
+    """The bytes of step_bytes' weights a decoding step of `model` need not read, on average over a greedy call's
+    steps: the experts no token of the step picked (modules declaring unread_params), from the call's own routing
+    (every decoder's, when their tokens are identical)."""
+    layers = [m for m in model.modules() if hasattr(m, 'unread_params')]
+    size, unread = model.lm_head.weight.element_size(), []
+
+    def count(module, args, out):
+        if args[0].numel() // args[0].size(-1) == idx.size(0):  # a step's one token a row, not the prompt
+            unread.append(module.unread_params(args[0]) * size)
+    hooks = [m.register_forward_hook(count) for m in layers]
+    try:
+        with torch.no_grad():
+            model.generate(idx, new_tokens, temperature=0)
+    finally:
+        for h in hooks:
+            h.remove()
+    return round(sum(unread) * len(layers) / len(unread)) if unread else 0
 
 
 def read_seconds(nbytes, device, repeats=20):
@@ -150,8 +170,9 @@ def partings(reference, tokens, hf_tokens, prompt_len, dtype):
     return out
 
 
-def _row(name, hf, dtype, batch, prompt_len, new_tokens, ours, tokens, best, device):
+def _row(name, hf, dtype, batch, prompt_len, new_tokens, ours, tokens, best, device, idx):
     weight_bytes, cache_bytes = step_bytes(ours, batch, prompt_len + new_tokens)
+    weight_bytes -= unread_bytes(ours, idx, new_tokens)
     tps = {k: batch * new_tokens / t for k, t in best.items()}
     matching = _matches(tokens, prompt_len)
     return {'variant': name, 'hf_class': type(hf).__name__, 'dtype': dtype, 'batch': batch, **tps,
@@ -264,7 +285,7 @@ def race(name, ours, hf, dtype, batches, prompt_len, new_tokens, repeats, device
     for batch in batches:
         idx = torch.randint(vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(seed)).to(device)
         tokens, best = _time_decoders(_decoders(ours, fast, hf, idx, new_tokens), repeats, device)
-        r = _row(name, hf, dtype, batch, prompt_len, new_tokens, ours, tokens, best, device)
+        r = _row(name, hf, dtype, batch, prompt_len, new_tokens, ours, tokens, best, device, idx)
         rows.append(r)
         if reference is not None:
             r['partings'] = partings(reference, tokens['ours eager'], tokens['HF generate'], prompt_len, dtype)

@@ -269,6 +269,16 @@ class MoE(nn.Module):
     def forward(self, x):
         shape = x.shape
         x = x.reshape(-1, shape[-1])
+        logits, scores, experts, weights = self.route(x)
+        y = self.experts(x, experts, weights * self.scaling)
+        if self.shared is not None:
+            y = y + (self.shared(x) * torch.sigmoid(self.shared_gate(x)) if self.shared_gate is not None
+                     else self.shared(x))
+        self._account(logits, scores, experts)
+        return self.dropout(y.view(shape))
+
+    def route(self, x):
+        """x (N, d) -> the router's logits and scores (N, E), each token's k experts and their weights (N, k)."""
         logits = self.router(x).float()
         scores = logits.sigmoid() if self.sigmoid else logits.softmax(dim=-1)
         choice = scores + self.expert_bias if self.sigmoid else scores
@@ -283,12 +293,7 @@ class MoE(nn.Module):
         weights = scores.gather(1, experts)
         if self.norm_topk:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-        y = self.experts(x, experts, weights * self.scaling)
-        if self.shared is not None:
-            y = y + (self.shared(x) * torch.sigmoid(self.shared_gate(x)) if self.shared_gate is not None
-                     else self.shared(x))
-        self._account(logits, scores, experts)
-        return self.dropout(y.view(shape))
+        return logits, scores, experts, weights
 
     def _account(self, logits, scores, experts):
         """Load and balancing losses of this forward: kept for logging, and the training loss's share."""
@@ -306,6 +311,13 @@ class MoE(nn.Module):
     def inactive_params(self):
         """Parameters of the experts a token does not go to."""
         return (self.E - self.k) * self.experts.per_expert()
+
+    @torch.no_grad()
+    def unread_params(self, x):
+        """Parameters of the experts no token of x picked: what a forward of x need not read (a decoding step's
+        few tokens leave most of a large MoE's experts unread)."""
+        picked = self.route(x.reshape(-1, x.size(-1)))[2].unique().numel()
+        return (self.E - picked) * sum(p[0].numel() for p in self.experts.parameters())
 
     @torch.no_grad()
     def balance(self, rate):

@@ -100,3 +100,18 @@ def test_partings_name_each_rows_first_difference_and_the_fp32_models_margin_the
         assert part['gap'] == pytest.approx(float(top[0] - top[1]))
         assert 2 ** -8 * abs(float(top[0])) < part['step'] <= 2 ** -7 * abs(float(top[0]))
     assert bench_decode.partings(model, ours, ours.clone(), 1, 'bfloat16') == []
+
+
+def test_unread_bytes_are_the_experts_no_token_of_a_step_picked():
+    """One token a step picks k of E experts, so each step leaves E - k experts of every MoE layer unread; eight
+    tokens leave fewer, and a model without experts leaves nothing."""
+    from chapters import moe
+    cfg = GPTConfig(**TINY, **{**swap_flags('modern', TINY), **moe.VARIANT})
+    model = GPT(cfg).eval()
+    expert_bytes = sum(p[0].numel() for p in model.transformer.h[0].mlp.experts.parameters()) * 4
+    idx = torch.randint(65, (1, 3), generator=torch.Generator().manual_seed(0))
+    E, k = cfg.n_expert, cfg.n_expert_active
+    assert bench_decode.unread_bytes(model, idx, 4) == TINY['n_layer'] * (E - k) * expert_bytes
+    rows = torch.randint(65, (8, 3), generator=torch.Generator().manual_seed(1))
+    assert 0 <= bench_decode.unread_bytes(model, rows, 4) < TINY['n_layer'] * (E - k) * expert_bytes
+    assert bench_decode.unread_bytes(GPT(GPTConfig(**TINY)).eval(), idx, 4) == 0
