@@ -24,6 +24,28 @@ KINDS = {'mha': dict(pos='rope'), 'gqa': dict(norm='rms', mlp='swiglu', pos='rop
 SPARSE = dict(index_topk=4, index_n_heads=2, index_head_dim=16)
 
 
+def test_weighted_relu_scores_backward_is_autograds():
+    """WeightedReluScores' backward written out: a gradcheck in float64, and against autograd's through the plain
+    form (dots scaled, ReLU'd, weighted, summed over heads) with a query row whose dots are exactly 0 (ReLU's kink,
+    where both take the gradient 0); the forward equal to the plain form."""
+    g = torch.Generator().manual_seed(3)
+    B, T, H, S, D = 2, 3, 2, 5, 4
+    q = torch.randn(B, T * H, D, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(B, S, D, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(B, T, H, generator=g, dtype=torch.float64, requires_grad=True)
+    scores = lambda q, k, w: sparse_attention.WeightedReluScores.apply(q, k, w, 0.5)
+    assert torch.autograd.gradcheck(scores, (q, k, w))
+    plain = lambda q, k, w: (F.relu(q @ k.transpose(1, 2) * 0.5).view(B, T, H, S) * w.unsqueeze(-1)).sum(2)
+    kinked = q.detach().clone()
+    kinked[0, 0] = 0
+    kinked.requires_grad_()
+    out = torch.randn(B, T, S, generator=g, dtype=torch.float64)
+    for got, want in zip(torch.autograd.grad((scores(kinked, k, w) * out).sum(), (kinked, k, w)),
+                         torch.autograd.grad((plain(kinked, k, w) * out).sum(), (kinked, k, w))):
+        assert_close(got, want, atol=1e-12)
+    assert_close(scores(q, k, w), plain(q, k, w), atol=1e-12)
+
+
 def sparse(kind, seed=0, **overrides):
     return build(seed, **{**KINDS[kind], **SPARSE, **overrides})
 
