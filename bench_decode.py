@@ -79,7 +79,7 @@ def unread_bytes(model, idx, new_tokens):
 
     def count(module, args, out):
         if args[0].numel() // args[0].size(-1) == idx.size(0):  # a step's one token a row, not the prompt
-            unread.append(module.unread_params(args[0]) * size)
+            unread.append(module.unread_params(*args) * size)  # (x, and the token ids of a router that reads them)
     hooks = [m.register_forward_hook(count) for m in layers]
     try:
         with torch.no_grad():

@@ -559,23 +559,16 @@ class DeepseekV4MoE(MoE):
         """Each token's experts (N, k): the top k of score + the balancing bias."""
         return (scores + self.expert_bias).topk(self.k, dim=-1).indices
 
-    def forward(self, x, tokens=None):
+    def route(self, x, tokens=None):
         if not self.sqrt_softplus and tokens is None:
-            return super().forward(x)
-        shape = x.shape
-        x = x.reshape(-1, shape[-1])
+            return super().route(x)
         logits = self.router(x).float()
         scores = self.score(logits)
         experts = self.choose(scores, tokens)
         weights = scores.gather(1, experts)
         if self.norm_topk:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-        y = self.experts(x, experts, weights * self.scaling)
-        if self.shared is not None:
-            shared = self.shared(x)
-            y = y + (shared * torch.sigmoid(self.shared_gate(x)) if self.shared_gate is not None else shared)
-        self._account(logits, scores, experts)
-        return self.dropout(y.view(shape))
+        return logits, scores, experts, weights
 
 
 def hash_table(vocab_size, n_expert, k, generator=None):

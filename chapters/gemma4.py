@@ -213,14 +213,18 @@ class DenseAndExperts(MoE):
         shape = x.shape
         dense = self.ln_dense_out(self.dense(self.ln(x)))
         x = x.reshape(-1, shape[-1])
-        routed = F.rms_norm(x, (shape[-1],), eps=self.eps) * self.router_scale * shape[-1] ** -0.5
-        logits = self.router(routed).float()
-        scores = logits.softmax(dim=-1)
-        weights, experts = scores.topk(self.k, dim=-1)
-        weights = weights / weights.sum(dim=-1, keepdim=True) * self.expert_scale[experts]
+        logits, scores, experts, weights = self.route(x)
         y = self.ln_experts_out(self.experts(self.ln_experts(x), experts, weights))
         self._account(logits, scores, experts)
         return self.dropout(dense + y.view(shape))
+
+
+    def route(self, x, tokens=None):
+        routed = F.rms_norm(x, (x.size(-1),), eps=self.eps) * self.router_scale * x.size(-1) ** -0.5
+        logits = self.router(routed).float()
+        scores = logits.softmax(dim=-1)
+        weights, experts = scores.topk(self.k, dim=-1)
+        return logits, scores, experts, weights / weights.sum(dim=-1, keepdim=True) * self.expert_scale[experts]
 
 
 def per_layer_embeddings(config):

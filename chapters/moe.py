@@ -266,10 +266,10 @@ class MoE(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.loss = None  # what this forward adds to the training loss
 
-    def forward(self, x):
+    def forward(self, x, tokens=None):
         shape = x.shape
         x = x.reshape(-1, shape[-1])
-        logits, scores, experts, weights = self.route(x)
+        logits, scores, experts, weights = self.route(x, tokens)
         y = self.experts(x, experts, weights * self.scaling)
         if self.shared is not None:
             y = y + (self.shared(x) * torch.sigmoid(self.shared_gate(x)) if self.shared_gate is not None
@@ -277,8 +277,9 @@ class MoE(nn.Module):
         self._account(logits, scores, experts)
         return self.dropout(y.view(shape))
 
-    def route(self, x):
-        """x (N, d) -> the router's logits and scores (N, E), each token's k experts and their weights (N, k)."""
+    def route(self, x, tokens=None):
+        """x (N, d) -> the router's logits and scores (N, E), each token's k experts and their weights (N, k)
+        (a subclass's router may read the token ids too)."""
         logits = self.router(x).float()
         scores = logits.sigmoid() if self.sigmoid else logits.softmax(dim=-1)
         choice = scores + self.expert_bias if self.sigmoid else scores
@@ -313,10 +314,10 @@ class MoE(nn.Module):
         return (self.E - self.k) * self.experts.per_expert()
 
     @torch.no_grad()
-    def unread_params(self, x):
+    def unread_params(self, x, tokens=None):
         """Parameters of the experts no token of x picked: what a forward of x need not read (a decoding step's
         few tokens leave most of a large MoE's experts unread)."""
-        picked = self.route(x.reshape(-1, x.size(-1)))[2].unique().numel()
+        picked = self.route(x.reshape(-1, x.size(-1)), tokens)[2].unique().numel()
         return (self.E - picked) * sum(p[0].numel() for p in self.experts.parameters())
 
     @torch.no_grad()

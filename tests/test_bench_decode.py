@@ -102,16 +102,38 @@ def test_partings_name_each_rows_first_difference_and_the_fp32_models_margin_the
     assert bench_decode.partings(model, ours, ours.clone(), 1, 'bfloat16') == []
 
 
-def test_unread_bytes_are_the_experts_no_token_of_a_step_picked():
-    """One token a step picks k of E experts, so each step leaves E - k experts of every MoE layer unread; eight
-    tokens leave fewer, and a model without experts leaves nothing."""
+@pytest.mark.parametrize('family', ['moe', 'gemma4', 'deepseek_v4_hash'])
+def test_unread_bytes_are_the_experts_no_token_of_a_step_picked(family):
+    """One token a step picks k of E experts, so each step leaves E - k experts of every MoE layer unread, whatever
+    the router reads (Gemma 4's normalized input, DeepSeek-V4's token ids); eight tokens leave fewer, and a model
+    without experts leaves nothing."""
     from chapters import moe
-    cfg = GPTConfig(**TINY, **{**swap_flags('modern', TINY), **moe.VARIANT})
-    model = GPT(cfg).eval()
-    expert_bytes = sum(p[0].numel() for p in model.transformer.h[0].mlp.experts.parameters()) * 4
-    idx = torch.randint(65, (1, 3), generator=torch.Generator().manual_seed(0))
-    E, k = cfg.n_expert, cfg.n_expert_active
-    assert bench_decode.unread_bytes(model, idx, 4) == TINY['n_layer'] * (E - k) * expert_bytes
-    rows = torch.randint(65, (8, 3), generator=torch.Generator().manual_seed(1))
-    assert 0 <= bench_decode.unread_bytes(model, rows, 4) < TINY['n_layer'] * (E - k) * expert_bytes
+    from test_deepseek_v4 import V4
+    from test_gemma4 import GEMMA4_MOE
+    from tiny_models import build
+    model = {'moe': lambda: GPT(GPTConfig(**TINY, **{**swap_flags('modern', TINY), **moe.VARIANT})).eval(),
+             'gemma4': lambda: build(**GEMMA4_MOE),
+             'deepseek_v4_hash': lambda: build(**V4, hash_moe_layers=1)}[family]()
+    layers = [m for m in model.modules() if isinstance(m, moe.MoE)]
+    with torch.no_grad():  # Gemma 4's router reads x scaled per channel: ones would pick as an unscaled x does
+        for m in layers:
+            if hasattr(m, 'router_scale'):
+                m.router_scale.uniform_(-2, 2, generator=torch.Generator().manual_seed(2))
+    expert_bytes = sum(p[0].numel() for p in layers[0].experts.parameters()) * 4
+    vocab = model.config.vocab_size
+    idx = torch.randint(vocab, (1, 3), generator=torch.Generator().manual_seed(0))
+    E, k = model.config.n_expert, model.config.n_expert_active
+    assert bench_decode.unread_bytes(model, idx, 4) == len(layers) * (E - k) * expert_bytes
+    rows = torch.randint(vocab, (8, 3), generator=torch.Generator().manual_seed(1))
+    assert 0 <= bench_decode.unread_bytes(model, rows, 4) < len(layers) * (E - k) * expert_bytes
     assert bench_decode.unread_bytes(GPT(GPTConfig(**TINY)).eval(), idx, 4) == 0
+    # what unread_params counts is the routing each layer's forward hands its experts
+    handed, routed = [], []
+    hooks = [m.experts.register_forward_pre_hook(lambda module, args: handed.append(args[1])) for m in layers]
+    hooks += [m.register_forward_pre_hook(lambda module, args: routed.append(
+        module.route(args[0].reshape(-1, args[0].size(-1)), *args[1:])[2])) for m in layers]
+    with torch.no_grad():
+        model(rows)
+    for h in hooks:
+        h.remove()
+    assert len(handed) == len(layers) and all(torch.equal(a, b) for a, b in zip(handed, routed))
