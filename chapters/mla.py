@@ -184,8 +184,10 @@ class LatentAttention(TokenMixer):
         [latent | k_rope] of every past token; mask: False (every key is the past), or the slots that are (1, S)."""
         w = self.kv_b.weight.view(self.n_head, self.nope_dim + self.v_dim, self.latent_dim)
         # the heads as the matmuls' batch and the sequences as rows: a batch of sequences broadcast over w had
-        # torch copy w once per sequence (16 MB a layer a step at batch 8 for HY-V4's shapes)
-        per_head = lambda t, m: (t.squeeze(-2).transpose(0, 1) @ m).transpose(0, 1).unsqueeze(-2)
+        # torch copy w once per sequence (16 MB a layer a step at batch 8 for HY-V4's shapes); the rows laid out
+        # (B, H, ...) again, tiny: left a transposed view, inductor's compiled step for GLM-5-Next at batch 8 gave
+        # other tokens than eager's (which the tiny MLA models the tests compile did not show)
+        per_head = lambda t, m: (t.squeeze(-2).transpose(0, 1) @ m).transpose(0, 1).contiguous().unsqueeze(-2)
         q_latent = per_head(q_nope, w[:, :self.nope_dim])  # (B, H, 1, latent)
         # one query per head at the same position: the heads become the queries of one shared "head", so the
         # cache is read once, not repeated per head
