@@ -276,7 +276,8 @@ def test_the_mean_squares_backward_is_autograds():
 
 def test_sinkhorns_own_backward_is_autograds_through_the_normalisations():
     """Sinkhorn (forward and hand-written backward) against the softmax and the normalisations written out and
-    differentiated by autograd, in float64, for 1, 2 and 20 iterations."""
+    differentiated by autograd, in float64, for 1, 2 and 20 iterations; without a gradient (decoding's way: in
+    place, divisions) the same matrices."""
     gen = torch.Generator().manual_seed(5)
     logits = torch.randn(2, 3, 4, 4, dtype=torch.float64, generator=gen, requires_grad=True)
     grad = torch.randn(2, 3, 4, 4, dtype=torch.float64, generator=gen)
@@ -288,5 +289,6 @@ def test_sinkhorns_own_backward_is_autograds_through_the_normalisations():
             expected = expected / (expected.sum(dim=-2, keepdim=True) + 1e-6)
         ours = hc.Sinkhorn.apply(logits, iters, 1e-6)
         torch.testing.assert_close(ours, expected, rtol=0, atol=1e-14)
+        torch.testing.assert_close(hc.Sinkhorn.apply(logits.detach(), iters, 1e-6), expected, rtol=0, atol=1e-14)
         torch.testing.assert_close(torch.autograd.grad(ours, logits, grad)[0],
                                    torch.autograd.grad(expected, logits, grad)[0], rtol=0, atol=1e-12)
