@@ -14,7 +14,6 @@ import torch.nn as nn
 
 from chapters import attention
 from chapters.long_context import yarn_mscale
-import model
 from model import ATTENTIONS, BOOL, POSITIVE_NUMBER, RMSNorm, TokenMixer, apply_rope, changed, flag_list, is_int, kinds
 
 MLA_FIELDS = ('kv_lora_rank', 'q_lora_rank', 'qk_nope_head_dim', 'qk_rope_head_dim', 'v_head_dim')

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-from torch.nn import functional as F
 
 from model import BOOL, FEATURES, LAYER_KINDS, NON_NEGATIVE_NUMBER, OPTIONAL_POSITIVE_INT, POSITIVE_INT, Feature, \
     apply_rope, changed, flag_list, is_number, kinds, mean_and_reset, one_of

@@ -14,8 +14,7 @@ from chapters import deepseek_v4 as v4, moe
 import generate as G
 from tiny_models import (BLOCK, N_EMBD, N_HEAD, VOCAB, assert_close, assert_steps_equal_full_forwards, build,
                          check_backward, check_cache_logits, check_causal, check_generate_cache, config_id,
-                         counted_training_flops, explicit_attend, losses_fall, rope_tables, tiny_config,
-                         train_a_few_steps)
+                         counted_training_flops, losses_fall, rope_tables, tiny_config, train_a_few_steps)
 
 pytestmark = pytest.mark.usefixtures('single_thread')
 

@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import model as M
 from chapters import GPT, GPTConfig, attention, hyper_connections as hc
