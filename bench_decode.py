@@ -22,7 +22,8 @@ dtype's rounding step (`partings`).
 
 What bounds a step: each row gives the bytes a decoding step reads (every weight it multiplies by, of an MoE's
 experts only those its tokens picked, and the KV cache at the last step's length, in that dtype) and the time this
-machine takes to read that many bytes, measured in the same run (a sum over a tensor of that size: from the caches when it fits in them, as the weights then are); the
+machine takes to read that many bytes, measured in the same run (a sum over a tensor of that size: from the caches
+when it fits in them, as the weights then are); the
 header gives the main-memory read bandwidth (a sum over 256 MB). A step near its read floor is bound by bytes; one
 well above it, by compute or by fixed costs per step. --vs_hf_profile=True adds the top operators of a decoding
 step (torch.profiler).
@@ -62,8 +63,8 @@ def _decoders(ours, fast, hf, idx, new_tokens):
 def step_bytes(model, batch, seq_len):
     """(weight bytes, KV cache bytes) one decoding step of `batch` sequences reads at seq_len positions, in the
     model's dtype: every weight a step multiplies by (a tied head reads the whole token table; an embedding table
-    used only for lookups is a row per token: left out; with MoE all experts, an upper bound: unread_bytes) and the whole cache
-    (a step's attention reads every slot of it, the masked ones too)."""
+    used only for lookups is a row per token: left out; with MoE all experts, an upper bound: unread_bytes) and
+    the whole cache (a step's attention reads every slot of it, the masked ones too)."""
     weights = {id(p): p for m in model.modules() if not isinstance(m, nn.Embedding)  # learned positions are one too
                for p in m.parameters(recurse=False)}
     weight_bytes = sum(p.numel() * p.element_size() for p in weights.values())

@@ -100,9 +100,9 @@ class SinkAttention(torch.autograd.Function):
     """Attention with one sink per head on a CPU (q, k and v of one width, as the kernel takes them): PyTorch's
     fused (flash) kernel over the keys, whose row log-sum-exp gives the share of each row the sink leaves to them,
     w = sigmoid(lse - sink), so out = w * attention (with_sink's extra key and padded dims cost an explicit mask
-    and a quarter more work at 32 dims). The backward
-    is the kernel's own, handed w * grad and the output as scaled: its row term grad . out is then the one the sink's
-    zero-valued key gives, so dq, dk, dv are exact; the sink's own gradient is -sum (1 - w) grad . out."""
+    and a quarter more work at 32 dims). The backward is the kernel's own, handed w * grad and the output as
+    scaled: its row term grad . out is then the one the sink's zero-valued key gives, so dq, dk, dv are exact; the
+    sink's own gradient is -sum (1 - w) grad . out."""
 
     @staticmethod
     def forward(ctx, q, k, v, sinks, mask, scale):

@@ -126,10 +126,12 @@ class Sinkhorn(torch.autograd.Function):
     """From logits (B, T, n, n): comb = softmax over each row + eps, then comb / (its sums over each of
     sinkhorn_sums(iters) + eps), one after another, with the gradient autograd would give. The softmax is here too,
     over the same layout (torch's over a last dim of 4 took as long as the 39 normalisations). Its own backward
-    because autograd records three operators a normalisation and runs more for its backward, on (B, T, n, n) tensors too small for the work to outweigh each operator's overhead (20 iterations: a fifth of
-    a one-layer mHC model's training step on the CPU). It works on the matrices laid out (n, n, B, T): a sum over
-    one of the n-long dims is then a sum of contiguous slabs, 6-7x faster on a CPU than over the last dims of
-    (B, T, n, n). The forward keeps each normalisation's output and its denominator's reciprocal."""
+    because autograd records three operators a normalisation and runs more for its backward, on (B, T, n, n)
+    tensors too small for the work to outweigh each operator's overhead (20 iterations: a fifth of a one-layer mHC
+    model's training step on the CPU). It works on the matrices laid out (n, n, B, T): a sum over one of the n-long
+    dims is then a sum of contiguous slabs, 6-7x faster on a CPU than over the last dims of (B, T, n, n). The
+    forward keeps each normalisation's output and its denominator's reciprocal; without a gradient (decoding) it
+    keeps nothing and divides in place."""
 
     @staticmethod
     def forward(ctx, logits, iters, eps):
