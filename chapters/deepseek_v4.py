@@ -398,14 +398,15 @@ class EntryIndexer(nn.Module):
             return
         reads = self._reads
         rows = reads.any(-1, keepdim=True)  # (B, T, 1)
-        scores = torch.where(rows, self._scores.masked_fill(~reads, -math.inf), 0.0)
-        log_index = scores.log_softmax(-1).masked_fill(~reads, 0.0)
+        # the entries not read pushed to a finite floor (a row reading none is then uniform, not nan, and its
+        # target is made 0): their log-probability times the target's 0 there is 0
+        unread = attention.bias_of(reads, self._scores.dtype)
+        log_index = (self._scores + unread).log_softmax(-1)
         with torch.no_grad():
             logits = (wide(q) @ wide(entries).unsqueeze(1).transpose(-1, -2)) * \
                 (q.size(-1) ** -0.5 if scale is None else scale)
-            target = torch.where(rows.unsqueeze(1), logits.masked_fill(~reads.unsqueeze(1), -math.inf), 0.0)
-            target = (target.softmax(-1) * reads.unsqueeze(1)).sum(1)
-            target = target / target.sum(-1, keepdim=True).clamp(min=1e-30)
+            target = logits.add_(unread.unsqueeze(1)).softmax(-1).sum(1) * rows
+            target /= target.sum(-1, keepdim=True).clamp(min=1e-30)
         kl = (torch.xlogy(target, target) - target * log_index).sum(-1)
         self.loss = kl.sum() / rows.sum().clamp(min=1)
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from chapters.attention import bias_of
 from model import BOOL, FEATURES, LAYER_KINDS, NON_NEGATIVE_NUMBER, OPTIONAL_POSITIVE_INT, POSITIVE_INT, Feature, \
     apply_rope, changed, flag_list, is_number, kinds, mean_and_reset, one_of
 
@@ -133,10 +134,6 @@ def visible_keys(mask, T, S, device):
     if mask is False or (mask is None and T == 1):
         return torch.ones(T, S, dtype=torch.bool, device=device)
     return torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)  # causal: query i is key S - T + i
-
-
-# a score no key reaches, for the keys a query does not read (finite: times a probability of 0 it is 0, not nan)
-UNREAD = -1e30
 
 
 def top_k_earliest(scores, k):
@@ -304,22 +301,24 @@ class LightningIndexer(nn.Module):
         self.loss = None
         if not (self.training and self.loss_coef):
             return
-        # the keys not read masked to a finite floor, not -inf: their log-probability times the target's 0 there is
-        # then 0, with no second mask to keep it from being nan
-        reads, log_index = self._reads, self._scores.masked_fill(~self._reads, UNREAD).log_softmax(-1)
+        # the keys not read pushed to a finite floor: their log-probability times the target's 0 there is then 0,
+        # with no second mask to keep it from being nan
+        unread = bias_of(self._reads, self._scores.dtype)
+        log_index = (self._scores + unread).log_softmax(-1)
         with torch.no_grad():
             k = k.repeat_interleave(q.size(1) // k.size(1), dim=1) if k.size(1) != q.size(1) else k
             q = q.float() * (q.size(-1) ** -0.5 if scale is None else scale)  # scaled here, not the (T x S) logits
-            target = (q @ k.float().transpose(-1, -2)).masked_fill_(~self.head_reads(reads), float('-inf')).softmax(-1)
+            target = (q @ k.float().transpose(-1, -2)).add_(self.head_reads(unread)).softmax(-1)
             target = self.head_sum(target)
-            target = target / target.sum(-1, keepdim=True)
+            target /= target.sum(-1, keepdim=True)
             entropy = torch.xlogy(target, target).sum(-1)  # the KL's constant part: no gradient to take
         kl = (entropy - (target * log_index).sum(-1)).mean()
         self.losses += torch.stack((kl.detach(), torch.ones_like(kl.detach())))
         self.loss = kl
 
     def head_reads(self, reads):
-        """The keys each query head read, broadcastable to (B, n_head, T, S), from the (T, S) or (B[*G], T, S) kept."""
+        """The keys each query head read (a mask or its bias), broadcastable to (B, n_head, T, S), from the (T, S) or
+        (B[*G], T, S) kept."""
         return self.grouped(reads[:, None])[0] if self.per_group and reads.dim() == 3 else reads.unsqueeze(-3)
 
     def head_sum(self, target):

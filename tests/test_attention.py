@@ -37,6 +37,20 @@ def test_attention_sinks_are_a_logit_column_in_each_softmax(mask, n_kv, scale):
         assert attention.attend_with_sinks(q, k, v, mask, scale=scale, sinks=torch.full((4,), 50.0)).abs().max() < 1e-6
 
 
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16, torch.float16])
+def test_bias_of_a_mask_is_a_masked_softmax_when_added(dtype):
+    torch.manual_seed(0)
+    mask = torch.rand(3, 5, 7) > 0.6
+    mask[..., 0] = True  # every row reads a key
+    logits = (torch.randn(3, 5, 7) * 10).to(dtype)
+    bias = attention.bias_of(mask, dtype)
+    assert bias.dtype == dtype and torch.isfinite(bias).all() and (bias[mask] == 0).all()
+    want = logits.float().masked_fill(~mask, float('-inf')).softmax(-1)
+    torch.testing.assert_close((logits + bias).float().softmax(-1), want)
+    # a row reading nothing is finite (uniform), not nan
+    assert torch.isfinite((logits + attention.bias_of(torch.zeros_like(mask), dtype)).float().softmax(-1)).all()
+
+
 def test_partial_rope_rotates_the_first_dims_and_passes_the_rest():
     model = build(pos='rope', rope_fraction=0.5)
     hs = N_EMBD // N_HEAD
