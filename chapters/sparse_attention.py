@@ -167,7 +167,8 @@ class WeightedReluScores(torch.autograd.Function):
         # the ReLU's gradient of grad broadcast over the heads, one pass over (B * T, H, S): each row's factor
         # w * scale goes to the matmuls' small sides instead (a product over (B * T, H, S) less)
         passed = torch.ops.aten.threshold_backward(grad.expand(-1, H, -1), dots.view(B * T, H, -1), 0)
-        passed, weights = passed.view(B, T * H, -1), (w * ctx.scale).reshape(B, T * H, 1)
+        # in q's dtype: under autocast the forward's matmuls, and so dots and grad, were in half precision
+        passed, weights = passed.view(B, T * H, -1).to(q.dtype), (w * ctx.scale).reshape(B, T * H, 1)
         return torch.bmm(passed, k).mul_(weights), torch.bmm(passed.transpose(1, 2), q * weights), dw, None
 
 

@@ -46,6 +46,24 @@ def test_weighted_relu_scores_backward_is_autograds():
     assert_close(scores(q, k, w), plain(q, k, w), atol=1e-12)
 
 
+def test_weighted_relu_scores_backward_under_bf16_autocast():
+    """Under autocast (bf16 on a CPU) the forward's matmuls run in half precision while q, k and w stay fp32: the
+    backward hands each its gradient, in its dtype, close to autograd's through the plain form under autocast."""
+    g = torch.Generator().manual_seed(4)
+    B, T, H, S, D = 2, 3, 2, 5, 4
+    q, k, w = (torch.randn(*shape, generator=g, requires_grad=True) for shape in ((B, T * H, D), (B, S, D), (B, T, H)))
+    plain = lambda q, k, w: (F.relu(q @ k.transpose(1, 2) * 0.5).view(B, T, H, S) * w.unsqueeze(-1)).sum(2)
+    out = torch.randn(B, T, S, generator=g)
+    grads = []
+    for scores in (lambda q, k, w: sparse_attention.WeightedReluScores.apply(q, k, w, 0.5), plain):
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            loss = (scores(q, k, w).float() * out).sum()
+        grads.append(torch.autograd.grad(loss, (q, k, w)))
+    for got, want, t in zip(*grads, (q, k, w)):
+        assert got.dtype == t.dtype
+        torch.testing.assert_close(got, want, atol=0.05, rtol=0.05)
+
+
 def sparse(kind, seed=0, **overrides):
     return build(seed, **{**KINDS[kind], **SPARSE, **overrides})
 
