@@ -194,7 +194,8 @@ class Experts(nn.Module):
                             for e, tokens_e in zip(hit, xs.split([sizes[e] for e in hit]))])
         if not self.scale_input:
             ys = ys * routed.to(ys.dtype)
-        return torch.zeros_like(x).index_add_(0, tokens, ys)
+        # in ys's dtype: under autocast the experts' matmuls give half precision for fp32 tokens, as a Linear's
+        return ys.new_zeros(x.shape).index_add_(0, tokens, ys)
 
     def pairs(self, x, experts, weights):
         """forward() for a decoding step's few tokens with nothing read on the host, so a compiled step is one
@@ -231,7 +232,7 @@ class Experts(nn.Module):
             ys = ys[flat, tokens]  # (N*k, d): the chosen pairs
         if not self.scale_input:
             ys = ys * routed.to(ys.dtype)
-        return torch.zeros_like(x).index_add_(0, tokens, ys)
+        return ys.new_zeros(x.shape).index_add_(0, tokens, ys)
 
 
 class MoE(nn.Module):
