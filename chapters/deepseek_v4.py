@@ -403,7 +403,8 @@ class EntryIndexer(nn.Module):
         unread = attention.bias_of(reads, self._scores.dtype)
         log_index = (self._scores + unread).log_softmax(-1)
         with torch.no_grad():
-            logits = (wide(q) @ wide(entries).unsqueeze(1).transpose(-1, -2)) * \
+            # wide after the matmul too: autocast runs it in half precision, where the floor would be -inf
+            logits = wide(wide(q) @ wide(entries).unsqueeze(1).transpose(-1, -2)) * \
                 (q.size(-1) ** -0.5 if scale is None else scale)
             target = logits.add_(unread.unsqueeze(1)).softmax(-1).sum(1) * rows
             target /= target.sum(-1, keepdim=True).clamp(min=1e-30)

@@ -97,8 +97,12 @@ class Config:
 
 def normed_projection(x, weight, eps):
     """F.linear of x's unweighted RMS norm, the norm's scalar per token applied to the few outputs instead of to
-    the n * d inputs (an elementwise pass over the copies less, forward and backward)."""
-    return F.linear(x, weight) * torch.rsqrt(MeanSquare.apply(x) + eps)
+    the n * d inputs (an elementwise pass over the copies less, forward and backward). In fp32 whatever autocast
+    says, as DeepSeek-V4 computes the mixes: in half precision the scale's backward, r^3, overflowed at an RMS
+    below 0.04 (the embeddings' at initialization)."""
+    with torch.autocast(x.device.type, enabled=False):
+        x = x.float()
+        return F.linear(x, weight.float()) * torch.rsqrt(MeanSquare.apply(x) + eps)
 
 
 class MeanSquare(torch.autograd.Function):

@@ -311,7 +311,8 @@ class LightningIndexer(nn.Module):
         with torch.no_grad():
             k = k.repeat_interleave(q.size(1) // k.size(1), dim=1) if k.size(1) != q.size(1) else k
             q = q.float() * (q.size(-1) ** -0.5 if scale is None else scale)  # scaled here, not the (T x S) logits
-            target = (q @ k.float().transpose(-1, -2)).add_(self.head_reads(unread)).softmax(-1)
+            # fp32 after the matmul too: autocast runs it in half precision, where the floor would be -inf
+            target = (q @ k.float().transpose(-1, -2)).float().add_(self.head_reads(unread)).softmax(-1)
             target = self.head_sum(target)
             target /= target.sum(-1, keepdim=True)
             entropy = torch.xlogy(target, target).sum(-1)  # the KL's constant part: no gradient to take

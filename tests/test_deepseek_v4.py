@@ -13,7 +13,7 @@ import model as M
 from chapters import deepseek_v4 as v4, moe
 import generate as G
 from tiny_models import (BLOCK, N_EMBD, N_HEAD, VOCAB, assert_close, assert_steps_equal_full_forwards, build,
-                         check_backward, check_cache_logits, check_causal, check_generate_cache, config_id,
+                         check_autocast_backward, check_backward, check_cache_logits, check_causal, check_generate_cache, config_id,
                          counted_training_flops, losses_fall, rope_tables, tiny_config, train_a_few_steps)
 
 pytestmark = pytest.mark.usefixtures('single_thread')
@@ -471,3 +471,11 @@ def test_gpt_oss_all_clamps_the_shared_experts_and_dense_mlps_in_gpt_oss_form():
     gate, up = dense.c_fc(x).chunk(2, dim=-1)
     g = gate.clamp(max=0.5)
     torch.testing.assert_close(dense(x), dense.c_proj(g * torch.sigmoid(1.702 * g) * (up.clamp(-0.5, 0.5) + 1)))
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16], ids=['bf16', 'fp16'])
+def test_compressed_layers_train_under_half_precision_autocast(dtype):
+    """CSA's indexer loss takes the attention's logits over the entries in fp32 after autocast's half-precision
+    matmul: in fp16 the floor of the entries not read overflowed to -inf, a row reading none was nan, and so the
+    loss; HCA, CSA, hash routing and the V4 MoE under both half precisions."""
+    check_autocast_backward(build(**COMPRESSED), dtype)

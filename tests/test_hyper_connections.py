@@ -8,6 +8,7 @@ import torch
 
 import model as M
 from chapters import GPT, GPTConfig, attention, hyper_connections as hc
+from tiny_models import check_autocast_backward
 
 VOCAB, BLOCK, N_EMBD = 32, 16, 16
 FLAGS = dict(n_layer=2, n_head=2, n_embd=N_EMBD, block_size=BLOCK, vocab_size=VOCAB, norm='rms', mlp='swiglu',
@@ -291,3 +292,11 @@ def test_sinkhorns_own_backward_is_autograds_through_the_normalisations():
         torch.testing.assert_close(hc.Sinkhorn.apply(logits.detach(), iters, 1e-6), expected, rtol=0, atol=1e-14)
         torch.testing.assert_close(torch.autograd.grad(ours, logits, grad)[0],
                                    torch.autograd.grad(expected, logits, grad)[0], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16], ids=['bf16', 'fp16'])
+@pytest.mark.parametrize('kind', hc.HC_KINDS)
+def test_hyper_connections_train_under_half_precision_autocast(kind, dtype):
+    """The mixes in fp32 whatever autocast says: in fp16 the norm's scale overflowed in its backward (r^3 at the
+    embeddings' small RMS), every gradient before it non-finite."""
+    check_autocast_backward(build(hc_kind=kind, **({'hc_rank': 8} if kind == 'gated' else {})), dtype)

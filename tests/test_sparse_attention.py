@@ -11,7 +11,8 @@ import generate as G
 import model as M
 from chapters import sparse_attention  # noqa: E402
 from chapters import GPT, GPTConfig
-from tiny_models import BLOCK, VOCAB, assert_close, build, check_causal, counted_training_flops, tiny_config
+from tiny_models import (BLOCK, VOCAB, assert_close, build, check_autocast_backward, check_causal, counted_training_flops,
+                         tiny_config)
 from test_train import MODERN, iter_losses, log_records, run, workdir  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures('single_thread')
@@ -458,3 +459,11 @@ def test_bad_per_group_settings_are_one_line_each(flags, fragment):
     with pytest.raises(ValueError) as e:
         tiny_config(**flags)
     assert fragment in str(e.value) and '\n' not in str(e.value)
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16], ids=['bf16', 'fp16'])
+@pytest.mark.parametrize('kind', ['gqa', 'mla'])
+def test_an_indexed_model_trains_under_half_precision_autocast(kind, dtype):
+    """The KL loss's floor for the keys not read is finite in every dtype (a fixed -1e30 could not be fp16) and
+    the indexer's backward hands fp32 gradients from half-precision matmuls."""
+    check_autocast_backward(build(**KINDS[kind], **SPARSE), dtype)

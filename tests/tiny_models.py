@@ -84,6 +84,24 @@ def check_backward(model):
     model.eval()
 
 
+def check_autocast_backward(model, dtype):
+    """A training step under CPU autocast (train.py's --dtype=bfloat16 or float16 there): a finite loss and a finite
+    gradient for every parameter that gets one."""
+    model.train()
+    torch.manual_seed(1)
+    vocab, block = model.config.vocab_size, model.config.block_size
+    idx, targets = torch.randint(0, vocab, (2, block)), torch.randint(0, vocab, (2, block))
+    model.zero_grad(set_to_none=True)
+    with torch.autocast('cpu', dtype=dtype):
+        _, loss = model(idx, targets)
+    assert torch.isfinite(loss), f"the loss under {dtype} autocast is {loss.item()}"
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is None or torch.isfinite(p.grad).all(), f"{name} has a non-finite gradient under {dtype}"
+    model.zero_grad(set_to_none=True)
+    model.eval()
+
+
 @torch.no_grad()
 def check_causal(model):
     torch.manual_seed(2)
