@@ -249,12 +249,14 @@ class BlockIndexer(LightningIndexer):
         nb = blocks.size(-1)
         with torch.no_grad():
             k = k.repeat_interleave(q.size(1) // k.size(1), dim=1) if k.size(1) != q.size(1) else k
-            logits = (q.float() @ k.float().transpose(-1, -2)) * (q.size(-1) ** -0.5 if scale is None else scale)
+            # fp32 after the matmul too: under autocast it gives half precision, where the clamp's 1e-30 is 0
+            logits = (q.float() @ k.float().transpose(-1, -2)).float()
+            logits *= q.size(-1) ** -0.5 if scale is None else scale
             target = logits.masked_fill(~reads.unsqueeze(-3), float('-inf')).softmax(-1).sum(1)
             target = target[..., :nb * self.block].unflatten(-1, (nb, self.block)).sum(-1) * blocks
             target = target / target.sum(-1, keepdim=True).clamp_min(1e-30)
         scored = blocks.any(-1)  # queries that read a finished block (the first block - 1 read only the tail)
-        log_index = self._block_scores.masked_fill(~blocks, float('-inf'))
+        log_index = self._block_scores.float().masked_fill(~blocks, float('-inf'))
         log_index = torch.where(scored[..., None], log_index, torch.zeros_like(log_index)).log_softmax(-1)
         rows = (torch.xlogy(target, target) - target * log_index.masked_fill(~blocks, 0.0)).sum(-1)
         scored = scored.expand_as(rows)

@@ -306,8 +306,8 @@ class LightningIndexer(nn.Module):
             return
         # the keys not read pushed to a finite floor: their log-probability times the target's 0 there is then 0,
         # with no second mask to keep it from being nan
-        unread = bias_of(self._reads, self._scores.dtype)
-        log_index = (self._scores + unread).log_softmax(-1)
+        unread = bias_of(self._reads, torch.float32)  # in fp32, as the scores are without autocast
+        log_index = (self._scores.float() + unread).log_softmax(-1)
         with torch.no_grad():
             k = k.repeat_interleave(q.size(1) // k.size(1), dim=1) if k.size(1) != q.size(1) else k
             q = q.float() * (q.size(-1) ** -0.5 if scale is None else scale)  # scaled here, not the (T x S) logits
