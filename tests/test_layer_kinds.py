@@ -12,8 +12,8 @@ import torch.nn as nn
 
 import chapters
 import model as M
-from tiny_models import (BLOCK, N_EMBD, N_HEAD, VOCAB, assert_close, build, check_cache_logits, check_causal, config_id,
-                         reference_greedy, tiny_config, train_steps)
+from tiny_models import (BLOCK, N_EMBD, N_HEAD, VOCAB, assert_close, build, check_autocast_backward, check_cache_logits,
+                         check_causal, config_id, reference_greedy, tiny_config, train_steps)
 
 pytestmark = pytest.mark.usefixtures('single_thread')
 
@@ -185,3 +185,14 @@ def test_the_docs_layer_kind_trains_decodes_counts_and_is_refused_by_export(monk
     with pytest.raises(ValueError) as refused:
         to_hf(model)
     assert "layers='MG'" in str(refused.value) and '\n' not in str(refused.value)
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16], ids=['bf16', 'fp16'])
+@pytest.mark.parametrize('letter', [k for k in M.LAYER_KINDS if k != 'G'])
+def test_every_layer_kind_trains_under_half_precision_autocast(letter, dtype):
+    """Each kind of every chapter (its written-out backwards included: the delta rule's, SSD's, the convolution's, the
+    sinks') beside a global layer, a step under autocast: a finite loss, finite gradients."""
+    kind = M.LAYER_KINDS[letter]
+    flags = dict(pos='rope', layers=letter + 'G')
+    flags.update(kind.needs(vars(tiny_config(pos='rope')), 5) if kind.needs else {})
+    check_autocast_backward(build(**flags), dtype)

@@ -155,21 +155,22 @@ def test_the_loop_over_experts_has_the_gradients_of_each_pair_written_out(flags)
     assert layer.experts.c_fc.grad[3].abs().max() == 0 < layer.experts.c_fc.grad[:3].abs().max()
 
 
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16], ids=['bf16', 'fp16'])
 @pytest.mark.parametrize('flags', [{}, {'moe_bias': True, 'swiglu_limit': 0.5}, {'moe_scale_input': True}],
                          ids=['plain', 'gpt-oss', 'llama4'])
-def test_an_moe_layer_trains_under_bf16_autocast(flags):
-    """Under autocast (bf16 on a CPU, as train.py's --dtype=bfloat16 there) the experts' matmuls give bf16 for fp32
-    tokens: the layer adds them up in that dtype, as a Linear's output, with finite gradients for every weight,
+def test_an_moe_layer_trains_under_half_precision_autocast(flags, dtype):
+    """Under autocast (on a CPU, as train.py's --dtype=bfloat16 or float16 there) the experts' matmuls give half
+    precision for fp32 tokens: the layer adds them up in that dtype, as a Linear's output, with finite gradients for every weight,
     close to the same layer in fp32 (the decoding step's pairs too)."""
     layer = moe_model(**flags).train()
     x = torch.randn(2, 5, N_EMBD, generator=torch.Generator().manual_seed(67))
     want = layer(x)
-    with torch.autocast('cpu', dtype=torch.bfloat16):
+    with torch.autocast('cpu', dtype=dtype):
         y = layer(x)
         *_, experts, weights = layer.route(x.view(-1, N_EMBD))
         with torch.no_grad():
             pairs = layer.experts.pairs(x.view(-1, N_EMBD), experts, weights)
-    assert y.dtype == torch.bfloat16
+    assert y.dtype == dtype
     for got in (y, pairs.view_as(y)):
         torch.testing.assert_close(got.float(), want, atol=0.05, rtol=0.05)
     y.float().sum().backward()
