@@ -400,8 +400,8 @@ class EntryIndexer(nn.Module):
         rows = reads.any(-1, keepdim=True)  # (B, T, 1)
         # the entries not read pushed to a finite floor (a row reading none is then uniform, not nan, and its
         # target is made 0): their log-probability times the target's 0 there is 0
-        unread = attention.bias_of(reads, self._scores.dtype)
-        log_index = (self._scores + unread).log_softmax(-1)
+        unread = attention.bias_of(reads, torch.float32)  # in fp32, as the scores are without autocast
+        log_index = (wide(self._scores) + unread).log_softmax(-1)
         with torch.no_grad():
             # wide after the matmul too: autocast runs it in half precision, where the floor would be -inf
             logits = wide(wide(q) @ wide(entries).unsqueeze(1).transpose(-1, -2)) * \
