@@ -207,8 +207,11 @@ class HyperConnection(nn.Module):
         # products summed over the copies, whose (n, n, d) intermediate per token was half an mHC step's time
         weights = pre.unsqueeze(-2) if comb is None else torch.cat((pre.unsqueeze(-2), comb.transpose(-1, -2)), -2)
         # contiguous: the first block's copies are the embedding expanded (stride 0), and over those the batched
-        # matmul fell back to a loop of 2 x B x T small ones, forward and back (an mHC step 1.04x)
-        mixed = weights.to(x.dtype) @ x.contiguous()  # (B, T, 1 or n+1, d)
+        # matmul fell back to a loop of 2 x B x T small ones, forward and back (an mHC step 1.04x). Outside autocast:
+        # the copies are the residual stream, kept in its dtype as the one stream is (in fp16 a branch's norm of a
+        # zero copy, a padding token's, overflowed in its backward)
+        with torch.autocast(x.device.type, enabled=False):
+            mixed = weights.to(x.dtype) @ x.contiguous()  # (B, T, 1 or n+1, d)
         # split, not indexed: the gradients of two slices would each be a zero-filled (B, T, n+1, d)
         collapsed, kept = (mixed, x) if comb is None else mixed.split([1, self.n], dim=2)
         y = branch(collapsed.squeeze(2))

@@ -17,6 +17,7 @@ from hf import HF_FAMILIES  # noqa: E402
 from hf.tiny import BLOCK, VOCAB, WINDOW, deepseek, randomized, randomized_experts, tiny  # noqa: E402,F401
 import model as M  # noqa: E402,F401  (re-exported, as GPT and GPTConfig below)
 from export import to_hf  # noqa: E402
+from tiny_models import check_autocast_backward  # noqa: E402
 from chapters import GPT, GPTConfig  # noqa: E402,F401  (the tests of the families import them from here)
 
 PROMPT, NEW = 10, 30  # 40 positions: past every window and original length below, inside BLOCK
@@ -24,7 +25,7 @@ PROMPT, NEW = 10, 30  # 40 positions: past every window and original length belo
 
 def check_parity(hf, path, seed=0, family=None):
     """Save hf, load it into our GPT and compare logits, greedy decoding and the export back (to the family
-    export picks, or to `family`)."""
+    export picks, or to `family`); then the imported model trains a step under bf16 and fp16 autocast."""
     hf.save_pretrained(path)
     ours = GPT.from_pretrained(str(path)).eval()
     g = torch.Generator().manual_seed(seed)
@@ -39,6 +40,8 @@ def check_parity(hf, path, seed=0, family=None):
         back = to_hf(ours, family=family)
         assert type(back) is type(hf)
         torch.testing.assert_close(back(idx).logits, expected, atol=1e-4, rtol=0)
+    for dtype in (torch.bfloat16, torch.float16):  # train.py's --dtype on a CPU (fp16: an older GPU's default)
+        check_autocast_backward(ours, dtype)
     return ours
 
 
