@@ -144,18 +144,23 @@ def test_each_query_reads_its_top_k_past_keys_only(kind):
     check_causal(model)
 
 
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize('k', [1, 3, 8, 20])
-def test_top_k_picks_what_a_stable_sort_picks_ties_to_the_earliest(k):
-    """Scores with many ties (ReLU zeros, masked keys' -inf, rounded values): the k picked per row are a stable
-    descending sort's first k, also when fewer than k keys score above -inf."""
+def test_top_k_picks_what_a_stable_sort_picks_ties_to_the_earliest(k, dtype):
+    """Scores with many ties (ReLU zeros, -0.0 beside 0.0, masked keys' -inf, rounded values of both signs, +inf):
+    the k picked per row are a stable descending sort's first k, also when fewer than k keys score above -inf."""
     g = torch.Generator().manual_seed(k)
-    scores = F.relu(torch.randn(3, 7, 20, generator=g)).mul(2).round()
-    scores = scores.masked_fill(torch.rand(3, 7, 20, generator=g) < 0.3, float('-inf'))
+    scores = torch.randn(3, 7, 20, generator=g).mul(2).round() * (torch.rand(3, 7, 20, generator=g) < 0.5)
+    scores = scores.masked_fill(torch.rand(3, 7, 20, generator=g) < 0.3, float('-inf')).to(dtype)
     scores[0, 0, :] = float('-inf')  # a row with nothing to read
+    scores[1, 1, 3], scores[1, 2, 5:9] = float('inf'), -0.0
+    assert (scores == 0).any() and torch.signbit(scores[scores == 0]).any()  # some zeros are -0.0
     picked = sparse_attention.top_k_earliest(scores, k)
     expected = torch.zeros_like(picked).scatter_(-1, scores.sort(dim=-1, descending=True, stable=True).indices[..., :k],
                                                  True)
     assert torch.equal(picked, expected) and (picked.sum(-1) == k).all()
+    indices = sparse_attention.top_k_earliest_indices(scores, k).sort(-1).values
+    assert torch.equal(indices, picked.nonzero()[:, -1].view(3, 7, k))
 
 
 @torch.no_grad()
@@ -467,3 +472,28 @@ def test_an_indexed_model_trains_under_half_precision_autocast(kind, dtype):
     """The KL loss's floor for the keys not read is finite in every dtype (a fixed -1e30 could not be fp16) and
     the indexer's backward hands fp32 gradients from half-precision matmuls."""
     check_autocast_backward(build(**KINDS[kind], **SPARSE), dtype)
+
+
+@pytest.mark.parametrize('flags', [{}, PER_GROUP], ids=['weighted', 'per-group'])
+def test_the_kl_over_the_picks_is_the_kl_over_every_key(flags, monkeypatch):
+    """The sparse stage's KL, gathered to the k picked keys, equals it over all S keys with the rest masked, in
+    value and in its gradient to the indexer's scores: both distributions are zero off the picks."""
+    learn, pairs = sparse_attention.LightningIndexer.learn, []
+
+    def both(self, q, k, scale):
+        learn(self, q, k, scale)
+        gathered, picks = self.loss, self._picks
+        self._picks = None  # the same reads as a (B, T, S) mask
+        learn(self, q, k, scale)
+        self._picks = picks
+        pairs.append((gathered, self.loss, self._scores))
+
+    monkeypatch.setattr(sparse_attention.LightningIndexer, 'learn', both)
+    model = sparse('gqa', **flags).train()
+    idx = tokens(2, BLOCK, 8)
+    model(idx, idx)
+    assert len(pairs) == len(sparse_attention.indexers(model))  # every indexer learned, in its sparse stage
+    for gathered, full, scores in pairs:
+        assert gathered is not None
+        assert_close(gathered, full, atol=1e-6)
+        assert_close(*(torch.autograd.grad(kl, scores, retain_graph=True)[0] for kl in (gathered, full)), atol=1e-7)
