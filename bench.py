@@ -33,9 +33,11 @@ n_embd (a multiple of 32) and block_size positions, and imported (GPT.from_pretr
 Training times full steps (forward, backward, AdamW) on random tokens; decoding samples decode_tokens new
 tokens (temperature 1) from a one-token prompt. peak_flops 0: a known GPU's datasheet, else a measured matmul.
 FLOPs per token are given twice: by our formula (model.flops_per_token, what MFU reads) and as torch's
-FlopCounterMode counts one training step (a mask's skipped keys counted as computed: 'mask' in the row).
+FlopCounterMode counts one training step (a mask's skipped keys counted as computed: 'mask' in the row; other work
+our formula leaves out, 5% or more of it, such as MLA's values padded to its keys' width on a CPU: '+N%').
 baseline: a variant whose training steps each variant's take in turn; the table then gives each one's time, FLOPs
-(torch's) and cost per FLOP (ms per FLOP) over the baseline's, from the fastest step of each, so that a machine
+(torch's) and cost per FLOP (ms per FLOP; the JSON adds it over our formula's FLOPs too, cost_per_flop_formula)
+over the baseline's, from the fastest step of each, so that a machine
 other jobs slow shows the ratios nearly as a quiet one would (timer='process', one thread: the CPU seconds the steps
 took, which waiting for a core does not add to, on a machine shared with many jobs):
 
@@ -383,18 +385,24 @@ def bench(name, model, accounting, ours=True, base=None):
     times = train_step_seconds(*[(torch.compile(m) if compile else m, d) for m, d in runs + base_runs]) if runs else []
     base_times = times.pop() if base_runs else None
     dt, *other = [statistics.median(t) for t in times] or [None]
-    versus = {'time_vs_baseline': None, 'flops_vs_baseline': None, 'cost_per_flop': None}
+    versus = {'time_vs_baseline': None, 'flops_vs_baseline': None, 'cost_per_flop': None,
+              'cost_per_flop_formula': None}
     if base_times:  # the fastest step of each: what the machine allows when other jobs leave it be
         base_flops = torch_flops_per_token(base)
         versus['time_vs_baseline'] = min(times[0]) / min(base_times)
         versus['flops_vs_baseline'] = torch_flops / base_flops
         versus['cost_per_flop'] = versus['time_vs_baseline'] / versus['flops_vs_baseline']
+        # the same over our formula's FLOPs: where torch counts work the layer does not need (a mask's keys, values
+        # padded to the keys' width), this one is the honest figure
+        formula_ratio = accounting.flops_per_token() / base.flops_per_token()
+        versus['cost_per_flop_formula'] = versus['time_vs_baseline'] / formula_ratio
     compared = [{'variant': f'{name} ({compare_dtype})', 'params': None, 'active_params': None,
                  'train_ms_per_iter': 1000 * t, 'train_tokens_per_s': batch_size * block_size / t,
                  'mfu': accounting.estimate_mfu(batch_size, t, 1.0), 'decode_tokens_per_s_cached': None,
                  'decode_tokens_per_s_uncached': None, 'cache_speedup': None, 'kv_bytes_per_token': None,
                  'kv_bytes_per_sequence': None, 'flops_per_token': None, 'torch_flops_per_token': None,
-                 'masked': None, 'time_vs_baseline': None, 'flops_vs_baseline': None, 'cost_per_flop': None}
+                 'masked': None, 'time_vs_baseline': None, 'flops_vs_baseline': None, 'cost_per_flop': None,
+                 'cost_per_flop_formula': None}
                 for t in other]  # the same steps in compare_dtype, taken in turn with these
     if train_profile and runs:
         print(f"{name}: the top operators of 3 training steps (forward and backward)\n{train_step_profile(model)}")
@@ -486,8 +494,14 @@ COLUMNS = [('variant', 'variant', '{}'), ('params (M)', 'params', '{:.2f}', 1e-6
 def cell(row, key, fmt, scale=None):
     value = row[key]
     text = '-' if value is None else fmt.format(value * scale if scale else value)
-    # a window's mask: torch counts the keys it skips, so its FLOPs read high and its cost per FLOP low
-    return text + ' (mask)' if row['masked'] and key in ('torch_flops_per_token', 'cost_per_flop') else text
+    if value is None or key not in ('torch_flops_per_token', 'cost_per_flop'):
+        return text
+    # a window's mask: torch counts the keys it skips, so its FLOPs read high and its cost per FLOP low; so does
+    # other work the layer does not need (MLA's values padded to its keys' width for the CPU's fused attention)
+    if row['masked']:
+        return text + ' (mask)'
+    more = row['torch_flops_per_token'] / row['flops_per_token'] - 1
+    return text + f' (torch +{more:.0%})' if more >= 0.05 else text
 
 
 print('| ' + ' | '.join(c[0] for c in COLUMNS) + ' |')

@@ -385,8 +385,8 @@ class EntryIndexer(nn.Module):
         scores = (w.transpose(1, 2).unsqueeze(-1) * dots).sum(1)  # (B, T, n)
         n = scores.size(-1)
         reads = seen.expand(B, T, n)
-        if n:
-            reads = top_k_earliest(scores.masked_fill(~seen, -math.inf), min(self.topk, n)) & reads
+        if self.topk < n:  # else every entry is picked: the ones seen are read
+            reads = top_k_earliest(scores.masked_fill(~seen, -math.inf), self.topk) & reads
         self._scores, self._reads = scores, reads
         return reads
 

@@ -151,7 +151,8 @@ def top_k_earliest_indices(scores, k):
         return scores.sort(dim=-1, descending=True, stable=True).indices[..., :k]
     bits = (scores.float() + 0.0).view(torch.int32)  # + 0.0: -0.0 becomes 0.0, which it equals as a float
     ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # ints in the floats' order: a negative's magnitude bits flipped
-    keys = ordered.to(torch.int64).mul_(S).sub_(torch.arange(S, device=scores.device))  # tied: the earlier higher
+    # ordered * S - position in int64, one pass: of tied scores the earlier key is the higher
+    keys = torch.add(-torch.arange(S, device=scores.device), ordered, alpha=S)
     return keys.topk(k, dim=-1, sorted=False).indices
 
 

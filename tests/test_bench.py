@@ -95,13 +95,13 @@ def test_json_figures(run):
         assert rows[name]['params'] == GPT(GPTConfig(**TINY, **swap)).get_num_params()
 
 
-BASELINE_KEYS = ('time_vs_baseline', 'flops_vs_baseline', 'cost_per_flop')
+BASELINE_KEYS = ('time_vs_baseline', 'flops_vs_baseline', 'cost_per_flop', 'cost_per_flop_formula')
 
 
 def test_baseline_gives_time_flops_and_cost_per_flop_over_its_steps(tmp_path):
     """--baseline: each variant's steps taken in turn with the baseline's; its time, torch's FLOPs and their
     quotient over the baseline's, in the table and the JSON; a window's row says its count includes the mask."""
-    result = bench('--variants=modern,deltanet,local', '--baseline=modern', '--timer=process', '--json=b.json',
+    result = bench('--variants=modern,deltanet,local,mla', '--baseline=modern', '--timer=process', '--json=b.json',
                    cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert 'each in turn with modern' in result.stdout.splitlines()[0]
@@ -113,11 +113,29 @@ def test_baseline_gives_time_flops_and_cost_per_flop_over_its_steps(tmp_path):
     assert rows['modern']['flops_vs_baseline'] == 1.0  # the same model, counted twice
     for row in rows.values():
         assert row['cost_per_flop'] == pytest.approx(row['time_vs_baseline'] / row['flops_vs_baseline'])
+        formula = row['flops_per_token'] / rows['modern']['flops_per_token']
+        assert row['cost_per_flop_formula'] == pytest.approx(row['time_vs_baseline'] / formula)
     assert rows['deltanet']['flops_vs_baseline'] == pytest.approx(
         rows['deltanet']['torch_flops_per_token'] / rows['modern']['torch_flops_per_token'])
     assert rows['local']['masked'] and not rows['deltanet']['masked']
     local = next(line for line in lines if line.startswith('| local '))
     assert local.count('(mask)') == 2  # torch's FLOPs and the cost per FLOP
+    # within 5% of our formula (MLA's here too: its padded values are a small part of it at this size): no note
+    assert not any('(torch +' in line for line in lines)
+    assert all(r['torch_flops_per_token'] < 1.05 * r['flops_per_token'] for r in rows.values() if not r['masked'])
+
+
+def test_a_row_whose_torch_count_is_5_percent_over_ours_says_by_how_much(tmp_path):
+    """MLA with a rotated part as wide as the rest of its keys (values half their width), which the fused CPU
+    attention takes padded: torch counts the zeros, and its FLOPs and cost per FLOP cells say by how much."""
+    result = bench('--variants=mla', '--baseline=mla', '--attn=mla', '--qk_rope_head_dim=16', '--block_size=64',
+                   '--timer=process', '--json=m.json', cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    row, = json.loads((tmp_path / 'm.json').read_text())['rows']
+    more = row['torch_flops_per_token'] / row['flops_per_token'] - 1
+    assert more >= 0.05 and not row['masked']
+    line = next(line for line in result.stdout.splitlines() if line.startswith('| mla '))
+    assert line.count(f'(torch +{more:.0%})') == 2
 
 
 def test_a_baseline_without_training_steps_or_unknown_is_one_error_line(tmp_path):
