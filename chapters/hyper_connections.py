@@ -135,8 +135,8 @@ class Sinkhorn(torch.autograd.Function):
     model's training step on the CPU). It works on the matrices laid out (n, n, B, T): a sum over one of the n-long
     dims is then a sum of contiguous slabs, 6-7x faster on a CPU than over the last dims of (B, T, n, n). The
     forward keeps the last output and each normalisation's denominator's reciprocal, a vector per matrix, and the
-    backward recovers each output before by dividing by it: 172 numbers kept a token at n = 4, where the 39
-    outputs were 780 (more than the stream's copies at a width of 128). Without a gradient
+    backward recovers each output before by dividing by it: 188 numbers kept a token at n = 4, where the 39
+    outputs made it 796 (more than the stream's copies at a width of 128). Without a gradient
     (decoding) it keeps nothing and divides in place."""
 
     @staticmethod
