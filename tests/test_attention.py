@@ -37,6 +37,33 @@ def test_attention_sinks_are_a_logit_column_in_each_softmax(mask, n_kv, scale):
         assert attention.attend_with_sinks(q, k, v, mask, scale=scale, sinks=torch.full((4,), 50.0)).abs().max() < 1e-6
 
 
+@pytest.mark.parametrize('mask', [True, 'picks'])
+@pytest.mark.parametrize('sinks', [False, True])
+def test_values_narrower_than_the_keys_are_padded_for_the_fused_kernel(mask, sinks, monkeypatch):
+    """MLA's values (narrower than its queries and keys) go to SDPA's fused CPU kernel padded with zeros, the output
+    cut back: values and gradients as the written-out softmax's, with a causal mask or scattered picks, with sinks
+    or not; model.attend sees values as wide as the keys."""
+    g = torch.Generator().manual_seed(43)
+    q, k = (torch.randn(2, 4, 7, 12, generator=g).requires_grad_() for _ in range(2))
+    v = torch.randn(2, 4, 7, 8, generator=g, requires_grad=True)
+    sink = torch.randn(4, generator=g).requires_grad_() if sinks else None
+    if mask == 'picks':
+        mask = torch.rand(2, 1, 7, 7, generator=g) < 0.5
+        mask[..., 0] = True
+    widths = []
+    real = M.attend
+    monkeypatch.setattr(M, 'attend', lambda q, k, v, *a, **kw: widths.append(v.size(-1)) or real(q, k, v, *a, **kw))
+    out = attention.attend_with_sinks(q, k, v, mask, scale=0.3, sinks=sink)
+    expected = explicit_attend(q, k, v, mask, scale=0.3, sinks=sink)
+    assert out.shape == (2, 4, 7, 8)
+    assert widths == ([] if sinks else [12])  # with sinks, SinkAttention's own call of the kernel (as wide too)
+    assert_close(out, expected, atol=1e-5)
+    inputs = (q, k, v) + ((sink,) if sinks else ())
+    for got, want in zip(torch.autograd.grad(out.square().sum(), inputs),
+                         torch.autograd.grad(expected.square().sum(), inputs)):
+        assert_close(got, want, atol=1e-5)
+
+
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16, torch.float16])
 def test_bias_of_a_mask_is_a_masked_softmax_when_added(dtype):
     torch.manual_seed(0)
