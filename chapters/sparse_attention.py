@@ -314,7 +314,7 @@ class LightningIndexer(nn.Module):
         """In training, the KL loss of this forward (self.loss) from the main attention's queries q (B, H, T, dim)
         and keys k (B, H or fewer, S, dim), over the keys the attention read. When it read the top-k, over the k
         picked alone (gathered): both distributions are zero elsewhere, and their softmaxes, entropy and product
-        over every key had been a third of a DSA training step on a CPU."""
+        over every key had taken 8% of a DSA training step on a CPU (23 of 283 ms; 6 ms gathered)."""
         self.loss = None
         if not (self.training and self.loss_coef):
             return
