@@ -138,7 +138,12 @@ def visible_keys(mask, T, S, device):
 
 def top_k_earliest(scores, k):
     """(..., S) bool: each row's k highest scores, of equal scores the earliest (top_k_earliest_indices)."""
-    return torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, top_k_earliest_indices(scores, k), True)
+    return picked_mask(top_k_earliest_indices(scores, k), scores)
+
+
+def picked_mask(picks, scores):
+    """(..., S) bool shaped as scores: True at each row's picked positions picks (..., k)."""
+    return torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, picks, True)
 
 
 def top_k_earliest_indices(scores, k):
@@ -307,7 +312,7 @@ class LightningIndexer(nn.Module):
             seen = reads.expand(B, S).gather(1, slots)  # a pick among unwritten slots sees nothing
             return self.grouped(seen[:, None, None, :], slots[:, None, :, None])
         self._picks = picks
-        self._reads = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, picks, True) & reads
+        self._reads = picked_mask(picks, scores) & reads
         return self.grouped(self._reads[:, None])
 
     def learn(self, q, k, scale):
