@@ -386,7 +386,7 @@ class EntryIndexer(nn.Module):
         n = scores.size(-1)
         reads = seen.expand(B, T, n)
         if self.topk < n:  # else every entry is picked: the ones seen are read
-            reads = top_k_earliest(scores.masked_fill(~seen, -math.inf), self.topk) & reads
+            reads = top_k_earliest(scores, self.topk, hidden=~seen) & reads
         self._scores, self._reads = scores, reads
         return reads
 

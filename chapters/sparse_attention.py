@@ -13,6 +13,7 @@ heads (index_q_norm), an RMSNorm, not a LayerNorm, on its keys (index_k_norm='rm
 instead of weighted per token (index_head_weights=False).
 """
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -136,9 +137,9 @@ def visible_keys(mask, T, S, device):
     return torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)  # causal: query i is key S - T + i
 
 
-def top_k_earliest(scores, k):
+def top_k_earliest(scores, k, hidden=None):
     """(..., S) bool: each row's k highest scores, of equal scores the earliest (top_k_earliest_indices)."""
-    return picked_mask(top_k_earliest_indices(scores, k), scores)
+    return picked_mask(top_k_earliest_indices(scores, k, hidden), scores)
 
 
 def picked_mask(picks, scores):
@@ -146,19 +147,27 @@ def picked_mask(picks, scores):
     return torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, picks, True)
 
 
-def top_k_earliest_indices(scores, k):
+def top_k_earliest_indices(scores, k, hidden=None):
     """(..., k): the positions of each row's k highest scores, of equal scores the earliest (a stable descending
-    sort's first k), in no order. One topk over int64 keys that hold a score's order in their high bits and its
-    position, reversed, in their low: a sort took a decoding step's time at 8k positions, and a topk of the
-    scores then a pass to move ties to the earliest took 1.4x as long as this at 8 x 256 x 256 on a CPU."""
+    sort's first k), in no order; where hidden (broadcastable to scores) is True, a score counts as -inf. One topk
+    over int64 keys that hold a score's order in their high half and its position, reversed, in their low: a sort
+    took a decoding step's time at 8k positions, and a topk of the scores then a pass to move ties to the earliest
+    took 1.4x as long as this at 8 x 256 x 256 on a CPU."""
     S = scores.size(-1)
     if scores.element_size() == 8:  # a 64-bit score leaves no room for the position: the stable sort
+        scores = scores if hidden is None else scores.masked_fill(hidden, float('-inf'))
         return scores.sort(dim=-1, descending=True, stable=True).indices[..., :k]
-    bits = (scores.float() + 0.0).view(torch.int32)  # + 0.0: -0.0 becomes 0.0, which it equals as a float
-    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # ints in the floats' order: a negative's magnitude bits flipped
-    # ordered * S - position in int64, one pass: of tied scores the earlier key is the higher
-    keys = torch.add(-torch.arange(S, device=scores.device), ordered, alpha=S)
-    return keys.topk(k, dim=-1, sorted=False).indices
+    floats = scores.float() + 0.0  # a copy of our own, in which -0.0 becomes 0.0, which it equals as a float
+    if hidden is not None:
+        floats.masked_fill_(hidden, float('-inf'))
+    bits = floats.view(torch.int32)
+    # the int64 keys made of two int32 halves (one made by a shift and an add took 1.5x as long): the high one
+    # ints in the floats' order (a negative's magnitude bits flipped), the low one S - 1 - position, so of tied
+    # scores the earlier key is the higher
+    high = bits ^ (bits >> 31).bitwise_and_(0x7FFFFFFF)
+    low = torch.arange(S - 1, -1, -1, dtype=torch.int32, device=scores.device).expand_as(high)
+    halves = torch.stack((low, high) if sys.byteorder == 'little' else (high, low), dim=-1)
+    return halves.view(torch.int64).squeeze(-1).topk(k, dim=-1, sorted=False).indices
 
 
 class WeightedReluScores(torch.autograd.Function):
@@ -306,7 +315,7 @@ class LightningIndexer(nn.Module):
             return mask, None
         # the k best; of equal scores (ReLU makes zeros common) the earliest keys, so a decoding step over the
         # cache's slots picks what a forward over the sequence picks (a key's slot is its position)
-        picks = top_k_earliest_indices(scores.masked_fill(~reads, float('-inf')), self.topk)  # (B, T, k)
+        picks = top_k_earliest_indices(scores, self.topk, hidden=~reads)  # (B, T, k)
         if T == 1 and cache is not None:  # the k picked slots, in order
             slots = picks[:, 0].sort(dim=-1).values
             seen = reads.expand(B, S).gather(1, slots)  # a pick among unwritten slots sees nothing

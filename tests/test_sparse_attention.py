@@ -161,6 +161,10 @@ def test_top_k_picks_what_a_stable_sort_picks_ties_to_the_earliest(k, dtype):
     assert torch.equal(picked, expected) and (picked.sum(-1) == k).all()
     indices = sparse_attention.top_k_earliest_indices(scores, k).sort(-1).values
     assert torch.equal(indices, picked.nonzero()[:, -1].view(3, 7, k))
+    hidden = torch.rand(7, 20, generator=g) < 0.4  # broadcast over the batch, as a causal mask is
+    expected = sparse_attention.top_k_earliest(scores.masked_fill(hidden, float('-inf')), k)
+    assert torch.equal(sparse_attention.top_k_earliest(scores, k, hidden=hidden), expected)
+    assert k == scores.size(-1) or not torch.equal(expected, picked)  # else the hidden scores would be picked
 
 
 @torch.no_grad()
