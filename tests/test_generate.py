@@ -94,6 +94,28 @@ def test_generate_stream_yields_tokens_one_step_at_a_time():
     assert torch.equal(model.generate(prompt, 0), prompt)
 
 
+
+@pytest.mark.parametrize('overrides', [MODERN, dict(MODERN, layers='DG', n_expert=4, n_expert_active=2)],
+                         ids=['llama', 'deltanet-moe'])
+def test_tokens_and_weights_after_eager_decoding_can_train(monkeypatch, overrides):
+    """Eager decoding steps run under inference_mode, whose tensors autograd cannot save: the tokens that come out
+    and the model's own tensors after it are normal ones, so a training step on the samples (train.py samples
+    mid-run) backpropagates; and the steps did run in it (else this checks nothing)."""
+    modes = []
+    step = G.decode_step
+    monkeypatch.setattr(G, 'decode_step', lambda *a: modes.append(torch.is_inference_mode_enabled()) or step(*a))
+    model = build(**overrides)
+    prompt = torch.randint(0, VOCAB, (2, 4), generator=torch.Generator().manual_seed(19))
+    out = model.generate(prompt, 6, temperature=1.0)
+    streamed = list(model.generate_stream(prompt, 3, temperature=0.0))
+    assert modes and all(modes)
+    assert not out.is_inference() and not any(t.is_inference() for t in streamed)
+    assert not any(t.is_inference() for t in [*model.parameters(), *model.buffers()])
+    model.train()
+    model(out[:, :-1], out[:, 1:])[1].backward()
+    assert all(p.grad is not None for p in model.transformer.h.parameters() if p.requires_grad)
+
+
 @pytest.mark.parametrize('overrides', [dict(), dict(norm='rms', mlp='geglu', pos='rope', n_kv_head=1)],
                          ids=['vanilla', 'rope-mqa'])
 def test_top_k_1_and_tiny_top_p_are_greedy(overrides):
