@@ -344,8 +344,8 @@ def generate_stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
     nxt = None  # the last token sampled: a step's input (a prefill always comes first)
     for _ in range(max_new_tokens):
         if cache is not None and cache.pos > 0 and static:
-            with step_mode():
-                logits = step(nxt, cache.position, cache.stores, cache.features)  # nxt: the last token, (B, 1)
+            with step_mode():  # nxt: the last token, a fresh (B, 1) tensor
+                logits = step(nxt, cache.position, cache.stores, cache.features)
             cache.advance(1)
         else:  # no cache, a prefill, or a step of the general path
             h = prefill(model, window, cache, static) if cache is not None and cache.pos == 0 else \
