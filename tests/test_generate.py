@@ -94,13 +94,12 @@ def test_generate_stream_yields_tokens_one_step_at_a_time():
     assert torch.equal(model.generate(prompt, 0), prompt)
 
 
-
 @pytest.mark.parametrize('overrides', [MODERN, dict(MODERN, layers='DG', n_expert=4, n_expert_active=2)],
                          ids=['llama', 'deltanet-moe'])
 def test_tokens_and_weights_after_eager_decoding_can_train(monkeypatch, overrides):
     """Eager decoding steps run under inference_mode, whose tensors autograd cannot save: the tokens that come out
-    and the model's own tensors after it are normal ones, so a training step on the samples (train.py samples
-    mid-run) backpropagates; and the steps did run in it (else this checks nothing)."""
+    and the model's own tensors after it are normal ones, so a training step on the samples (distillation, RL)
+    backpropagates; and the steps did run in it (else this checks nothing)."""
     modes = []
     step = G.decode_step
     monkeypatch.setattr(G, 'decode_step', lambda *a: modes.append(torch.is_inference_mode_enabled()) or step(*a))
